@@ -1,0 +1,34 @@
+"""Wrap any Gymnasium env once; every step is recorded into a FlexiBuff-style buffer."""
+
+from flexibuff_envs.batch import FlexiBatch
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import (
+    BufferFileError,
+    EmptyBufferError,
+    FlexibuffError,
+    MissingExtraError,
+    NotAnEnvError,
+    SpecMismatchError,
+    UnsupportedSpaceError,
+)
+from flexibuff_envs.returns import discounted_returns
+from flexibuff_envs.spec import BufferSpec, infer_spec
+from flexibuff_envs.wrappers import GymRecorder, record
+
+__all__ = [
+    "BufferFileError",
+    "BufferSpec",
+    "EmptyBufferError",
+    "FlexiBatch",
+    "FlexibleBuffer",
+    "FlexibuffError",
+    "GymRecorder",
+    "MissingExtraError",
+    "NotAnEnvError",
+    "SpecMismatchError",
+    "UnsupportedSpaceError",
+    "discounted_returns",
+    "infer_spec",
+    "record",
+]
+__version__ = "0.1.0"

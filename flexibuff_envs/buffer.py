@@ -1,0 +1,371 @@
+"""`FlexibleBuffer`: FlexiBuff's data model as a preallocated ring with an episode index."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Iterator
+
+import numpy as np
+
+from flexibuff_envs.batch import FlexiBatch
+from flexibuff_envs.episodes import Episode, Lane
+from flexibuff_envs.errors import EmptyBufferError, SpecMismatchError
+from flexibuff_envs.returns import check_gamma, discounted_returns
+from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import FIELDS, Storage
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class FlexibleBuffer:
+    """A ring of ``num_steps`` rows per env lane; a row is one timestep of all agents.
+
+    The keywords are FlexiBuff's, so its users switch without touching their agents. Recorders
+    (`flexibuff_envs.record`) fill it; `sample_transitions`, `sample_episodes` and `minibatches`
+    read it. When a lane is full, its oldest episodes are forgotten whole: a sampled episode is
+    never partly overwritten.
+
+    Args:
+        num_steps: rows per lane.
+        obs_size: length of one agent's flat observation.
+        discrete_action_cardinalities: one cardinality per discrete action head.
+        continuous_action_dimension: continuous action values per agent
+            (FlexiBuff 0.0.3's spelling ``continious_action_dimension`` is accepted too).
+        action_mask: record legal-action masks (``action_mask``, ``action_mask_``).
+        n_agents: agents per row; with 1 the agent axis is dropped from batches.
+        state_size: length of the global state, or None.
+        global_reward, global_auxiliary_reward, individual_reward, individual_auxiliary_reward,
+        log_prob_discrete, log_prob_continuous, memory_weights: allocate those fields up front.
+        values: allocate value storage up front.
+        path, name: where `save` writes when given no path (``path/name.fbuf``).
+        agent_ids: agent names in buffer order.
+        obs_dtype: dtype observations are stored in (uint8 keeps images at a byte per value).
+        n_envs: independent lanes, one per sub-env of a vector env.
+        gamma: discount for ``G``.
+        seed: seed of the sampling random generator.
+    """
+
+    def __init__(
+        self,
+        num_steps: int = 10,
+        obs_size: int = 1,
+        discrete_action_cardinalities: list[int] | tuple[int, ...] | None = None,
+        continuous_action_dimension: int | None = None,
+        action_mask: bool | list[bool] = False,
+        n_agents: int = 1,
+        state_size: int | None = None,
+        global_reward: bool = False,
+        global_auxiliary_reward: bool = False,
+        individual_reward: bool = False,
+        individual_auxiliary_reward: bool = False,
+        log_prob_discrete: bool = False,
+        log_prob_continuous: int = 0,
+        memory_weights: bool = False,
+        path: str = "./default_dir/",
+        name: str = "flexibuff_test",
+        *,
+        continious_action_dimension: int | None = None,
+        values: bool = False,
+        agent_ids: list[str] | tuple[str, ...] | None = None,
+        obs_dtype: str = "float32",
+        n_envs: int = 1,
+        gamma: float = 0.99,
+        seed: int | None = None,
+    ) -> None:
+        self.num_steps = _positive_int("num_steps", num_steps)
+        cards = tuple(_positive_int("discrete_action_cardinalities", c)
+                      for c in (discrete_action_cardinalities or ()))
+        n_agents = _positive_int("n_agents", n_agents)
+        ids = tuple(agent_ids) if agent_ids is not None else tuple(f"agent_{i}" for i in range(n_agents))
+        if len(ids) != n_agents:
+            raise ValueError(f"agent_ids has {len(ids)} names but n_agents is {n_agents}")
+        self.spec = BufferSpec(
+            obs_size=_positive_int("obs_size", obs_size),
+            obs_dtype=np.dtype(obs_dtype).name,
+            discrete_action_cardinalities=cards,
+            continuous_action_dimension=int(continuous_action_dimension or continious_action_dimension or 0),
+            action_mask=bool(any(action_mask) if isinstance(action_mask, (list, tuple)) else action_mask)
+            and bool(cards),
+            n_agents=n_agents,
+            agent_ids=ids,
+            state_size=None if state_size is None else _positive_int("state_size", state_size),
+            n_envs=_positive_int("n_envs", n_envs),
+            discrete_action_starts=(0,) * len(cards),
+            obs_shape=(int(obs_size),),
+        )
+        self.gamma = check_gamma(gamma)
+        self.path, self.name = path, name
+        self.rng = np.random.default_rng(seed)
+        self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs,
+                                log_prob_continuous=int(log_prob_continuous))
+        self._lanes = [Lane(i * self.num_steps, self.num_steps) for i in range(self.spec.n_envs)]
+        wanted = {
+            "obs": True, "obs_": True, "terminated": True, "truncated": True, "active": True,
+            "G": True, "state": state_size is not None, "state_": state_size is not None,
+            "discrete_actions": bool(cards), "continuous_actions": self.spec.continuous_action_dimension > 0,
+            "action_mask": self.spec.action_mask, "action_mask_": self.spec.action_mask,
+            "individual_rewards": individual_reward, "global_rewards": global_reward,
+            "individual_auxiliary_rewards": individual_auxiliary_reward,
+            "global_auxiliary_rewards": global_auxiliary_reward,
+            "discrete_log_probs": log_prob_discrete and bool(cards),
+            "continuous_log_probs": log_prob_continuous > 0,
+            "memory_weights": memory_weights, "values": values,
+        }
+        for field, on in wanted.items():
+            if on:
+                self._storage.ensure(field)
+
+    @classmethod
+    def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:
+        """A buffer laid out as ``spec``, by default with both reward fields a recorder fills."""
+        options.setdefault("global_reward", True)
+        options.setdefault("individual_reward", True)
+        buffer = cls(
+            num_steps,
+            spec.obs_size,
+            spec.discrete_action_cardinalities,
+            spec.continuous_action_dimension,
+            spec.action_mask,
+            spec.n_agents,
+            spec.state_size,
+            agent_ids=spec.agent_ids,
+            obs_dtype=spec.obs_dtype,
+            n_envs=spec.n_envs,
+            **options,
+        )
+        buffer.spec = spec
+        return buffer
+
+    def check_matches(self, spec: BufferSpec) -> None:
+        """Raise `SpecMismatchError` naming the first layout field where this buffer differs."""
+        for name in BufferSpec.LAYOUT_FIELDS:
+            mine, theirs = getattr(self.spec, name), getattr(spec, name)
+            if name == "action_mask" and mine and not theirs and spec.discrete_action_cardinalities:
+                continue  # masks may still arrive through info["action_mask"]
+            if mine != theirs:
+                raise SpecMismatchError(f"buffer does not match the env: {name} is {mine!r} in the "
+                                        f"buffer but the env needs {theirs!r}")
+
+    # ------------------------------------------------------------------ recording (recorders)
+
+    def field(self, name: str, *, width: int | None = None) -> np.ndarray:
+        """The storage array of ``name``, allocated on first use."""
+        return self._storage.ensure(name, width=width)
+
+    def enable_action_mask(self) -> None:
+        """Record action masks from now on (a recorder calls this when masks first appear)."""
+        self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
+        self._storage.ensure("action_mask")
+        self._storage.ensure("action_mask_")
+
+    def begin_episode(self, lane: int = 0) -> None:
+        """Start an episode in ``lane``; a still-running one must be ended first."""
+        self._lanes[lane].begin()
+
+    def claim_row(self, lane: int = 0) -> int:
+        """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
+        lane_ = self._lanes[lane]
+        row, forgotten = lane_.claim()
+        if forgotten is not None:
+            self._storage.arrays["G"][:, lane_.rows(forgotten)] = np.nan
+        return row
+
+    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float = 0.0) -> None:
+        """Close ``lane``'s running episode and write its ``G``.
+
+        Args:
+            bootstrap: ``V(obs_)`` after the last step per agent (0 after a termination).
+        """
+        lane_ = self._lanes[lane]
+        episode = lane_.end()
+        if episode is not None:
+            self._write_returns(lane_, episode, bootstrap)
+
+    def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
+        """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.
+
+        Args:
+            last_values: ``V`` of each lane's current observation: a scalar, ``[n_agents]``,
+                ``[n_envs]`` or ``[n_envs, n_agents]``.
+        """
+        values = np.broadcast_to(np.asarray(last_values, dtype=np.float64).reshape(
+            (-1, 1) if np.ndim(last_values) == 1 and self.spec.n_envs > 1 else np.shape(last_values)
+        ), (self.spec.n_envs, self.spec.n_agents))
+        for i, lane in enumerate(self._lanes):
+            if lane.running is not None and lane.running.end > lane.running.start:
+                self._write_returns(lane, lane.running, values[i])
+
+    def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float) -> None:
+        rows = lane.rows(episode)
+        rewards = self._storage.ensure("individual_rewards")[:, rows]
+        boot = np.reshape(np.asarray(bootstrap, dtype=np.float64), (-1, 1))
+        returns = discounted_returns(rewards, self.gamma, bootstrap=boot)
+        active = self._storage.arrays["active"][:, rows]
+        self._storage.arrays["G"][:, rows] = np.where(active, returns, np.nan)
+
+    # ------------------------------------------------------------------ sampling
+
+    def __len__(self) -> int:
+        return sum(lane.size for lane in self._lanes)
+
+    @property
+    def n_episodes(self) -> int:
+        """Ended episodes held whole."""
+        return sum(1 for lane in self._lanes for e in lane.ended if e.whole)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the allocated arrays."""
+        return self._storage.nbytes
+
+    def _require(self, what: str) -> None:
+        if len(self) == 0:
+            raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
+
+    def _live_rows(self) -> np.ndarray:
+        return np.concatenate([lane.offset + np.arange(lane.live_start, lane.written) % lane.capacity
+                               for lane in self._lanes])
+
+    def _uniform_rows(self, n: int) -> np.ndarray:
+        if len(self._lanes) == 1:
+            lane = self._lanes[0]
+            return lane.offset + (lane.live_start + self.rng.integers(0, lane.size, n)) % lane.capacity
+        sizes = np.array([lane.size for lane in self._lanes])
+        firsts = np.cumsum(sizes) - sizes
+        k = self.rng.integers(0, sizes.sum(), n)
+        which = np.searchsorted(firsts, k, side="right") - 1
+        starts = np.array([lane.live_start for lane in self._lanes])
+        offsets = np.array([lane.offset for lane in self._lanes])
+        return offsets[which] + (starts[which] + k - firsts[which]) % self.num_steps
+
+    def _weighted_rows(self, n: int) -> np.ndarray:
+        live = self._live_rows()
+        weights = self._storage.ensure("memory_weights")[live].astype(np.float64)
+        total = weights.sum()
+        if not np.isfinite(total) or total <= 0 or (weights < 0).any():
+            raise ValueError("weighted sampling needs finite, non-negative memory_weights with a "
+                             f"positive sum; the live rows sum to {total!r}")
+        cdf = np.cumsum(weights)
+        return live[np.searchsorted(cdf, self.rng.random(n) * cdf[-1], side="right").clip(max=live.size - 1)]
+
+    def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None) -> FlexiBatch:
+        """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`."""
+        single = self.spec.n_agents == 1
+        out: dict[str, Any] = {"idx": idx}
+        for name, array in self._storage:
+            if FIELDS[name].per_agent:
+                out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
+            else:
+                out[name] = array.take(idx, axis=0)
+        if self.spec.action_mask and "action_mask" in out:
+            cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
+            out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)
+            out["action_mask_"] = np.split(out["action_mask_"], cuts, axis=-1)
+        batch = FlexiBatch(**out)
+        return batch.to_torch(device) if as_torch else batch
+
+    def sample_transitions(
+        self,
+        batch_size: int = 256,
+        weighted: bool = False,
+        as_torch: bool = False,
+        device: Any = None,
+        idx: np.ndarray | None = None,
+    ) -> FlexiBatch:
+        """``batch_size`` rows drawn uniformly with replacement (all agents of a row together).
+
+        Args:
+            weighted: draw rows in proportion to ``memory_weights`` (need not be normalised).
+            idx: gather exactly these buffer rows instead of drawing.
+        """
+        if idx is None:
+            self._require("sample_transitions")
+            n = _positive_int("batch_size", batch_size)
+            idx = self._weighted_rows(n) if weighted else self._uniform_rows(n)
+        return self.gather(np.asarray(idx), as_torch=as_torch, device=device)
+
+    def sample_episodes(
+        self,
+        max_batch_size: int = 256,
+        n_episodes: int | None = None,
+        as_torch: bool = False,
+        device: Any = None,
+    ) -> list[FlexiBatch]:
+        """Whole ended episodes, each a `FlexiBatch` of its rows in time order.
+
+        Draws ``n_episodes`` distinct episodes, or (when None) random episodes while their total
+        length fits ``max_batch_size`` (at least one, never cut). The list is in recording order.
+        """
+        pool = [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]
+        want = 1 if n_episodes is None else _positive_int("n_episodes", n_episodes)
+        if want > len(pool):
+            raise EmptyBufferError(f"sample_episodes: asked for {want} whole episodes but the "
+                                   f"buffer holds {len(pool)}")
+        order = self.rng.permutation(len(pool))
+        if n_episodes is None:
+            lengths = np.array([pool[i][1].end - pool[i][1].start for i in order])
+            fits = np.cumsum(lengths) <= max_batch_size
+            order = order[: max(1, int(np.argmin(fits)) if not fits.all() else len(order))]
+        else:
+            order = order[:want]
+        return [self.gather(pool[i][0].rows(pool[i][1]), as_torch=as_torch, device=device)
+                for i in sorted(order)]
+
+    def minibatches(
+        self,
+        batch_size: int,
+        shuffle: bool = True,
+        as_torch: bool = False,
+        device: Any = None,
+        drop_last: bool = False,
+    ) -> Iterator[FlexiBatch]:
+        """One pass over every live row in batches of ``batch_size`` (PPO epochs)."""
+        self._require("minibatches")
+        batch_size = _positive_int("batch_size", batch_size)
+        rows = self._live_rows()
+        if shuffle:
+            rows = self.rng.permutation(rows)
+        stop = len(rows) - (len(rows) % batch_size if drop_last else 0)
+        for first in range(0, stop, batch_size):
+            yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device)
+
+    def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
+        """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""
+        self._storage.ensure("memory_weights")[np.asarray(idx)] = weights
+
+    # ------------------------------------------------------------------ summaries and files
+
+    def episode_stats(self) -> dict[str, np.ndarray]:
+        """Per ended whole episode, in recording order: ``lengths [E]`` and ``returns [E, n_agents]``."""
+        episodes = [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]
+        rewards = self._storage.ensure("individual_rewards")
+        returns = [rewards[:, lane.rows(e)].sum(axis=1) for lane, e in episodes]
+        return {
+            "lengths": np.array([e.end - e.start for _, e in episodes], dtype=np.int64),
+            "returns": np.array(returns, dtype=np.float64).reshape(len(episodes), self.spec.n_agents),
+        }
+
+    def save(self, path: str | os.PathLike[str] | None = None) -> str:
+        """Write the buffer to one file (no pickle, atomic); returns the path written."""
+        from flexibuff_envs.io import save
+
+        target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
+        save(self, target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> FlexibleBuffer:
+        """Read a buffer written by `save`; it records and samples exactly as before."""
+        from flexibuff_envs.io import load
+
+        return load(os.fspath(path))
+
+    def __repr__(self) -> str:
+        return (f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "
+                f"episodes={self.n_episodes}, agents={self.spec.n_agents}, "
+                f"fields={sorted(name for name, _ in self._storage)})")

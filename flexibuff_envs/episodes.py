@@ -1,0 +1,82 @@
+"""Which rows of a ring lane are live, and where each episode lies.
+
+Positions are absolute step counts of the lane (they only grow), so wrap-around never makes two
+episodes look alike; ``row = offset + position % capacity``. Every written row belongs to exactly
+one episode and episodes are contiguous, so the live rows are always one ring segment
+``[live_start, written)``. Overwriting the oldest live row forgets its whole episode at once.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Episode:
+    """One episode of a lane: positions ``[start, end)``; ``whole`` is False once clipped."""
+
+    start: int
+    end: int
+    whole: bool = True
+
+
+class Lane:
+    """The ring segment of one env lane and the episodes recorded in it."""
+
+    __slots__ = ("offset", "capacity", "written", "live_start", "ended", "running")
+
+    def __init__(self, offset: int, capacity: int) -> None:
+        self.offset = offset
+        self.capacity = capacity
+        self.written = 0
+        self.live_start = 0
+        self.ended: deque[Episode] = deque()
+        self.running: Episode | None = None
+
+    def begin(self) -> None:
+        """Start an episode at the next position (any running one must be ended first)."""
+        self.running = Episode(self.written, self.written)
+
+    def claim(self) -> tuple[int, Episode | None]:
+        """The row to write the running episode's next step into, and the episode it forgot."""
+        forgotten = None
+        if self.written - self.capacity >= self.live_start:
+            forgotten = self._forget_oldest()
+        row = self.offset + self.written % self.capacity
+        self.written += 1
+        self.running.end = self.written  # type: ignore[union-attr]
+        return row, forgotten
+
+    def _forget_oldest(self) -> Episode | None:
+        if self.ended:
+            oldest = self.ended.popleft()
+            self.live_start = oldest.end
+            return oldest
+        # The running episode alone fills the lane: drop its first step and remember that it is
+        # no longer whole, so it is never handed out as an episode.
+        running = self.running
+        assert running is not None  # claim() is only called while an episode runs
+        running.start += 1
+        running.whole = False
+        self.live_start = running.start
+        return None
+
+    def end(self) -> Episode | None:
+        """Close the running episode; return it, or None if it had no step."""
+        episode, self.running = self.running, None
+        if episode is None or episode.end == episode.start:
+            return None
+        self.ended.append(episode)
+        return episode
+
+    def rows(self, episode: Episode) -> np.ndarray:
+        """The buffer rows of ``episode``, in time order."""
+        return self.offset + np.arange(episode.start, episode.end) % self.capacity
+
+    @property
+    def size(self) -> int:
+        """Live rows in this lane."""
+        return self.written - self.live_start

@@ -1,0 +1,42 @@
+"""The exceptions flexibuff_envs raises; each subclasses the builtin a user would catch."""
+
+from __future__ import annotations
+
+
+class FlexibuffError(Exception):
+    """Base of every error raised by flexibuff_envs."""
+
+
+class UnsupportedSpaceError(FlexibuffError, ValueError):
+    """A Gymnasium space the buffer cannot lay out (Text, Graph, Sequence, ...)."""
+
+
+class SpecMismatchError(FlexibuffError, ValueError):
+    """A user-supplied buffer or value does not match the inferred layout."""
+
+
+class EmptyBufferError(FlexibuffError, ValueError):
+    """Sampling asked for more than the buffer holds."""
+
+
+class BufferFileError(FlexibuffError, ValueError):
+    """A buffer file is missing, truncated, corrupt, foreign or from a newer format."""
+
+
+class NotAnEnvError(FlexibuffError, TypeError):
+    """``record`` was given something that is not a supported environment kind."""
+
+
+class MissingExtraError(FlexibuffError, ImportError):
+    """An optional dependency (torch, pettingzoo) is needed but not installed."""
+
+
+def require_torch():  # noqa: ANN201 - returns the torch module
+    """Import torch lazily, naming the extra to install when it is absent."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise MissingExtraError(
+            "as_torch=True needs PyTorch: pip install 'flexibuff-envs[torch]'"
+        ) from exc
+    return torch

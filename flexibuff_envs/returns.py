@@ -1,0 +1,73 @@
+"""Discounted returns on numpy arrays, with episode cuts and bootstrapping.
+
+Everything here is one reverse linear recurrence, ``x_t = b_t + c_t * x_{t+1}``, solved for all
+steps at once by recursive doubling: ``ceil(log2(T))`` vectorized passes instead of a Python loop
+over ``T`` steps, stopping early once every episode is resolved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def check_gamma(gamma: float, name: str = "gamma") -> float:
+    """Return ``gamma`` as a float, or raise ValueError unless ``0 <= gamma <= 1``."""
+    value = float(gamma)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be within [0, 1], got {gamma!r}")
+    return value
+
+
+def reverse_scan(b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Solve ``x_t = b_t + c_t * x_{t+1}`` along the last axis, with ``x`` past the end zero.
+
+    Args:
+        b: ``[..., T]`` the constant terms.
+        c: ``[..., T]`` the coefficients linking each step to the next (0 cuts the chain).
+
+    Returns:
+        ``[..., T]`` float64 solution.
+    """
+    x = np.array(b, dtype=np.float64)
+    a = np.array(np.broadcast_to(c, x.shape), dtype=np.float64)
+    steps = x.shape[-1]
+    shift = 1
+    while shift < steps:
+        x[..., :-shift] += a[..., :-shift] * x[..., shift:]
+        a[..., :-shift] *= a[..., shift:]
+        a[..., -shift:] = 0.0
+        shift *= 2
+        if not a.any():
+            break
+    return x
+
+
+def discounted_returns(
+    rewards: np.ndarray,
+    gamma: float,
+    *,
+    ends: np.ndarray | None = None,
+    bootstrap: np.ndarray | float = 0.0,
+) -> np.ndarray:
+    """Discounted return-to-go ``G_t = r_t + gamma * G_{t+1}`` along the last axis.
+
+    Args:
+        rewards: ``[..., T]`` rewards in time order.
+        gamma: discount in ``[0, 1]``.
+        ends: ``[..., T]`` bool, True at each episode's last step (the chain is cut after it).
+            The last step always ends. None: one episode.
+        bootstrap: value of the state after each step, added as ``gamma * bootstrap`` at ends
+            only (0 after a termination; ``V(obs_)`` after a truncation or a rollout cut).
+
+    Returns:
+        ``[..., T]`` float64 returns.
+
+    >>> discounted_returns(np.array([1.0, 1.0, 1.0]), 0.5).tolist()
+    [1.75, 1.5, 1.0]
+    """
+    gamma = check_gamma(gamma)
+    r = np.asarray(rewards, dtype=np.float64)
+    cut = np.zeros(r.shape, dtype=bool) if ends is None else np.array(ends, dtype=bool)
+    cut[..., -1:] = True
+    b = r + gamma * np.where(cut, bootstrap, 0.0)
+    return reverse_scan(b, np.where(cut, 0.0, gamma))

@@ -1,0 +1,98 @@
+"""Preallocated numpy arrays, one per field, agent-major like FlexiBuff.
+
+Per-agent fields are ``[n_agents, rows, ...]``, global ones ``[rows, ...]``. A field is either
+allocated up front (the constructor asked for it) or on first use (`Storage.ensure`), never by
+catching an exception, and an absent field is ``None`` on every batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from flexibuff_envs.spec import BufferSpec
+
+
+@dataclass(frozen=True)
+class Field:
+    """How one field is laid out."""
+
+    per_agent: bool
+    dtype: str
+    fill: float | bool
+    #: which spec size gives the trailing dimension ("" for a scalar per row)
+    width: str = ""
+
+
+FIELDS: dict[str, Field] = {
+    "obs": Field(True, "obs", 0, "obs_size"),
+    "obs_": Field(True, "obs", 0, "obs_size"),
+    "state": Field(False, "float32", 0, "state_size"),
+    "state_": Field(False, "float32", 0, "state_size"),
+    "discrete_actions": Field(True, "int64", 0, "n_heads"),
+    "continuous_actions": Field(True, "float32", 0, "continuous_action_dimension"),
+    "action_mask": Field(True, "bool", True, "mask_width"),
+    "action_mask_": Field(True, "bool", True, "mask_width"),
+    "individual_rewards": Field(True, "float32", 0),
+    "individual_auxiliary_rewards": Field(True, "float32", 0),
+    "global_rewards": Field(False, "float32", 0),
+    "global_auxiliary_rewards": Field(False, "float32", 0),
+    "discrete_log_probs": Field(True, "float32", np.nan, "n_heads"),
+    "continuous_log_probs": Field(True, "float32", np.nan, "log_prob_continuous"),
+    "values": Field(True, "float32", np.nan),
+    "advantages": Field(True, "float32", np.nan),
+    "returns": Field(True, "float32", np.nan),
+    "terminated": Field(True, "bool", False),
+    "truncated": Field(True, "bool", False),
+    "active": Field(True, "bool", False),
+    "G": Field(True, "float32", np.nan),
+    "memory_weights": Field(False, "float32", 1.0),
+}
+
+
+class Storage:
+    """The arrays of one buffer: ``rows`` rows of every allocated field."""
+
+    def __init__(self, spec: BufferSpec, rows: int, *, log_prob_continuous: int = 0) -> None:
+        self.spec = spec
+        self.rows = rows
+        self.arrays: dict[str, np.ndarray] = {}
+        self._widths = {
+            "obs_size": spec.obs_size,
+            "state_size": spec.state_size or 0,
+            "n_heads": len(spec.discrete_action_cardinalities),
+            "continuous_action_dimension": spec.continuous_action_dimension,
+            "mask_width": sum(spec.discrete_action_cardinalities),
+            "log_prob_continuous": log_prob_continuous,
+        }
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The full array shape of field ``name``."""
+        field = FIELDS[name]
+        lead = (self.spec.n_agents, self.rows) if field.per_agent else (self.rows,)
+        return lead + ((self._widths[field.width],) if field.width else ())
+
+    def ensure(self, name: str, *, width: int | None = None) -> np.ndarray:
+        """The array of ``name``, allocated (filled with its default) on first use."""
+        array = self.arrays.get(name)
+        if array is None:
+            field = FIELDS[name]
+            if width is not None:
+                self._widths[field.width] = width
+            dtype = np.dtype(self.spec.obs_dtype if field.dtype == "obs" else field.dtype)
+            # zeros come from calloc: untouched rows of a huge buffer cost no memory
+            array = np.zeros(self.shape(name), dtype=dtype)
+            if field.fill:
+                array.fill(field.fill)
+            self.arrays[name] = array
+        return array
+
+    def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
+        return iter(self.arrays.items())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all allocated arrays."""
+        return sum(a.nbytes for a in self.arrays.values())

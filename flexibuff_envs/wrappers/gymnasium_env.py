@@ -1,0 +1,70 @@
+"""Recorder for a single ``gymnasium.Env``."""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.spec import BufferSpec, action_codec, infer_spec, obs_codec
+from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder
+
+
+class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Records every step of a Gymnasium env into ``self.buffer``; otherwise the bare env.
+
+    ``reset`` starts an episode (a reset before the last one ended closes it as truncated);
+    each ``step`` is one row; ``G`` is written when the episode terminates or is truncated.
+    A ``step`` after the episode ended, without a reset, is passed through and not recorded.
+
+    Args:
+        env: the env to record.
+        buffer: an existing buffer to fill; it must match the env's layout.
+        num_steps: rows of the new buffer (ignored when ``buffer`` is given).
+        gamma: discount of ``G`` (default 0.99, or the given buffer's).
+        bootstrap_fn: ``V(obs_)`` of the flat stored observation, used at truncation.
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        buffer: FlexibleBuffer | None = None,
+        *,
+        num_steps: int = 100_000,
+        gamma: float | None = None,
+        bootstrap_fn: BootstrapFn | None = None,
+    ) -> None:
+        gym.utils.RecordConstructorArgs.__init__(
+            self, num_steps=num_steps, gamma=gamma, bootstrap_fn=bootstrap_fn
+        )
+        gym.Wrapper.__init__(self, env)
+        spec = infer_spec(env)
+        if buffer is None:
+            buffer = FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma)
+        else:
+            buffer.check_matches(spec)
+            if gamma is not None and gamma != buffer.gamma:
+                raise SpecMismatchError(f"gamma={gamma!r} differs from the given buffer's gamma={buffer.gamma!r}")
+        self.buffer = buffer
+        self._recorder = LaneRecorder(
+            buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)],
+            bootstrap_fn=bootstrap_fn,
+        )
+
+    @property
+    def buffer_spec(self) -> BufferSpec:
+        """The layout the buffer records in (``.spec`` stays Gymnasium's ``EnvSpec``)."""
+        return self.buffer.spec
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self._recorder.begin((obs,), (info,))
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        result = self.env.step(action)
+        if self._recorder.running:
+            self._recorder.step_single(action, *result)
+        return result
