@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -51,21 +51,28 @@ class FlexiBatch:
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""
-        torch = require_torch()
-
-        def convert(name: str, value: Any) -> Any:
-            if value is None:
-                return None
-            if isinstance(value, list):
-                return [convert(name, v) for v in value]
-            tensor = torch.from_numpy(np.ascontiguousarray(value))
-            if name in ("discrete_actions", "idx"):
-                tensor = tensor.long()
-            elif tensor.dtype != torch.float32:
-                tensor = tensor.float()
-            return tensor.to(device) if device is not None else tensor
-
+        convert = torch_converter(device)
         return FlexiBatch(**{f.name: convert(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)})
 
     def __len__(self) -> int:
         return 0 if self.idx is None else int(self.idx.shape[0])
+
+
+def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
+    """``convert(field_name, numpy_value)``: the torch form of one batch field (None stays None)."""
+    torch = require_torch()
+    as_long = {"discrete_actions", "idx"}
+
+    def convert(name: str, value: Any) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return [convert(name, v) for v in value]
+        tensor = torch.from_numpy(value)
+        if name in as_long:
+            tensor = tensor.long()
+        elif tensor.dtype != torch.float32:
+            tensor = tensor.float()
+        return tensor if device is None else tensor.to(device)
+
+    return convert

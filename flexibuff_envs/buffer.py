@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from flexibuff_envs.batch import FlexiBatch
+from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EmptyBufferError, SpecMismatchError
-from flexibuff_envs.returns import check_gamma, discounted_returns
+from flexibuff_envs.returns import check_gamma, episode_returns
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
@@ -103,7 +103,8 @@ class FlexibleBuffer:
         self.rng = np.random.default_rng(seed)
         self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs,
                                 log_prob_continuous=int(log_prob_continuous))
-        self._lanes = [Lane(i * self.num_steps, self.num_steps) for i in range(self.spec.n_envs)]
+        self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget)
+                       for i in range(self.spec.n_envs)]
         wanted = {
             "obs": True, "obs_": True, "terminated": True, "truncated": True, "active": True,
             "G": True, "state": state_size is not None, "state_": state_size is not None,
@@ -169,17 +170,20 @@ class FlexibleBuffer:
 
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
-        lane_ = self._lanes[lane]
-        row, forgotten = lane_.claim()
-        if forgotten is not None:
-            self._storage.arrays["G"][:, lane_.rows(forgotten)] = np.nan
-        return row
+        return self._lanes[lane].claim()
 
-    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float = 0.0) -> None:
+    def row_claimer(self, lane: int = 0) -> Callable[[], int]:
+        """`claim_row` bound to one lane, for a recorder's per-step path."""
+        return self._lanes[lane].claim
+
+    def _forget(self, lane: Lane, episode: Episode) -> None:
+        self._storage.arrays["G"][:, lane.rows(episode)] = np.nan
+
+    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None) -> None:
         """Close ``lane``'s running episode and write its ``G``.
 
         Args:
-            bootstrap: ``V(obs_)`` after the last step per agent (0 after a termination).
+            bootstrap: ``V(obs_)`` after the last step per agent (None: 0, as after a termination).
         """
         lane_ = self._lanes[lane]
         episode = lane_.end()
@@ -200,13 +204,16 @@ class FlexibleBuffer:
             if lane.running is not None and lane.running.end > lane.running.start:
                 self._write_returns(lane, lane.running, values[i])
 
-    def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float) -> None:
-        rows = lane.rows(episode)
-        rewards = self._storage.ensure("individual_rewards")[:, rows]
-        boot = np.reshape(np.asarray(bootstrap, dtype=np.float64), (-1, 1))
-        returns = discounted_returns(rewards, self.gamma, bootstrap=boot)
-        active = self._storage.arrays["active"][:, rows]
-        self._storage.arrays["G"][:, rows] = np.where(active, returns, np.nan)
+    def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None) -> None:
+        first = lane.offset + episode.start % lane.capacity
+        steps = episode.end - episode.start
+        # an episode that does not wrap is a slice: no index array on the per-episode path
+        rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
+                                    else lane.rows(episode))
+        returns = episode_returns(self._storage.arrays["individual_rewards"][:, rows], self.gamma, bootstrap)
+        if self.spec.n_agents > 1:  # an agent that was not acting has no return at that row
+            returns = np.where(self._storage.arrays["active"][:, rows], returns, np.nan)
+        self._storage.arrays["G"][:, rows] = returns
 
     # ------------------------------------------------------------------ sampling
 
@@ -223,6 +230,11 @@ class FlexibleBuffer:
         """Bytes held by the allocated arrays."""
         return self._storage.nbytes
 
+    @property
+    def nbytes_per_row(self) -> int:
+        """Bytes one row takes in the allocated arrays."""
+        return self._storage.nbytes // self._storage.rows
+
     def _require(self, what: str) -> None:
         if len(self) == 0:
             raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
@@ -234,7 +246,10 @@ class FlexibleBuffer:
     def _uniform_rows(self, n: int) -> np.ndarray:
         if len(self._lanes) == 1:
             lane = self._lanes[0]
-            return lane.offset + (lane.live_start + self.rng.integers(0, lane.size, n)) % lane.capacity
+            first = lane.live_start % lane.capacity
+            if first + lane.size <= lane.capacity:  # the live rows do not wrap: one draw
+                return self.rng.integers(lane.offset + first, lane.offset + first + lane.size, n)
+            return lane.offset + (first + self.rng.integers(0, lane.size, n)) % lane.capacity
         sizes = np.array([lane.size for lane in self._lanes])
         firsts = np.cumsum(sizes) - sizes
         k = self.rng.integers(0, sizes.sum(), n)
@@ -262,12 +277,14 @@ class FlexibleBuffer:
                 out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
             else:
                 out[name] = array.take(idx, axis=0)
-        if self.spec.action_mask and "action_mask" in out:
+        if "action_mask" in out:
             cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
             out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)
             out["action_mask_"] = np.split(out["action_mask_"], cuts, axis=-1)
-        batch = FlexiBatch(**out)
-        return batch.to_torch(device) if as_torch else batch
+        if as_torch:
+            convert = torch_converter(device)
+            out = {name: convert(name, value) for name, value in out.items()}
+        return FlexiBatch(**out)
 
     def sample_transitions(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -26,9 +27,10 @@ class Episode:
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("offset", "capacity", "written", "live_start", "ended", "running")
+    __slots__ = ("offset", "capacity", "written", "live_start", "ended", "running", "on_forget")
 
-    def __init__(self, offset: int, capacity: int) -> None:
+    def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None]) -> None:
+        self.on_forget = on_forget
         self.offset = offset
         self.capacity = capacity
         self.written = 0
@@ -40,21 +42,21 @@ class Lane:
         """Start an episode at the next position (any running one must be ended first)."""
         self.running = Episode(self.written, self.written)
 
-    def claim(self) -> tuple[int, Episode | None]:
-        """The row to write the running episode's next step into, and the episode it forgot."""
-        forgotten = None
+    def claim(self) -> int:
+        """The row for the running episode's next step; forgets the oldest episode if it is there."""
         if self.written - self.capacity >= self.live_start:
-            forgotten = self._forget_oldest()
+            self._forget_oldest()
         row = self.offset + self.written % self.capacity
         self.written += 1
         self.running.end = self.written  # type: ignore[union-attr]
-        return row, forgotten
+        return row
 
-    def _forget_oldest(self) -> Episode | None:
+    def _forget_oldest(self) -> None:
         if self.ended:
             oldest = self.ended.popleft()
             self.live_start = oldest.end
-            return oldest
+            self.on_forget(self, oldest)
+            return
         # The running episode alone fills the lane: drop its first step and remember that it is
         # no longer whole, so it is never handed out as an episode.
         running = self.running
@@ -62,7 +64,6 @@ class Lane:
         running.start += 1
         running.whole = False
         self.live_start = running.start
-        return None
 
     def end(self) -> Episode | None:
         """Close the running episode; return it, or None if it had no step."""

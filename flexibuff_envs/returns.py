@@ -71,3 +71,34 @@ def discounted_returns(
     cut[..., -1:] = True
     b = r + gamma * np.where(cut, bootstrap, 0.0)
     return reverse_scan(b, np.where(cut, 0.0, gamma))
+
+
+_POWERS: dict[float, np.ndarray] = {}
+#: below this, gamma**t loses precision (denormals); longer episodes take the scan instead
+_TINY = 1e-250
+
+
+def _powers(gamma: float, n: int) -> np.ndarray:
+    """``gamma ** arange(n)`` from a cache that grows by doubling."""
+    cached = _POWERS.get(gamma)
+    if cached is None or cached.size < n:
+        cached = gamma ** np.arange(max(n, 2 * (0 if cached is None else cached.size), 64), dtype=np.float64)
+        _POWERS[gamma] = cached
+    return cached[:n]
+
+
+def episode_returns(rewards: np.ndarray, gamma: float, bootstrap: np.ndarray | float | None = None) -> np.ndarray:
+    """`discounted_returns` of one episode per row of ``rewards [..., L]``, in a few numpy ops.
+
+    ``G_t = gamma**-t * sum_{k>=t} gamma**k r_k``: one reversed cumulative sum instead of a scan.
+    Episodes so long that ``gamma**L`` underflows fall back to `discounted_returns`.
+    """
+    steps = rewards.shape[-1]
+    powers = _powers(gamma, steps + 1)
+    if steps == 0 or powers[-1] < _TINY:
+        boot = np.asarray(0.0 if bootstrap is None else bootstrap, dtype=np.float64)
+        return discounted_returns(rewards, gamma, bootstrap=boot[..., None] if boot.ndim else boot)
+    suffix = (rewards[..., ::-1] * powers[steps - 1::-1]).cumsum(axis=-1)[..., ::-1]
+    if bootstrap is not None:
+        suffix += np.multiply.outer(bootstrap, powers[steps:])
+    return suffix / powers[:steps]

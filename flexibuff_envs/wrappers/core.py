@@ -118,6 +118,7 @@ class LaneRecorder:
         self.global_rewards = buffer.field("global_rewards")
         self.running = False
         self._last_row = -1
+        self._claim = buffer.row_claimer(lane)
         if buffer.spec.action_mask:
             for slot in self.slots:
                 slot.enable_masks(buffer)
@@ -147,7 +148,7 @@ class LaneRecorder:
     def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
                     info: Mapping[str, Any]) -> None:
         """One step of a single-agent lane."""
-        row = self.buffer.claim_row(self.lane)
+        row = self._claim()
         self.slots[0].write(row, action, obs_, reward, terminated, truncated, info)
         self.global_rewards[row] = reward
         self._last_row = row
@@ -156,10 +157,9 @@ class LaneRecorder:
 
     def end(self, row: int, bootstrap: bool) -> None:
         """Close the running episode whose last row is ``row``; ``bootstrap`` on truncation."""
-        values = np.zeros(len(self.slots))
+        values = None
         if bootstrap and self.bootstrap_fn is not None:
-            for slot in self.slots:
-                values[slot.index] = float(self.bootstrap_fn(slot.obs_[row]))
+            values = np.array([float(self.bootstrap_fn(slot.obs_[row])) for slot in self.slots])
         self.buffer.end_episode(self.lane, bootstrap=values)
         self.running = False
 
