@@ -180,12 +180,18 @@ class ActionCodec:
             return self.make_writer(discrete, continuous)
         encode = self.encode
 
-        def write(p: int, action: Any) -> None:
-            d, c = encode(action)
-            discrete[p] = d
-            continuous[p] = c
+        def write_discrete(p: int, action: Any) -> None:
+            discrete[p] = encode(action)[0]
 
-        return write
+        def write_continuous(p: int, action: Any) -> None:
+            continuous[p] = encode(action)[1]
+
+        def write_both(p: int, action: Any) -> None:
+            discrete[p], continuous[p] = encode(action)
+
+        if not self.continuous_dim:
+            return write_discrete
+        return write_both if self.cardinalities else write_continuous
 
 
 _NO_INTS = np.zeros(0, dtype=np.int64)

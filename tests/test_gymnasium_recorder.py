@@ -1,0 +1,197 @@
+"""The Gymnasium recorder against a plain loop over the bare env with the same seed and actions."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+from gymnasium.utils.env_checker import check_env
+
+import flexibuff_envs as fe
+from tests.envs import ToyEnv
+from tests.reference import Log, play
+
+GAMMA = 0.9
+
+CASES: dict[str, tuple[Callable[[], gym.Env], int]] = {
+    "CartPole-v1": (lambda: gym.make("CartPole-v1"), 300),
+    "Pendulum-v1": (lambda: gym.make("Pendulum-v1", max_episode_steps=40), 130),
+    "Blackjack-v1": (lambda: gym.make("Blackjack-v1"), 60),
+    "Taxi-v4": (lambda: gym.make("Taxi-v4", max_episode_steps=30), 100),
+    "FrozenLake-v1": (lambda: gym.make("FrozenLake-v1"), 120),
+    "CarRacing-v3": (lambda: gym.make("CarRacing-v3", max_episode_steps=12), 25),
+    "tuple-discrete-box-actions": (lambda: ToyEnv(
+        spaces.Box(-1, 1, (2, 3), np.float64),
+        spaces.Tuple((spaces.Discrete(3, start=-1), spaces.Box(-2, 2, (2,), np.float32))),
+        lengths=(3, 7)), 40),
+    "multidiscrete-actions": (lambda: ToyEnv(
+        spaces.Dict({"pos": spaces.Discrete(4), "bits": spaces.MultiBinary(3)}),
+        spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[0, 1], [-1, 0]])),
+        lengths=(4, 2, 6)), 40),
+    "dict-mixed-actions": (lambda: ToyEnv(
+        spaces.Box(0, 255, (4, 4), np.uint8),
+        spaces.Dict({"move": spaces.MultiBinary(2), "aim": spaces.Box(-1, 1, (3,), np.float32)}),
+        lengths=(5,), truncate=True), 30),
+    "info-mask": (lambda: ToyEnv(spaces.Discrete(6), spaces.Discrete(4), lengths=(6, 3), mask_info=True), 40),
+}
+
+
+def recorded_run(name: str) -> tuple[Log, Log, fe.GymRecorder]:
+    make, steps = CASES[name]
+    reference = play(make(), seed=7, steps=steps)
+    env = fe.record(make(), num_steps=1000, gamma=GAMMA)
+    replay = play(env, seed=7, steps=steps, actions=reference.actions)
+    return reference, replay, env
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_wrapped_env_returns_exactly_what_the_bare_env_returns(name: str) -> None:
+    reference, replay, _ = recorded_run(name)
+    assert len(reference.returned) == len(replay.returned)
+    for bare, wrapped in zip(reference.returned, replay.returned):
+        assert same(bare, wrapped)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_recorded_field_equals_the_reference_log(name: str) -> None:
+    reference, _, env = recorded_run(name)
+    buffer = env.buffer
+    n = len(reference.reward)
+    assert len(buffer) == n
+    batch = buffer.sample_transitions(idx=np.arange(n))
+    expected_obs = np.stack(reference.obs)
+    assert batch.obs.dtype == expected_obs.dtype
+    np.testing.assert_array_equal(batch.obs, expected_obs)
+    np.testing.assert_array_equal(batch.obs_, np.stack(reference.obs_))
+    if buffer.spec.discrete_action_cardinalities:
+        np.testing.assert_array_equal(batch.discrete_actions, np.array(reference.discrete))
+    else:
+        assert batch.discrete_actions is None
+    if buffer.spec.continuous_action_dimension:
+        np.testing.assert_allclose(batch.continuous_actions, np.array(reference.continuous, dtype=np.float32))
+    else:
+        assert batch.continuous_actions is None
+    np.testing.assert_allclose(batch.individual_rewards, np.array(reference.reward, dtype=np.float32))
+    np.testing.assert_allclose(batch.global_rewards, np.array(reference.reward, dtype=np.float32))
+    np.testing.assert_array_equal(batch.terminated, reference.terminated)
+    np.testing.assert_array_equal(batch.truncated, reference.truncated)
+    assert batch.active.all()
+    np.testing.assert_allclose(batch.G, reference.G(GAMMA), rtol=1e-5, atol=1e-5)
+    if reference.mask[0] is None:
+        assert batch.action_mask is None and not buffer.spec.action_mask
+    else:
+        np.testing.assert_array_equal(np.concatenate(batch.action_mask, axis=-1), np.stack(reference.mask))
+        np.testing.assert_array_equal(np.concatenate(batch.action_mask_, axis=-1), np.stack(reference.mask_))
+    episodes = buffer.sample_episodes(n_episodes=len(reference.episodes))
+    assert [len(e) for e in episodes] == [end - start for start, end in reference.episodes]
+
+
+def test_masks_follow_the_mask_source() -> None:
+    for name in ("Taxi-v4", "info-mask"):
+        _, _, env = recorded_run(name)
+        assert env.buffer_spec.action_mask
+    _, _, env = recorded_run("CartPole-v1")
+    assert not env.buffer_spec.action_mask
+    assert env.buffer.sample_transitions(4).action_mask is None
+
+
+def test_car_racing_images_stay_one_byte_per_value() -> None:
+    _, _, env = recorded_run("CarRacing-v3")
+    assert env.buffer_spec.obs_dtype == "uint8"
+    assert env.buffer_spec.obs_size == 96 * 96 * 3
+    assert env.buffer.field("obs").itemsize == 1
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Taxi-v4", "Blackjack-v1", "Pendulum-v1"])
+def test_check_env_passes_on_the_wrapped_env(env_id: str) -> None:
+    env = fe.record(gym.make(env_id).unwrapped, num_steps=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # check_env's own notes about seeding/rendering
+        check_env(env, skip_render_check=True)
+    assert len(env.buffer) > 0
+
+
+def test_spec_make_rebuilds_the_recorder_with_a_fresh_buffer() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=123, gamma=0.5)
+    env.reset(seed=0)
+    env.step(0)
+    rebuilt = env.spec.make()
+    assert isinstance(rebuilt, fe.GymRecorder)
+    assert rebuilt.buffer is not env.buffer and len(rebuilt.buffer) == 0
+    assert rebuilt.buffer.num_steps == 123 and rebuilt.buffer.gamma == 0.5
+
+
+def test_buffer_reachable_through_outer_wrappers() -> None:
+    inner = fe.record(gym.make("CartPole-v1"), num_steps=50)
+    outer = gym.wrappers.RecordEpisodeStatistics(gym.wrappers.ClipReward(inner, -0.5, 0.5))
+    assert outer.get_wrapper_attr("buffer") is inner.buffer
+    assert outer.get_wrapper_attr("buffer_spec") == inner.buffer_spec
+    outer.reset(seed=1)
+    outer.step(1)
+    assert inner.buffer.sample_transitions(1).individual_rewards[0] == 1.0  # the env's own reward
+
+
+def test_truncation_bootstraps_with_bootstrap_fn() -> None:
+    env = fe.record(ToyEnv(lengths=(4,), truncate=True), num_steps=50, gamma=0.5,
+                    bootstrap_fn=lambda obs: 10.0 + float(obs.sum()))
+    env.reset(seed=3)
+    for _ in range(4):
+        last = env.step(0)
+    batch = env.buffer.sample_transitions(idx=np.arange(4))
+    expected = last[1] + 0.5 * (10.0 + float(np.asarray(last[0], np.float32).sum()))
+    assert batch.truncated[-1] and not batch.terminated[-1]
+    assert batch.G[-1] == pytest.approx(expected, rel=1e-5)
+    assert batch.G[0] == pytest.approx(batch.individual_rewards[0] + 0.5 * batch.G[1], rel=1e-5)
+
+
+def test_reset_before_the_end_closes_the_episode_as_truncated() -> None:
+    env = fe.record(ToyEnv(lengths=(10,)), num_steps=50, gamma=0.5)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(1)
+    env.reset()
+    assert env.buffer.n_episodes == 1
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)
+    assert episode.truncated.tolist() == [False, False, True]
+    assert not np.isnan(episode.G).any()
+
+
+def test_step_after_the_end_without_reset_is_not_a_row() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=600)
+    env.reset(seed=0)
+    terminated = truncated = False
+    while not (terminated or truncated):
+        _, _, terminated, truncated, _ = env.step(0)
+    rows = len(env.buffer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gymnasium warns about the stray step itself
+        env.step(0)
+    assert len(env.buffer) == rows
+
+
+def test_user_buffer_must_match_the_env() -> None:
+    spec = fe.infer_spec(gym.make("CartPole-v1"))
+    good = fe.FlexibleBuffer.from_spec(spec, num_steps=10)
+    assert fe.record(gym.make("CartPole-v1"), buffer=good).buffer is good
+    wrong = fe.FlexibleBuffer(10, 5, [2], individual_reward=True, global_reward=True)
+    with pytest.raises(fe.SpecMismatchError, match="obs_size"):
+        fe.record(gym.make("CartPole-v1"), buffer=wrong)
+
+
+def test_record_rejects_what_is_not_an_env() -> None:
+    with pytest.raises(TypeError, match="gymnasium.Env"):
+        fe.record(object())
