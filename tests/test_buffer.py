@@ -1,0 +1,195 @@
+"""The ring, the episode index and sampling."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import flexibuff_envs as fe
+from tests.envs import ToyEnv
+from tests.reference import play, plain_returns
+
+GAMMA = 0.8
+
+
+def expected_live_episodes(episodes: list[tuple[int, int]], running: tuple[int, int] | None,
+                           capacity: int) -> tuple[list[tuple[int, int]], int]:
+    """The newest whole episodes that fit beside the running one, and the first live step."""
+    used = 0 if running is None else min(running[1] - running[0], capacity)
+    first = None if running is None else running[1] - used
+    kept: list[tuple[int, int]] = []
+    for start, end in reversed(episodes):
+        if used + end - start > capacity:
+            break
+        used += end - start
+        kept.insert(0, (start, end))
+        first = start
+    return kept, int(first if first is not None else 0)
+
+
+@pytest.mark.parametrize(("lengths", "capacity", "steps"),
+                         [((1, 7, 2, 30, 3, 11), 37, 400), ((50, 2, 3), 37, 300), ((4,), 4, 50), ((9, 1), 64, 64)])
+def test_ring_forgets_oldest_episodes_whole(lengths: tuple[int, ...], capacity: int, steps: int) -> None:
+    reference = play(ToyEnv(lengths=lengths), seed=1, steps=steps)
+    env = fe.record(ToyEnv(lengths=lengths), num_steps=capacity, gamma=GAMMA)
+    play(env, seed=1, steps=steps, actions=reference.actions)
+    ended_at = reference.episodes[-1][1] if reference.episodes else 0
+    running = (ended_at, steps) if ended_at < steps else None
+    kept, first = expected_live_episodes(reference.episodes, running, capacity)
+    buffer = env.buffer
+    assert len(buffer) == steps - first
+    assert buffer.n_episodes == len(kept)
+    # every live row holds exactly its step, with G of ended episodes and NaN while running
+    G = reference.G(GAMMA)
+    live = np.arange(first, steps)
+    batch = buffer.sample_transitions(idx=live % capacity)
+    np.testing.assert_array_equal(batch.obs, np.stack(reference.obs)[live])
+    np.testing.assert_array_equal(batch.obs_, np.stack(reference.obs_)[live])
+    np.testing.assert_allclose(batch.G, G[live], rtol=1e-5, atol=1e-5)
+    # sampled episodes are exactly the kept ones, whole
+    episodes = buffer.sample_episodes(n_episodes=len(kept)) if kept else []
+    assert [len(e) for e in episodes] == [end - start for start, end in kept]
+    for (start, end), episode in zip(kept, episodes):
+        np.testing.assert_array_equal(episode.obs, np.stack(reference.obs)[start:end])
+        np.testing.assert_allclose(episode.G, plain_returns(reference.reward[start:end], GAMMA), rtol=1e-5)
+    # uniform draws only ever hit live rows
+    drawn = buffer.sample_transitions(2000).idx
+    assert set(np.unique(drawn)) <= set(live % capacity)
+
+
+def test_episode_longer_than_the_ring_is_never_handed_out_whole() -> None:
+    env = fe.record(ToyEnv(lengths=(100,)), num_steps=30)
+    env.reset(seed=0)
+    for _ in range(100):
+        env.step(0)
+    env.reset()
+    assert len(env.buffer) == 30
+    assert env.buffer.n_episodes == 0
+    with pytest.raises(fe.EmptyBufferError, match="asked for 1 whole episodes but the buffer holds 0"):
+        env.buffer.sample_episodes(n_episodes=1)
+    # its transitions are still there, with the right G for the steps kept
+    assert not np.isnan(env.buffer.sample_transitions(100).G).any()
+
+
+def recorded(steps: int = 120, **kwargs) -> fe.FlexibleBuffer:
+    env = fe.record(ToyEnv(lengths=(5, 9, 3)), num_steps=1000, **kwargs)
+    play(env, seed=2, steps=steps)
+    return env.buffer
+
+
+def test_sample_shapes_drop_the_agent_axis_for_one_agent() -> None:
+    batch = recorded().sample_transitions(32)
+    assert batch.obs.shape == (32, 3) and batch.obs_.shape == (32, 3)
+    assert batch.discrete_actions.shape == (32, 1) and batch.discrete_actions.dtype == np.int64
+    assert batch.individual_rewards.shape == (32,) and batch.global_rewards.shape == (32,)
+    assert batch.terminated.dtype == bool and batch.G.shape == (32,)
+    assert batch.continuous_actions is None and batch.state is None and batch.discrete_log_probs is None
+
+
+def test_multi_agent_rows_are_agent_major_like_flexibuff() -> None:
+    buffer = fe.FlexibleBuffer(8, 2, [3], n_agents=2, individual_reward=True, state_size=4)
+    buffer.begin_episode()
+    for step in range(3):
+        row = buffer.claim_row()
+        buffer.field("obs")[:, row] = [[step, 0], [step, 1]]
+        buffer.field("individual_rewards")[:, row] = [1.0, 2.0]
+        buffer.field("active")[:, row] = True
+    buffer.end_episode()
+    batch = buffer.sample_transitions(idx=np.arange(3))
+    assert batch.obs.shape == (2, 3, 2) and batch.state.shape == (3, 4)
+    assert batch.obs[1, 2].tolist() == [2, 1]
+    np.testing.assert_allclose(batch.G[1], [2 + 2 * .99 + 2 * .99 ** 2, 2 + 2 * .99, 2])
+
+
+def test_weighted_sampling_follows_unnormalised_weights() -> None:
+    buffer = recorded()
+    rows = np.arange(len(buffer))
+    buffer.set_memory_weights(rows, 0.0)
+    buffer.set_memory_weights(np.array([7, 40]), np.array([30.0, 10.0]))
+    drawn = buffer.sample_transitions(4000, weighted=True).idx
+    assert set(np.unique(drawn)) == {7, 40}
+    assert 0.70 < np.mean(drawn == 7) < 0.80
+    buffer.set_memory_weights(rows, 0.0)
+    with pytest.raises(ValueError, match="memory_weights"):
+        buffer.sample_transitions(4, weighted=True)
+
+
+def test_minibatches_visit_every_live_row_once() -> None:
+    buffer = recorded(steps=103)
+    batches = list(buffer.minibatches(16))
+    assert [len(b) for b in batches] == [16] * 6 + [7]
+    assert sorted(np.concatenate([b.idx for b in batches]).tolist()) == list(range(103))
+    assert [len(b) for b in buffer.minibatches(16, drop_last=True)] == [16] * 6
+
+
+def test_sample_episodes_fit_the_batch_and_come_in_recording_order() -> None:
+    buffer = recorded(steps=170)  # episodes of 5, 9, 3 steps
+    for _ in range(20):
+        episodes = buffer.sample_episodes(max_batch_size=20)
+        assert 1 <= len(episodes) and sum(len(e) for e in episodes) <= 20
+        firsts = [int(e.idx[0]) for e in episodes]
+        assert firsts == sorted(firsts)
+        for episode in episodes:
+            assert np.all(np.diff(episode.idx) == 1)
+            assert episode.terminated[-1] and not episode.terminated[:-1].any()
+
+
+def test_torch_batches_follow_flexibuff_dtypes() -> None:
+    torch = pytest.importorskip("torch")
+    buffer = recorded()
+    batch = buffer.sample_transitions(8, as_torch=True, device="cpu")
+    assert batch.obs.dtype == torch.float32 and batch.discrete_actions.dtype == torch.int64
+    assert batch.terminated.dtype == torch.float32 and batch.G.dtype == torch.float32
+    (episode,) = buffer.sample_episodes(n_episodes=1, as_torch=True)
+    assert isinstance(episode.obs, torch.Tensor)
+
+
+def test_missing_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = recorded()
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(fe.MissingExtraError, match=r"flexibuff-envs\[torch\]"):
+        buffer.sample_transitions(4, as_torch=True)
+
+
+def test_empty_buffer_errors_are_clear() -> None:
+    buffer = fe.FlexibleBuffer(10, 3, [2])
+    with pytest.raises(fe.EmptyBufferError, match="sample_transitions: the buffer holds no rows"):
+        buffer.sample_transitions(4)
+    with pytest.raises(fe.EmptyBufferError, match="sample_episodes"):
+        buffer.sample_episodes()
+    with pytest.raises(fe.EmptyBufferError, match="minibatches"):
+        next(buffer.minibatches(4))
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({"num_steps": 0}, "num_steps"), ({"obs_size": -1}, "obs_size"),
+                                              ({"gamma": 1.2}, "gamma"), ({"n_agents": 0}, "n_agents"),
+                                              ({"discrete_action_cardinalities": [2, 0]}, "cardinalities")])
+def test_invalid_constructor_arguments_name_the_argument(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        fe.FlexibleBuffer(**{"num_steps": 5, "obs_size": 2, **kwargs})
+
+
+def test_flexibuff_keywords_and_spelling_are_accepted() -> None:
+    buffer = fe.FlexibleBuffer(num_steps=5, obs_size=2, action_mask=[True], discrete_action_cardinalities=[4],
+                               continious_action_dimension=3, n_agents=2, global_reward=True,
+                               global_auxiliary_reward=True, individual_reward=True,
+                               individual_auxiliary_reward=True, log_prob_discrete=True,
+                               log_prob_continuous=2, memory_weights=True, path="/tmp/", name="fb")
+    assert buffer.spec.continuous_action_dimension == 3 and buffer.spec.action_mask
+    assert buffer.field("continuous_log_probs").shape == (2, 5, 2)
+    assert buffer.field("discrete_log_probs").shape == (2, 5, 1)
+
+
+def test_finish_path_bootstraps_running_episodes_at_a_rollout_cut() -> None:
+    env = fe.record(ToyEnv(lengths=(50,)), num_steps=100, gamma=0.5)
+    env.reset(seed=0)
+    for _ in range(4):
+        env.step(1)
+    batch = env.buffer.sample_transitions(idx=np.arange(4))
+    assert np.isnan(batch.G).all()
+    env.buffer.finish_path(last_values=8.0)
+    rewards = batch.individual_rewards.tolist()
+    np.testing.assert_allclose(env.buffer.sample_transitions(idx=np.arange(4)).G,
+                               plain_returns(rewards, 0.5, 8.0), rtol=1e-5)

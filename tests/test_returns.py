@@ -1,0 +1,59 @@
+"""Returns math against a plain Python loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from flexibuff_envs.returns import discounted_returns, episode_returns
+from tests.reference import plain_returns
+
+rewards_st = arrays(np.float64, st.integers(0, 300), elements=st.floats(-100, 100))
+gamma_st = st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]) | st.floats(0, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rewards=rewards_st, gamma=gamma_st, bootstrap=st.floats(-50, 50))
+def test_episode_returns_equal_a_plain_loop(rewards: np.ndarray, gamma: float, bootstrap: float) -> None:
+    expected = plain_returns(list(rewards), gamma, bootstrap)
+    np.testing.assert_allclose(episode_returns(rewards[None], gamma, np.array([bootstrap]))[0], expected,
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(discounted_returns(rewards, gamma, bootstrap=bootstrap), expected,
+                               rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12), gamma=gamma_st, data=st.data())
+def test_segmented_returns_equal_a_loop_per_episode(lengths: list[int], gamma: float, data: st.DataObject) -> None:
+    total = sum(lengths)
+    rewards = data.draw(arrays(np.float64, total, elements=st.floats(-10, 10)))
+    boots = data.draw(arrays(np.float64, len(lengths), elements=st.floats(-10, 10)))
+    ends = np.zeros(total, dtype=bool)
+    ends[np.cumsum(lengths) - 1] = True
+    bootstrap = np.zeros(total)
+    bootstrap[ends] = boots
+    expected: list[float] = []
+    start = 0
+    for length, boot in zip(lengths, boots):
+        expected += plain_returns(list(rewards[start:start + length]), gamma, boot)
+        start += length
+    np.testing.assert_allclose(discounted_returns(rewards, gamma, ends=ends, bootstrap=bootstrap), expected,
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_long_episode_with_small_gamma_takes_the_stable_path() -> None:
+    rewards = np.ones((1, 5000))
+    returns = episode_returns(rewards, 0.5)
+    assert np.isfinite(returns).all()
+    np.testing.assert_allclose(returns[0, :10], 2.0)
+    assert returns[0, -1] == 1.0
+
+
+def test_empty_episode_and_bad_gamma() -> None:
+    assert discounted_returns(np.zeros(0), 0.9).shape == (0,)
+    for gamma in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="gamma"):
+            discounted_returns(np.ones(3), gamma)
