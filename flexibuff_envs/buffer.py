@@ -165,7 +165,16 @@ class FlexibleBuffer:
         self._storage.ensure("action_mask_")
 
     def begin_episode(self, lane: int = 0) -> None:
-        """Start an episode in ``lane``; a still-running one must be ended first."""
+        """Start an episode in ``lane``.
+
+        An episode still running there (say, in a loaded file) is closed first as truncated:
+        its last row's active agents get ``truncated=True`` and ``G`` without a bootstrap.
+        """
+        running = self._lanes[lane].running
+        if running is not None and running.end > running.start:
+            last = self._lanes[lane].offset + (running.end - 1) % self.num_steps
+            self._storage.arrays["truncated"][:, last] |= self._storage.arrays["active"][:, last]
+            self.end_episode(lane)
         self._lanes[lane].begin()
 
     def claim_row(self, lane: int = 0) -> int:

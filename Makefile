@@ -1,0 +1,24 @@
+# Two entry points for a fresh machine; each makes .venv and installs what it needs first.
+#   make demo  - record CartPole-v1 episodes and print what was recorded
+#   make test  - run the test suite (exactly what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0   # the local CPU build; never let pip pick a CUDA one
+	$(PY) -m pip install -q -e '.[test,torch]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/flexibuff-envs record CartPole-v1 --episodes 20 --out cartpole.fbuf
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/bench_record.py
+	$(PY) benchmarks/bench_sample.py
