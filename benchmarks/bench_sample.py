@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import numpy as np
+from typing import Any
 
 from flexibuff_envs.errors import require_torch
 

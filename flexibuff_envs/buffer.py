@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -9,8 +9,8 @@ one episode and episodes are contiguous, so the live rows are always one ring se
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -27,7 +27,7 @@ class Episode:
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("offset", "capacity", "written", "live_start", "ended", "running", "on_forget")
+    __slots__ = ("capacity", "ended", "live_start", "offset", "on_forget", "running", "written")
 
     def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None]) -> None:
         self.on_forget = on_forget

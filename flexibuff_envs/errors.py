@@ -31,7 +31,7 @@ class MissingExtraError(FlexibuffError, ImportError):
     """An optional dependency (torch, pettingzoo) is needed but not installed."""
 
 
-def require_torch():  # noqa: ANN201 - returns the torch module
+def require_torch():
     """Import torch lazily, naming the extra to install when it is absent."""
     try:
         import torch

@@ -88,7 +88,7 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
             for data in arrays:
                 pad = _padding(position)
                 crc = _write(out, b"\0" * pad, crc)
-                crc = _write(out, memoryview(data).cast("B"), crc)
+                crc = _write(out, data.data.cast("B"), crc)
                 position += pad + data.nbytes
             out.write(_SUFFIX.pack(crc, END))
             out.flush()

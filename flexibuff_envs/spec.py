@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -78,7 +79,8 @@ class BufferSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> BufferSpec:
         """Rebuild a spec from `to_dict` output (lists become tuples)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        return cls(**values)
 
 
 # ----------------------------------------------------------------------------- observations
@@ -130,7 +132,10 @@ def _(space: spaces.Box, where: str) -> ObsCodec:
 
 def _flattened(space: spaces.Space, where: str) -> ObsCodec:
     size = int(spaces.flatdim(space))
-    return ObsCodec(size, np.dtype(np.float32), (size,), functools.partial(spaces.flatten, space), False)
+    def flatten(value: Any) -> np.ndarray:
+        return np.asarray(spaces.flatten(space, value))
+
+    return ObsCodec(size, np.dtype(np.float32), (size,), flatten, False)
 
 
 for _kind in (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary):

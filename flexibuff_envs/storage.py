@@ -7,8 +7,8 @@ catching an exception, and an absent field is ``None`` on every batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 

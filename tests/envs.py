@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -16,7 +16,7 @@ class ToyEnv(gym.Env):
     ``truncate`` is set). Rewards are random; ``info["action_mask"]`` is given when ``mask_info``.
     """
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
     def __init__(self, observation_space: spaces.Space | None = None, action_space: spaces.Space | None = None,
                  lengths: tuple[int, ...] = (5,), truncate: bool = False, mask_info: bool = False) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 import flexibuff_envs as fe
 from tests.envs import ToyEnv
-from tests.reference import play, plain_returns
+from tests.reference import plain_returns, play
 
 GAMMA = 0.8
 

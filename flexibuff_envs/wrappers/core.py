@@ -7,13 +7,14 @@ ends. Writers are chosen once, from the codecs, so a step runs straight.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import SpecMismatchError
-from flexibuff_envs.spec import ActionCodec, BufferSpec, ObsCodec
+from flexibuff_envs.spec import ActionCodec, ObsCodec
 
 #: ``bootstrap_fn(obs_)`` -> V of the flat stored observation after a truncated episode's last step
 BootstrapFn = Callable[[np.ndarray], Any]
@@ -122,10 +123,6 @@ class LaneRecorder:
         if buffer.spec.action_mask:
             for slot in self.slots:
                 slot.enable_masks(buffer)
-
-    @property
-    def spec(self) -> BufferSpec:
-        return self.buffer.spec
 
     def _discover_masks(self, info: Mapping[str, Any]) -> None:
         # info["action_mask"] is visible only once the env has been reset: turn masks on then.
