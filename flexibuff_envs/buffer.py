@@ -220,10 +220,17 @@ class FlexibleBuffer:
         # an episode that does not wrap is a slice: no index array on the per-episode path
         rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
                                     else lane.rows(episode))
-        returns = episode_returns(self._storage.arrays["individual_rewards"][:, rows], self.gamma, bootstrap)
+        arrays = self._storage.arrays
+        if "individual_rewards" in arrays:
+            rewards = arrays["individual_rewards"][:, rows]
+        elif "global_rewards" in arrays:  # a hand-made buffer holding the team reward only
+            rewards = np.broadcast_to(arrays["global_rewards"][rows], (self.spec.n_agents, steps))
+        else:
+            return
+        returns = episode_returns(rewards, self.gamma, bootstrap)
         if self.spec.n_agents > 1:  # an agent that was not acting has no return at that row
-            returns = np.where(self._storage.arrays["active"][:, rows], returns, np.nan)
-        self._storage.arrays["G"][:, rows] = returns
+            returns = np.where(arrays["active"][:, rows], returns, np.nan)
+        arrays["G"][:, rows] = returns
 
     # ------------------------------------------------------------------ sampling
 

@@ -193,3 +193,12 @@ def test_finish_path_bootstraps_running_episodes_at_a_rollout_cut() -> None:
     rewards = batch.individual_rewards.tolist()
     np.testing.assert_allclose(env.buffer.sample_transitions(idx=np.arange(4)).G,
                                plain_returns(rewards, 0.5, 8.0), rtol=1e-5)
+
+
+def test_hand_filled_buffer_with_team_reward_only_gets_G_from_it() -> None:
+    buffer = fe.FlexibleBuffer(10, 1, [2], global_reward=True, gamma=0.5)
+    buffer.begin_episode()
+    for _ in range(3):
+        buffer.field("global_rewards")[buffer.claim_row()] = 1.0
+    buffer.end_episode()
+    np.testing.assert_allclose(buffer.sample_transitions(idx=np.arange(3)).G, [1.75, 1.5, 1.0])
