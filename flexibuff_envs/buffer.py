@@ -17,6 +17,11 @@ from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
 
+#: fields whose "no value" is NaN rather than 0
+_NAN_FIELDS = frozenset(name for name, field in FIELDS.items()
+                        if isinstance(field.fill, float) and np.isnan(field.fill))
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -189,16 +194,40 @@ class FlexibleBuffer:
     def _forget(self, lane: Lane, episode: Episode) -> None:
         self._storage.arrays["G"][:, lane.rows(episode)] = np.nan
 
-    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None) -> None:
+    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None,
+                    write_returns: bool = True) -> None:
         """Close ``lane``'s running episode and write its ``G``.
 
         Args:
             bootstrap: ``V(obs_)`` after the last step per agent (None: 0, as after a termination).
+            write_returns: False when every agent's ``G`` was written already (`finish_agent`).
         """
         lane_ = self._lanes[lane]
         episode = lane_.end()
-        if episode is not None:
+        if episode is not None and write_returns:
             self._write_returns(lane_, episode, bootstrap)
+
+    def finish_agent(self, lane: int, agent: int, steps: int, bootstrap: np.ndarray | None = None) -> None:
+        """Write agent ``agent``'s ``G`` over the first ``steps`` rows of ``lane``'s running episode.
+
+        Rows past ``steps`` are not part of the agent's episode (it ended there), so they do not
+        enter its discounting; rows where it was not active get NaN.
+        """
+        running = self._lanes[lane].running
+        if running is None or steps == 0:
+            return
+        part = Episode(running.start, min(running.start + steps, running.end))
+        self._write_returns(self._lanes[lane], part, bootstrap, agent=agent)
+
+    def clear_row(self, row: int) -> None:
+        """Reset every field of ``row`` to "nothing happened": agents inactive, rewards 0."""
+        for name, array in self._storage:
+            fill = FIELDS[name].fill
+            cleared = fill if name in _NAN_FIELDS else 0
+            if FIELDS[name].per_agent:
+                array[:, row] = cleared
+            else:
+                array[row] = cleared if name != "memory_weights" else fill
 
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
         """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.
@@ -214,23 +243,25 @@ class FlexibleBuffer:
             if lane.running is not None and lane.running.end > lane.running.start:
                 self._write_returns(lane, lane.running, values[i])
 
-    def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None) -> None:
+    def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None,
+                       agent: int | None = None) -> None:
         first = lane.offset + episode.start % lane.capacity
         steps = episode.end - episode.start
         # an episode that does not wrap is a slice: no index array on the per-episode path
         rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
                                     else lane.rows(episode))
+        agents = slice(None) if agent is None else slice(agent, agent + 1)
         arrays = self._storage.arrays
         if "individual_rewards" in arrays:
-            rewards = arrays["individual_rewards"][:, rows]
+            rewards = arrays["individual_rewards"][agents, rows]
         elif "global_rewards" in arrays:  # a hand-made buffer holding the team reward only
-            rewards = np.broadcast_to(arrays["global_rewards"][rows], (self.spec.n_agents, steps))
+            rewards = np.broadcast_to(arrays["global_rewards"][rows], (self.spec.n_agents, steps))[agents]
         else:
             return
         returns = episode_returns(rewards, self.gamma, bootstrap)
         if self.spec.n_agents > 1:  # an agent that was not acting has no return at that row
-            returns = np.where(arrays["active"][:, rows], returns, np.nan)
-        arrays["G"][:, rows] = returns
+            returns = np.where(arrays["active"][agents, rows], returns, np.nan)
+        arrays["G"][agents, rows] = returns
 
     # ------------------------------------------------------------------ sampling
 

@@ -18,13 +18,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from flexibuff_envs.errors import NotAnEnvError, UnsupportedSpaceError
+from flexibuff_envs import kinds
+from flexibuff_envs.errors import NotAnEnvError, SpecMismatchError, UnsupportedSpaceError
 
 #: Box dtypes stored as they come: images stay one byte per value.
 COMPACT_DTYPES = (np.dtype(bool), np.dtype(np.uint8), np.dtype(np.int8))
 OBS_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, Tuple and Dict"
 ACTION_SPACES = "Discrete, MultiDiscrete, MultiBinary, Box, and Tuple or Dict of those"
-ENV_KINDS = "gymnasium.Env"
+ENV_KINDS = "gymnasium.Env, pettingzoo ParallelEnv or pettingzoo AECEnv"
 
 RowWriter = Callable[[int, Any], None]
 
@@ -45,6 +46,10 @@ class BufferSpec:
         n_envs: independent lanes (sub-envs of a vector env).
         discrete_action_starts: each head's ``start``; stored actions are ``action - start``.
         obs_shape: the observation's shape before flattening (Box only, else ``(obs_size,)``).
+        state_dtype: numpy dtype name the global state is stored in.
+        agent_obs_sizes, agent_discrete_action_cardinalities, agent_continuous_action_dimensions:
+            each agent's true sizes when agents differ only in size (the buffer holds the largest,
+            zero-padded; padded actions are masked out).
     """
 
     obs_size: int
@@ -58,6 +63,10 @@ class BufferSpec:
     n_envs: int = 1
     discrete_action_starts: tuple[int, ...] = ()
     obs_shape: tuple[int, ...] = ()
+    state_dtype: str = "float32"
+    agent_obs_sizes: tuple[int, ...] = ()
+    agent_discrete_action_cardinalities: tuple[tuple[int, ...], ...] = ()
+    agent_continuous_action_dimensions: tuple[int, ...] = ()
 
     #: Fields that decide array shapes; a user-supplied buffer must agree on these.
     LAYOUT_FIELDS = (
@@ -79,7 +88,10 @@ class BufferSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> BufferSpec:
         """Rebuild a spec from `to_dict` output (lists become tuples)."""
         known = {f.name for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in known}
+        def frozen(value: Any) -> Any:
+            return tuple(frozen(v) for v in value) if isinstance(value, list) else value
+
+        values: dict[str, Any] = {k: frozen(v) for k, v in data.items() if k in known}
         return cls(**values)
 
 
@@ -318,24 +330,95 @@ def spec_from_codecs(
     )
 
 
+def _structure(action: ActionCodec) -> str:
+    kinds = [f"{len(action.cardinalities)} discrete head(s)"] if action.cardinalities else []
+    kinds += ["continuous values"] if action.continuous_dim else []
+    return " and ".join(kinds) or "no action"
+
+
+def combine_agents(
+    agent_ids: Sequence[str],
+    obs: Sequence[ObsCodec],
+    actions: Sequence[ActionCodec],
+    *,
+    state: ObsCodec | None = None,
+    action_mask: bool = False,
+) -> BufferSpec:
+    """One spec for agents that share a buffer: the largest sizes, per-agent true sizes kept.
+
+    Raises:
+        SpecMismatchError: the agents' action spaces differ in structure, not just in size.
+    """
+    first = actions[0]
+    for agent, action in zip(agent_ids, actions):
+        if (len(action.cardinalities), bool(action.continuous_dim), action.starts) != (
+                len(first.cardinalities), bool(first.continuous_dim), first.starts):
+            raise SpecMismatchError(
+                f"agents {agent_ids[0]!r} ({_structure(first)}, starts {first.starts}) and {agent!r} "
+                f"({_structure(action)}, starts {action.starts}) have differently structured action "
+                "spaces and cannot share one buffer; record each group of alike agents with its own recorder")
+    cards = tuple(max(c) for c in zip(*(a.cardinalities for a in actions)))
+    dtypes = {o.dtype for o in obs}
+    padded = any(a.cardinalities != cards for a in actions)
+    return BufferSpec(
+        obs_size=max(o.size for o in obs),
+        obs_dtype=dtypes.pop().name if len(dtypes) == 1 else "float32",
+        discrete_action_cardinalities=cards,
+        continuous_action_dimension=max(a.continuous_dim for a in actions),
+        action_mask=bool(cards) and (action_mask or padded or any(o.split_mask for o in obs)),
+        n_agents=len(agent_ids),
+        agent_ids=tuple(agent_ids),
+        state_size=None if state is None else state.size,
+        state_dtype="float32" if state is None else state.dtype.name,
+        discrete_action_starts=first.starts,
+        obs_shape=obs[0].shape if len({o.shape for o in obs}) == 1 else (max(o.size for o in obs),),
+        agent_obs_sizes=tuple(o.size for o in obs),
+        agent_discrete_action_cardinalities=tuple(a.cardinalities for a in actions),
+        agent_continuous_action_dimensions=tuple(a.continuous_dim for a in actions),
+    )
+
+
 def infer_spec(env: Any, *, info: Mapping[str, Any] | None = None) -> BufferSpec:
     """Infer the buffer layout of ``env`` from its spaces.
 
     Args:
-        env: a ``gymnasium.Env``.
-        info: a reset ``info`` dict; an ``"action_mask"`` key in it turns masks on.
+        env: a ``gymnasium.Env``, a PettingZoo ``ParallelEnv`` or ``AECEnv``.
+        info: a reset ``info`` dict (of any agent); an ``"action_mask"`` key turns masks on.
 
     Raises:
         UnsupportedSpaceError: a space has no flat layout (Text, Graph, Sequence, ...).
+        SpecMismatchError: agents whose action spaces differ in structure.
         NotAnEnvError: ``env`` is not one of the supported kinds.
 
     >>> infer_spec(gym.make("CartPole-v1")).obs_size
     4
     """
-    if not isinstance(env, gym.Env):
-        raise NotAnEnvError(f"infer_spec(env): expected {ENV_KINDS}, got {type(env).__name__}")
-    return spec_from_codecs(
-        obs_codec(env.observation_space),
-        action_codec(env.action_space),
-        action_mask=info is not None and "action_mask" in info,
+    masked = info is not None and "action_mask" in info
+    if isinstance(env, gym.Env):
+        return spec_from_codecs(obs_codec(env.observation_space), action_codec(env.action_space),
+                                action_mask=masked)
+    if kinds.env_kind(env) is None:
+        raise NotAnEnvError(f"infer_spec(env): expected one of {ENV_KINDS}, got {type(env).__name__}")
+    ids = list(env.possible_agents)
+    return combine_agents(
+        [str(a) for a in ids],
+        [obs_codec(env.observation_space(a), f"observation space of agent {a!r}") for a in ids],
+        [action_codec(env.action_space(a), f"action space of agent {a!r}") for a in ids],
+        state=state_codec(env),
+        action_mask=masked,
     )
+
+
+def state_codec(env: Any) -> ObsCodec | None:
+    """The codec of a PettingZoo env's global state, or None when it has none.
+
+    A state is recorded when the env both declares a ``state_space`` and overrides ``state()``
+    (rps_v2, for one, has neither a working ``state()`` nor a ``state_space``).
+    """
+    if not kinds.implements_state(env):
+        return None
+    try:
+        space = env.state_space
+    except (AttributeError, NotImplementedError):
+        return None
+    return obs_codec(space, "state space")

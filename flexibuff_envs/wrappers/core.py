@@ -1,14 +1,15 @@
 """The recording core every env adapter shares: env values in, buffer rows out.
 
-An adapter translates its API's calls into `LaneRecorder.begin` / `LaneRecorder.step`; the core
-owns the per-agent writers, the observation that waits for its step, mask handling and episode
-ends. Writers are chosen once, from the codecs, so a step runs straight.
+An adapter translates its API's calls into `LaneRecorder` calls; the core owns the per-agent
+writers, the observation each agent holds until the step that leaves it, masks (with padding for
+agents of different sizes), the global state, team rewards and episode ends. Writers are chosen
+once, from the codecs, so a step runs straight.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Union
 
 import numpy as np
 
@@ -16,13 +17,60 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import ActionCodec, ObsCodec
 
-#: ``bootstrap_fn(obs_)`` -> V of the flat stored observation after a truncated episode's last step
-BootstrapFn = Callable[[np.ndarray], Any]
+#: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
+#: observation after a truncated episode's last step
+BootstrapFn = Callable[..., Any]
+#: how a row's team reward comes from its agents' rewards: "sum", "mean", "none" or
+#: ``fn(rewards [n_agents], active [n_agents]) -> float``
+GlobalReward = Union[str, Callable[[np.ndarray, np.ndarray], float]]
+
+_REDUCERS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    "sum": lambda rewards, active: float(rewards.sum()),
+    "mean": lambda rewards, active: float(rewards.sum()) / max(int(active.sum()), 1),
+}
+
+
+def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], float] | None:
+    """The team-reward function for ``global_reward`` (None for "none")."""
+    if callable(global_reward):
+        return global_reward
+    if global_reward == "none":
+        return None
+    if global_reward not in _REDUCERS:
+        raise ValueError(f"global_reward must be 'sum', 'mean', 'none' or a function, got {global_reward!r}")
+    return _REDUCERS[global_reward]
 
 
 def _flat_mask(mask: Any) -> Any:
     """A mask given per head (tuple of arrays) becomes one flat array; an array passes as is."""
     return mask if isinstance(mask, np.ndarray) else np.concatenate([np.ravel(m) for m in mask])
+
+
+class Held:
+    """A value written at one step and copied into the next row: an observation or a state.
+
+    It is kept as a reference to where it was stored (a scratch row after a reset, else the
+    ``*_`` row of the last step), never to the env's own array, which the env may reuse.
+    """
+
+    def __init__(self, codec: ObsCodec, before: np.ndarray, after: np.ndarray) -> None:
+        self.before, self.after = before, after
+        size = codec.size
+        self._scratch = np.zeros((1, before.shape[1]), dtype=before.dtype)
+        self._write_scratch = codec.writer(self._scratch[:, :size])
+        self._write_after = codec.writer(after[:, :size])
+        self._source, self._row = self._scratch, 0
+
+    def hold(self, value: Any) -> None:
+        """Hold ``value`` (from a reset) for the next row."""
+        self._write_scratch(0, value)
+        self._source, self._row = self._scratch, 0
+
+    def write(self, row: int, value: Any) -> None:
+        """``before[row]`` = the held value, ``after[row]`` = ``value``, which is held next."""
+        self.before[row] = self._source[self._row]
+        self._write_after(row, value)
+        self._source, self._row = self.after, row
 
 
 class AgentSlot:
@@ -32,22 +80,26 @@ class AgentSlot:
         self.index = index
         self.name = buffer.spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = buffer.field("obs")[index]
-        self.obs_ = buffer.field("obs_")[index]
-        self._scratch = np.zeros((1, self.obs.shape[1]), dtype=self.obs.dtype)
-        self._write_scratch = obs.writer(self._scratch)
-        self._write_obs_ = obs.writer(self.obs_)
+        self.obs = Held(obs, buffer.field("obs")[index], buffer.field("obs_")[index])
         self._write_action = action.writer(
             buffer.field("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
-            buffer.field("continuous_actions")[index] if action.continuous_dim else np.zeros((0, 0)),
+            buffer.field("continuous_actions")[index][:, :action.continuous_dim]
+            if action.continuous_dim else np.zeros((0, 0)),
         )
         self.rewards = buffer.field("individual_rewards")[index]
         self.terminated = buffer.field("terminated")[index]
         self.truncated = buffer.field("truncated")[index]
         self.active = buffer.field("active")[index]
-        self._source, self._source_row = self._scratch, 0
-        self.mask_width = sum(buffer.spec.discrete_action_cardinalities)
         self.masks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # where this agent's real actions sit in the padded flat mask (None: no padding)
+        padded = buffer.spec.discrete_action_cardinalities
+        self.mask_width = sum(padded)
+        self.own_width = sum(action.cardinalities)
+        offsets = np.cumsum((0, *padded[:-1])).astype(int)
+        self._positions = None if action.cardinalities == padded else np.concatenate(
+            [np.arange(o, o + c) for o, c in zip(offsets, action.cardinalities)])
+        self._all_legal = np.zeros(self.mask_width, dtype=bool)
+        self._all_legal[self._positions if self._positions is not None else slice(None)] = True
 
     def enable_masks(self, buffer: FlexibleBuffer) -> None:
         """Start recording this agent's action masks."""
@@ -61,43 +113,46 @@ class AgentSlot:
             return obs["observation"], obs["action_mask"]
         return obs, info.get("action_mask")
 
+    def _padded_mask(self, mask: Any) -> Any:
+        if mask is None:
+            return self._all_legal
+        flat = _flat_mask(mask)
+        if self._positions is None:
+            return flat
+        padded = np.zeros(self.mask_width, dtype=bool)
+        padded[self._positions] = flat
+        return padded
+
     def begin(self, obs: Any, info: Mapping[str, Any]) -> None:
         """Hold the first observation of an episode until the step that leaves it."""
         value, mask = self.split(obs, info)
-        self._write_scratch(0, value)
-        self._source, self._source_row = self._scratch, 0
+        self.obs.hold(value)
         if self.masks is not None:
+            if mask is not None and np.size(_flat_mask(mask)) != self.own_width:
+                raise SpecMismatchError(
+                    f"action_mask of agent {self.name!r} has {np.size(_flat_mask(mask))} entries but its "
+                    f"discrete action heads have {self.own_width} actions in all")
             scratch = self.masks[2]
-            if mask is None:
-                scratch[0] = True
-            else:
-                flat = _flat_mask(mask)
-                if np.size(flat) != self.mask_width:
-                    raise SpecMismatchError(
-                        f"action_mask of agent {self.name!r} has {np.size(flat)} entries but its "
-                        f"discrete action heads have {self.mask_width} actions in all")
-                scratch[0] = flat
+            scratch[0] = self._padded_mask(mask)
             self._mask_source, self._mask_row = scratch, 0
 
     def write(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
               info: Mapping[str, Any]) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
-        self.obs[row] = self._source[self._source_row]
         if self.masks is None:
-            self._write_obs_(row, obs_)
+            self.obs.write(row, obs_)
         else:
             value, mask_ = self.split(obs_, info)
-            self._write_obs_(row, value)
+            self.obs.write(row, value)
             before, after, _ = self.masks
             before[row] = self._mask_source[self._mask_row]
-            after[row] = True if mask_ is None else _flat_mask(mask_)
+            after[row] = self._padded_mask(mask_)
             self._mask_source, self._mask_row = after, row
         self._write_action(row, action)
         self.rewards[row] = reward
         self.terminated[row] = terminated
         self.truncated[row] = truncated
         self.active[row] = True
-        self._source, self._source_row = self.obs_, row
 
 
 class LaneRecorder:
@@ -111,14 +166,20 @@ class LaneRecorder:
         *,
         lane: int = 0,
         bootstrap_fn: BootstrapFn | None = None,
+        global_reward: GlobalReward = "sum",
+        state: ObsCodec | None = None,
     ) -> None:
         self.buffer = buffer
         self.lane = lane
         self.bootstrap_fn = bootstrap_fn
         self.slots = [AgentSlot(buffer, i, o, a) for i, (o, a) in enumerate(zip(obs, actions))]
-        self.global_rewards = buffer.field("global_rewards")
+        self.reduce = reducer(global_reward)
+        self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
+        self.state = None if state is None else Held(state, buffer.field("state"), buffer.field("state_"))
         self.running = False
-        self._last_row = -1
+        self.open = np.zeros(len(self.slots), dtype=bool)
+        self.steps = [0] * len(self.slots)  # rows each agent has filled in the running episode
+        self.rows: list[int] = []  # the rows of the running episode, in order
         self._claim = buffer.row_claimer(lane)
         if buffer.spec.action_mask:
             for slot in self.slots:
@@ -131,39 +192,87 @@ class LaneRecorder:
             for slot in self.slots:
                 slot.enable_masks(self.buffer)
 
-    def begin(self, obs: Sequence[Any], infos: Sequence[Mapping[str, Any]]) -> None:
-        """A reset: close any episode still running (as truncated by the user), start a new one."""
+    def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None) -> None:
+        """A reset: close any episode still running (as truncated by the user), start a new one.
+
+        Args:
+            agents: ``(agent index, observation, info)`` of every agent present at the reset.
+            state: the global state after the reset, when one is recorded.
+        """
         if self.running:
             self.cut()
-        self._discover_masks(infos[0])
-        for slot, o, info in zip(self.slots, obs, infos):
-            slot.begin(o, info)
         self.buffer.begin_episode(self.lane)
+        self.rows.clear()
+        self.steps = [0] * len(self.slots)
+        for index, obs, info in agents:
+            self.join(index, obs, info)
+        if self.state is not None:
+            self.state.hold(state)
         self.running = True
-        self._last_row = -1
+
+    def join(self, index: int, obs: Any, info: Mapping[str, Any]) -> None:
+        """Agent ``index`` appears with its first observation (at a reset, or spawning later)."""
+        self._discover_masks(info)
+        self.slots[index].begin(obs, info)
+        self.open[index] = True
 
     def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
                     info: Mapping[str, Any]) -> None:
-        """One step of a single-agent lane."""
+        """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
         row = self._claim()
+        self.rows.append(row)
+        self.steps[0] += 1
         self.slots[0].write(row, action, obs_, reward, terminated, truncated, info)
-        self.global_rewards[row] = reward
-        self._last_row = row
+        self.global_rewards[row] = reward  # type: ignore[index]
         if terminated or truncated:
-            self.end(row, truncated and not terminated)
+            self.close([0], [truncated and not terminated])
 
-    def end(self, row: int, bootstrap: bool) -> None:
-        """Close the running episode whose last row is ``row``; ``bootstrap`` on truncation."""
-        values = None
-        if bootstrap and self.bootstrap_fn is not None:
-            values = np.array([float(self.bootstrap_fn(slot.obs_[row])) for slot in self.slots])
-        self.buffer.end_episode(self.lane, bootstrap=values)
-        self.running = False
+    def row(self, k: int) -> int:
+        """The buffer row of the running episode's ``k``-th step, claimed (and cleared) if new."""
+        while len(self.rows) <= k:
+            row = self._claim()
+            self.buffer.clear_row(row)
+            self.rows.append(row)
+        return self.rows[k]
+
+    def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
+              truncated: Any, info: Mapping[str, Any]) -> None:
+        """Agent ``index``'s transition into ``row``."""
+        self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
+        self.steps[index] += 1
+
+    def finish_row(self, row: int, state_: Any = None) -> None:
+        """After a row's agents are written: its team reward and, when recorded, the state."""
+        if self.reduce is not None:
+            arrays = self.buffer.field
+            self.global_rewards[row] = self.reduce(  # type: ignore[index]
+                arrays("individual_rewards")[:, row], arrays("active")[:, row])
+        if self.state is not None:
+            self.state.write(row, state_)
+
+    def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
+        """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""
+        for index, boot in zip(indices, bootstrap):
+            slot = self.slots[index]
+            steps = self.steps[index]
+            value = None
+            if boot and self.bootstrap_fn is not None and steps:
+                last = slot.obs.after[self.rows[steps - 1]]
+                value = np.array([self.bootstrap_fn(last) if len(self.slots) == 1
+                                  else self.bootstrap_fn(last, slot.name)], dtype=np.float64)
+            self.buffer.finish_agent(self.lane, index, steps, value)
+            self.open[index] = False
+        if not self.open.any():
+            self.buffer.end_episode(self.lane, write_returns=False)
+            self.running = False
 
     def cut(self) -> None:
-        """End the running episode where it stands: its last row becomes truncated."""
-        row = self._last_row
-        if row >= 0:
-            for slot in self.slots:
-                slot.truncated[row] |= bool(slot.active[row])
-        self.end(row, row >= 0)
+        """End the running episode where it stands: each open agent's last row becomes truncated."""
+        still = [int(i) for i in np.flatnonzero(self.open)]
+        for index in still:
+            if self.steps[index]:
+                self.slots[index].truncated[self.rows[self.steps[index] - 1]] = True
+        self.close(still, [True] * len(still))
+        if self.running:  # no agent was open: close the episode itself
+            self.buffer.end_episode(self.lane, write_returns=False)
+            self.running = False

@@ -60,7 +60,7 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._recorder.begin((obs,), (info,))
+        self._recorder.begin([(0, obs, info)])
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:

@@ -1,0 +1,45 @@
+"""Which env API an object speaks. The one place pettingzoo is imported (lazily).
+
+Detection needs no import: whoever holds a PettingZoo env has imported pettingzoo already.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from flexibuff_envs.errors import MissingExtraError
+
+Kind = Literal["gymnasium", "parallel", "aec"]
+
+
+def pettingzoo_env_module() -> Any:
+    """``pettingzoo.utils.env``, or MissingExtraError naming the extra."""
+    try:
+        from pettingzoo.utils import env
+    except ImportError as exc:
+        raise MissingExtraError("PettingZoo envs need pettingzoo: pip install 'flexibuff-envs[pettingzoo]'") from exc
+    return env
+
+
+def env_kind(env: Any) -> Kind | None:
+    """"gymnasium", "parallel", "aec", or None for anything else."""
+    if isinstance(env, gym.Env):
+        return "gymnasium"
+    module = sys.modules.get("pettingzoo.utils.env")
+    if module is not None:
+        if isinstance(env, module.ParallelEnv):
+            return "parallel"
+        if isinstance(env, module.AECEnv):
+            return "aec"
+    return None
+
+
+def implements_state(env: Any) -> bool:
+    """Whether a PettingZoo env's own class overrides ``state()`` (the base raises)."""
+    module = pettingzoo_env_module()
+    cls = type(env.unwrapped)
+    base = module.ParallelEnv if isinstance(env.unwrapped, module.ParallelEnv) else module.AECEnv
+    return callable(getattr(cls, "state", None)) and getattr(cls, "state") is not getattr(base, "state")
