@@ -4,23 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-import gymnasium as gym
+import gymnasium as gym  # noqa: F401 - used by the doctest
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import NotAnEnvError
+from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
 
-__all__ = ["GymRecorder", "record"]
+__all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "record"]
 
 
-def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> GymRecorder:
+def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
     Args:
-        env: a ``gymnasium.Env``.
+        env: a ``gymnasium.Env``, a PettingZoo ``ParallelEnv`` or a PettingZoo ``AECEnv``.
         buffer: an existing buffer to fill (must match the env), else a new one.
-        **options: the recorder's keywords (``num_steps``, ``gamma``, ``bootstrap_fn``).
+        **options: the recorder's keywords (``num_steps``, ``gamma``, ``bootstrap_fn``, and for
+            PettingZoo ``global_reward``).
+
+    Returns:
+        `GymRecorder`, `ParallelRecorder` or `AECRecorder`.
 
     Raises:
         NotAnEnvError: ``env`` is none of the accepted kinds.
@@ -30,7 +35,29 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> Gy
     >>> len(env.buffer)
     1
     """
-    if isinstance(env, gym.Env):
+    kind = env_kind(env)
+    if kind == "gymnasium":
         return GymRecorder(env, buffer, **options)
+    if kind == "parallel":
+        from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder
+
+        return ParallelRecorder(env, buffer, **options)
+    if kind == "aec":
+        from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder
+
+        return AECRecorder(env, buffer, **options)
     raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {type(env).__module__}."
                         f"{type(env).__qualname__}")
+
+
+def __getattr__(name: str) -> Any:
+    # The PettingZoo recorders subclass pettingzoo's wrappers: import them only when asked for.
+    if name == "ParallelRecorder":
+        from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder
+
+        return ParallelRecorder
+    if name == "AECRecorder":
+        from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder
+
+        return AECRecorder
+    raise AttributeError(name)

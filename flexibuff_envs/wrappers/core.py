@@ -15,7 +15,7 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import SpecMismatchError
-from flexibuff_envs.spec import ActionCodec, ObsCodec
+from flexibuff_envs.spec import ActionCodec, BufferSpec, ObsCodec
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
 #: observation after a truncated episode's last step
@@ -39,6 +39,18 @@ def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], f
     if global_reward not in _REDUCERS:
         raise ValueError(f"global_reward must be 'sum', 'mean', 'none' or a function, got {global_reward!r}")
     return _REDUCERS[global_reward]
+
+
+def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
+                   global_reward: GlobalReward = "sum") -> FlexibleBuffer:
+    """A new buffer for ``spec``, or the user's, checked against it."""
+    if buffer is None:
+        return FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
+                                        global_reward=global_reward != "none")
+    buffer.check_matches(spec)
+    if gamma is not None and gamma != buffer.gamma:
+        raise SpecMismatchError(f"gamma={gamma!r} differs from the given buffer's gamma={buffer.gamma!r}")
+    return buffer
 
 
 def _flat_mask(mask: Any) -> Any:

@@ -7,9 +7,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec, action_codec, infer_spec, obs_codec
-from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder
+from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, prepare_buffer
 
 
 class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -40,16 +39,9 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
             self, num_steps=num_steps, gamma=gamma, bootstrap_fn=bootstrap_fn
         )
         gym.Wrapper.__init__(self, env)
-        spec = infer_spec(env)
-        if buffer is None:
-            buffer = FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma)
-        else:
-            buffer.check_matches(spec)
-            if gamma is not None and gamma != buffer.gamma:
-                raise SpecMismatchError(f"gamma={gamma!r} differs from the given buffer's gamma={buffer.gamma!r}")
-        self.buffer = buffer
+        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma)
         self._recorder = LaneRecorder(
-            buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)],
+            self.buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)],
             bootstrap_fn=bootstrap_fn,
         )
 
