@@ -253,12 +253,15 @@ class LaneRecorder:
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
         self.steps[index] += 1
 
-    def finish_row(self, row: int, state_: Any = None) -> None:
-        """After a row's agents are written: its team reward and, when recorded, the state."""
+    def team_reward(self, row: int) -> None:
+        """The row's team reward, from its agents' rewards (after they are written)."""
         if self.reduce is not None:
-            arrays = self.buffer.field
+            field = self.buffer.field
             self.global_rewards[row] = self.reduce(  # type: ignore[index]
-                arrays("individual_rewards")[:, row], arrays("active")[:, row])
+                field("individual_rewards")[:, row], field("active")[:, row])
+
+    def write_state(self, row: int, state_: Any) -> None:
+        """``state[row]`` = the held state, ``state_[row]`` = ``state_`` (when a state is recorded)."""
         if self.state is not None:
             self.state.write(row, state_)
 

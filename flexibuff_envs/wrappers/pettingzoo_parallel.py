@@ -94,7 +94,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
                 if terminated or truncated:
                     ended.append(i)
                     bootstrap.append(bool(truncated and not terminated))
-            recorder.finish_row(row, self._state() if self._state is not None else None)
+            recorder.team_reward(row)
+            recorder.write_state(row, self._state() if self._state is not None else None)
             if ended:
                 recorder.close(ended, bootstrap)
         return result

@@ -1,0 +1,83 @@
+"""Recorder for a PettingZoo ``AECEnv`` (turn-based)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pettingzoo.utils import BaseWrapper
+from pettingzoo.utils.env import AECEnv
+from typing_extensions import override
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
+from flexibuff_envs.wrappers.pettingzoo_parallel import PettingZooRecorderMixin
+
+
+class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
+    """Records every turn of a PettingZoo AEC env into ``self.buffer``; otherwise the bare env.
+
+    Each agent's transition opens at its turn (its observation, mask and action) and closes at its
+    next appearance in ``agent_iter``: its next turn, or its dead step. It takes the reward
+    ``last()`` reports then (everything the agent received since it acted), the observation and
+    mask of that moment, and the agent's own terminated/truncated. Row ``k`` of an episode holds
+    each agent's ``k``-th turn. The ``None`` step of a finished agent closes its last transition
+    and is not a transition itself. The global state of row ``k`` is taken when the row's first
+    transition closes; ``state`` is the previous row's ``state_`` (the reset state for row 0).
+
+    Args: as `ParallelRecorder`.
+    """
+
+    def __init__(self, env: AECEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
+                 gamma: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+                 global_reward: GlobalReward = "sum") -> None:
+        BaseWrapper.__init__(self, env)
+        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward)
+        self._actions: list[Any] = [None] * len(self._index)
+        self._seen: tuple[Any, tuple[Any, ...]] | None = None
+
+    @override
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self.env.reset(seed=seed, options=options)
+        self._seen = None
+        self._recorder.begin([], self._state() if self._state is not None else None)
+
+    @override
+    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        result = super().last(observe)
+        if observe:  # the step that follows reuses this observation instead of observing again
+            self._seen = (self.env.agent_selection, result)
+        return result
+
+    @override
+    def step(self, action: Any) -> None:
+        recorder = self._recorder
+        if recorder.running:
+            agent = self.env.agent_selection
+            seen = self._seen
+            obs, reward, terminated, truncated, info = (
+                seen[1] if seen is not None and seen[0] == agent else super().last())
+            i = self._index[agent]
+            if recorder.open[i] and self._actions[i] is not None:
+                self._close_turn(i, obs, reward, terminated, truncated, info)
+            elif action is not None:
+                recorder.join(i, obs, info)
+            self._actions[i] = None if action is None else np.array(action, copy=True) \
+                if isinstance(action, np.ndarray) else action
+        self._seen = None
+        self.env.step(action)
+        if recorder.running and not self.env.agents:
+            recorder.cut()  # the env ended the episode without a dead step for every agent
+
+    def _close_turn(self, i: int, obs: Any, reward: Any, terminated: bool, truncated: bool,
+                    info: dict[str, Any]) -> None:
+        recorder = self._recorder
+        k = recorder.steps[i]
+        new_row = k == len(recorder.rows)
+        row = recorder.row(k)
+        recorder.write(row, i, self._actions[i], obs, reward, terminated, truncated, info)
+        recorder.team_reward(row)
+        if new_row:
+            recorder.write_state(row, self._state() if self._state is not None else None)
+        if terminated or truncated:
+            recorder.close([i], [bool(truncated and not terminated)])
