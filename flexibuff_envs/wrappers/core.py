@@ -74,14 +74,23 @@ class Held:
         self._source, self._row = self._scratch, 0
 
     def hold(self, value: Any) -> None:
-        """Hold ``value`` (from a reset) for the next row."""
-        self._write_scratch(0, value)
+        """Hold ``value`` (from a reset; None: missing) for the next row."""
+        if value is None:
+            self._scratch[0] = np.nan if self._scratch.dtype.kind == "f" else 0
+        else:
+            self._write_scratch(0, value)
         self._source, self._row = self._scratch, 0
 
     def write(self, row: int, value: Any) -> None:
         """``before[row]`` = the held value, ``after[row]`` = ``value``, which is held next."""
         self.before[row] = self._source[self._row]
         self._write_after(row, value)
+        self._source, self._row = self.after, row
+
+    def write_missing(self, row: int) -> None:
+        """As `write`, for a value the env could not give: NaN (0 for integer dtypes)."""
+        self.before[row] = self._source[self._row]
+        self.after[row] = np.nan if self.after.dtype.kind == "f" else 0
         self._source, self._row = self.after, row
 
 
@@ -261,9 +270,12 @@ class LaneRecorder:
                 field("individual_rewards")[:, row], field("active")[:, row])
 
     def write_state(self, row: int, state_: Any) -> None:
-        """``state[row]`` = the held state, ``state_[row]`` = ``state_`` (when a state is recorded)."""
+        """``state[row]`` = the held state, ``state_[row]`` = ``state_`` (None: missing)."""
         if self.state is not None:
-            self.state.write(row, state_)
+            if state_ is None:
+                self.state.write_missing(row)
+            else:
+                self.state.write(row, state_)
 
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
         """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""

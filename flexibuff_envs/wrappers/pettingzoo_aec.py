@@ -40,7 +40,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         self.env.reset(seed=seed, options=options)
         self._seen = None
-        self._recorder.begin([], self._state() if self._state is not None else None)
+        self._recorder.begin([], self._read_state())
 
     @override
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -78,6 +78,6 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         recorder.write(row, i, self._actions[i], obs, reward, terminated, truncated, info)
         recorder.team_reward(row)
         if new_row:
-            recorder.write_state(row, self._state() if self._state is not None else None)
+            recorder.write_state(row, self._read_state())
         if terminated or truncated:
             recorder.close([i], [bool(truncated and not terminated)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from pettingzoo.utils import BaseParallelWrapper
@@ -35,9 +36,28 @@ class PettingZooRecorderMixin:
         spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
         self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, global_reward=global_reward)
         self._index = {agent: i for i, agent in enumerate(ids)}
+        self._env_name = str(env)
         self._recorder = LaneRecorder(self.buffer, obs, actions, bootstrap_fn=bootstrap_fn,
                                       global_reward=global_reward, state=state)
         self._state = env.state if state is not None else None
+        self._state_failed = False
+
+    def _read_state(self) -> Any:
+        """The env's global state, or None (recorded as missing) when its ``state()`` fails.
+
+        Some envs' ``state()`` breaks in states the bare env never asks it about (multiwalker's,
+        once a walker has fallen); the recorder must not turn that into a crash of the user's loop.
+        """
+        if self._state is None:
+            return None
+        try:
+            return self._state()
+        except Exception as exc:  # noqa: BLE001 - any failure of the env's own state()
+            if not self._state_failed:
+                self._state_failed = True
+                warnings.warn(f"state() of {self._env_name} raised {exc!r}; such steps record the "
+                              "state as missing (NaN)", RuntimeWarning, stacklevel=3)
+            return None
 
     @property
     def buffer_spec(self) -> BufferSpec:
@@ -71,7 +91,7 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         obs, infos = self.env.reset(seed=seed, options=options)
         self._recorder.begin([(self._index[a], o, infos.get(a, {})) for a, o in obs.items()],
-                             self._state() if self._state is not None else None)
+                             self._read_state())
         return obs, infos
 
     @override
@@ -95,7 +115,7 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
                     ended.append(i)
                     bootstrap.append(bool(truncated and not terminated))
             recorder.team_reward(row)
-            recorder.write_state(row, self._state() if self._state is not None else None)
+            recorder.write_state(row, self._read_state())
             if ended:
                 recorder.close(ended, bootstrap)
         return result
