@@ -1,0 +1,115 @@
+"""The AEC recorder against a plain loop over the bare env with the same seeds and actions."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import flexibuff_envs as fe
+from tests.pz_reference import play_aec
+
+pytest.importorskip("pettingzoo")
+warnings.filterwarnings("ignore", module="pettingzoo")
+from mpe2 import simple_spread_v3, simple_speaker_listener_v4  # noqa: E402
+from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, tictactoe_v3  # noqa: E402
+from pettingzoo.test import api_test  # noqa: E402
+
+GAMMA = 0.9
+CASES: dict[str, tuple[Callable[[], Any], int]] = {  # make, episodes
+    "tictactoe_v3": (tictactoe_v3.env, 6),
+    "connect_four_v3": (connect_four_v3.env, 4),
+    "leduc_holdem_v4": (leduc_holdem_v4.env, 8),
+    "rps_v2": (lambda: rps_v2.env(num_actions=3, max_cycles=5), 3),
+    "simple_speaker_listener_v4": (lambda: simple_speaker_listener_v4.env(max_cycles=6), 2),
+}
+
+
+def replay(env: Any, seed: int, episodes: int, actions: list[Any], *, call_last: bool = True) -> None:
+    taken = iter(actions)
+    for e in range(episodes):
+        env.reset(seed=seed + e)
+        for _ in env.agent_iter():
+            if call_last:
+                env.last()
+            env.step(next(taken))
+
+
+@pytest.mark.parametrize("call_last", [True, False], ids=["last", "no-last"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_recorded_field_equals_the_reference(name: str, call_last: bool) -> None:
+    make, episodes = CASES[name]
+    expected = play_aec(make(), seed=3, episodes=episodes)
+    env = fe.record(make(), num_steps=500, gamma=GAMMA)
+    replay(env, 3, episodes, expected.actions, call_last=call_last)
+    buffer = env.buffer
+    rows = expected.rewards.shape[1]
+    assert len(buffer) == rows and buffer.n_episodes == episodes
+    batch = buffer.sample_transitions(idx=np.arange(rows))
+    np.testing.assert_array_equal(batch.active, expected.active)
+    np.testing.assert_array_equal(batch.obs, expected.obs)
+    np.testing.assert_array_equal(batch.obs_, expected.obs_)
+    np.testing.assert_array_equal(batch.discrete_actions, expected.discrete)
+    np.testing.assert_allclose(batch.individual_rewards, expected.rewards)
+    np.testing.assert_allclose(batch.global_rewards, expected.rewards.sum(axis=0), atol=1e-6)
+    np.testing.assert_array_equal(batch.terminated, expected.terminated)
+    np.testing.assert_array_equal(batch.truncated, expected.truncated)
+    if expected.mask is not None:
+        np.testing.assert_array_equal(np.concatenate(batch.action_mask, axis=-1), expected.mask)
+        np.testing.assert_array_equal(np.concatenate(batch.action_mask_, axis=-1), expected.mask_)
+    np.testing.assert_allclose(batch.G, expected.G(GAMMA), rtol=1e-5, atol=1e-5)
+    episodes_out = buffer.sample_episodes(n_episodes=episodes)
+    assert [len(e) for e in episodes_out] == [end - start for start, end in expected.episodes]
+
+
+def test_tictactoe_winner_and_loser_rewards_land_on_their_last_moves() -> None:
+    env = fe.record(tictactoe_v3.env())
+    env.reset(seed=0)
+    # player_1 takes the left column (0, 1, 2); player_2 plays 3 and 4
+    moves = iter([0, 3, 1, 4, 2])
+    for agent in env.agent_iter():
+        _, _, terminated, truncated, _ = env.last()
+        env.step(None if terminated or truncated else next(moves))
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)
+    assert len(episode) == 3  # player_1 moved three times, player_2 twice
+    p1, p2 = env.buffer_spec.agent_ids.index("player_1"), env.buffer_spec.agent_ids.index("player_2")
+    assert episode.individual_rewards[p1].tolist() == [0, 0, 1]
+    assert episode.individual_rewards[p2].tolist() == [0, -1, 0]
+    assert episode.active[p2].tolist() == [True, True, False]
+    assert episode.terminated[p1, 2] and episode.terminated[p2, 1]
+    assert episode.discrete_actions[p1, :, 0].tolist() == [0, 1, 2]
+    np.testing.assert_allclose(episode.G[p1], [0.99 ** 2, 0.99, 1])
+    np.testing.assert_allclose(episode.G[p2, :2], [-0.99, -1])
+    # the mask after player_1's first move no longer allows square 0 (taken)
+    assert not episode.action_mask_[0][p1, 0, 0] and episode.action_mask[0][p1, 0, 0]
+
+
+def test_rps_has_no_state_and_records_fine() -> None:
+    env = fe.record(rps_v2.env())
+    assert env.buffer_spec.state_size is None
+    env.reset(seed=0)
+    for agent in env.agent_iter(max_iter=6):
+        env.step(1)
+    assert len(env.buffer) == 2
+
+
+def test_aec_state_rows_chain() -> None:
+    env = fe.record(simple_spread_v3.env(max_cycles=4), num_steps=50)
+    env.reset(seed=0)
+    first = env.state()
+    for agent in env.agent_iter():
+        _, _, terminated, truncated, _ = env.last()
+        env.step(None if terminated or truncated else 0)
+    batch = env.buffer.sample_transitions(idx=np.arange(len(env.buffer)))
+    np.testing.assert_array_equal(batch.state[0], first)
+    np.testing.assert_array_equal(batch.state[1:], batch.state_[:-1])
+
+
+@pytest.mark.parametrize("make", [tictactoe_v3.env, connect_four_v3.env, leduc_holdem_v4.env, rps_v2.env,
+                                  simple_spread_v3.env, simple_speaker_listener_v4.env])
+def test_api_test_passes_on_the_wrapped_env(make: Callable[[], Any]) -> None:
+    env = fe.record(make(), num_steps=5000)
+    api_test(env, num_cycles=200)
+    assert len(env.buffer) > 0
