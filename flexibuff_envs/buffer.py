@@ -17,9 +17,9 @@ from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
 
-#: fields whose "no value" is NaN rather than 0
-_NAN_FIELDS = frozenset(name for name, field in FIELDS.items()
-                        if isinstance(field.fill, float) and np.isnan(field.fill))
+#: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
+_KEEP_FILL = frozenset(name for name, field in FIELDS.items()
+                       if isinstance(field.fill, float) and (np.isnan(field.fill) or name == "memory_weights"))
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -219,15 +219,19 @@ class FlexibleBuffer:
         part = Episode(running.start, min(running.start + steps, running.end))
         self._write_returns(self._lanes[lane], part, bootstrap, agent=agent)
 
-    def clear_row(self, row: int) -> None:
-        """Reset every field of ``row`` to "nothing happened": agents inactive, rewards 0."""
+    def clear_row(self, row: int, agents: list[int] | None = None) -> None:
+        """Reset ``row`` to "nothing happened": agents inactive, rewards 0, no legal actions.
+
+        Args:
+            agents: clear only these agents' per-agent fields (None: every field of the row).
+        """
         for name, array in self._storage:
-            fill = FIELDS[name].fill
-            cleared = fill if name in _NAN_FIELDS else 0
-            if FIELDS[name].per_agent:
-                array[:, row] = cleared
-            else:
-                array[row] = cleared if name != "memory_weights" else fill
+            field = FIELDS[name]
+            value = field.fill if name in _KEEP_FILL else 0
+            if field.per_agent:
+                array[slice(None) if agents is None else agents, row] = value
+            elif agents is None:
+                array[row] = value
 
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
         """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.

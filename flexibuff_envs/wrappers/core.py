@@ -196,6 +196,8 @@ class LaneRecorder:
         self.slots = [AgentSlot(buffer, i, o, a) for i, (o, a) in enumerate(zip(obs, actions))]
         self.reduce = reducer(global_reward)
         self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
+        # "sum" is kept as a running sum per row; other reductions look at the finished row
+        self._summing = global_reward == "sum"
         self.state = None if state is None else Held(state, buffer.field("state"), buffer.field("state_"))
         self.running = False
         self.open = np.zeros(len(self.slots), dtype=bool)
@@ -249,22 +251,37 @@ class LaneRecorder:
             self.close([0], [truncated and not terminated])
 
     def row(self, k: int) -> int:
-        """The buffer row of the running episode's ``k``-th step, claimed (and cleared) if new."""
+        """The buffer row of the running episode's ``k``-th step, claimed and cleared if new."""
         while len(self.rows) <= k:
             row = self._claim()
             self.buffer.clear_row(row)
             self.rows.append(row)
         return self.rows[k]
 
+    def next_row(self) -> int:
+        """A new row for a step whose agents are all written next; `clear_absent` after them."""
+        row = self._claim()
+        self.rows.append(row)
+        if self._summing:
+            self.global_rewards[row] = 0.0  # type: ignore[index]
+        return row
+
+    def clear_absent(self, row: int, written: list[int]) -> None:
+        """Clear the agents of ``row`` that `write` did not reach (dead, or not yet spawned)."""
+        if len(written) < len(self.slots):
+            self.buffer.clear_row(row, [i for i in range(len(self.slots)) if i not in written])
+
     def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
               truncated: Any, info: Mapping[str, Any]) -> None:
         """Agent ``index``'s transition into ``row``."""
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
         self.steps[index] += 1
+        if self._summing:
+            self.global_rewards[row] += reward  # type: ignore[index]
 
     def team_reward(self, row: int) -> None:
         """The row's team reward, from its agents' rewards (after they are written)."""
-        if self.reduce is not None:
+        if self.reduce is not None and not self._summing:
             field = self.buffer.field
             self.global_rewards[row] = self.reduce(  # type: ignore[index]
                 field("individual_rewards")[:, row], field("active")[:, row])

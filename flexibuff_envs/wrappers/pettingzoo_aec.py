@@ -43,20 +43,31 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         self._recorder.begin([], self._read_state())
 
     @override
+    def agent_iter(self, max_iter: int = 2**63) -> Any:
+        # the env's own iterator, with its own order checks, and no extra forwarding per read
+        return self.env.agent_iter(max_iter)
+
+    @override
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        result = super().last(observe)
+        if not self._recorder.running:
+            return super().last(observe)
+        # after a reset these live on the raw env (wrappers only forward them), so read them there
+        raw = self._raw
+        agent = raw.agent_selection
+        result = (self.env.observe(agent) if observe else None, raw._cumulative_rewards[agent],
+                  raw.terminations[agent], raw.truncations[agent], raw.infos[agent])
         if observe:  # the step that follows reuses this observation instead of observing again
-            self._seen = (self.env.agent_selection, result)
+            self._seen = (agent, result)
         return result
 
     @override
     def step(self, action: Any) -> None:
         recorder = self._recorder
         if recorder.running:
-            agent = self.env.agent_selection
+            agent = self._raw.agent_selection
             seen = self._seen
             obs, reward, terminated, truncated, info = (
-                seen[1] if seen is not None and seen[0] == agent else super().last())
+                seen[1] if seen is not None and seen[0] == agent else self.last())
             i = self._index[agent]
             if recorder.open[i] and self._actions[i] is not None:
                 self._close_turn(i, obs, reward, terminated, truncated, info)
@@ -66,7 +77,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
                 if isinstance(action, np.ndarray) else action
         self._seen = None
         self.env.step(action)
-        if recorder.running and not self.env.agents:
+        if recorder.running and not self._raw.agents:
             recorder.cut()  # the env ended the episode without a dead step for every agent
 
     def _close_turn(self, i: int, obs: Any, reward: Any, terminated: bool, truncated: bool,

@@ -39,7 +39,9 @@ class PettingZooRecorderMixin:
         self._env_name = str(env)
         self._recorder = LaneRecorder(self.buffer, obs, actions, bootstrap_fn=bootstrap_fn,
                                       global_reward=global_reward, state=state)
-        self._state = env.state if state is not None else None
+        self._raw = env.unwrapped
+        # the raw env's state(): the wrappers around it only check that reset came first
+        self._state = self._raw.state if state is not None else None
         self._state_failed = False
 
     def _read_state(self) -> Any:
@@ -94,26 +96,35 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
                              self._read_state())
         return obs, infos
 
+    @property
+    def agents(self) -> list:
+        """The env's live agents (read on every step of a loop, so forwarded directly)."""
+        return self.env.agents
+
     @override
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         result = self.env.step(actions)
         recorder = self._recorder
         if recorder.running:
             obs, rewards, terminations, truncations, infos = result
-            row = recorder.row(len(recorder.rows))
+            row = recorder.next_row()
+            index, is_open = self._index, recorder.open
+            written: list[int] = []
             ended: list[int] = []
             bootstrap: list[bool] = []
             for agent, o in obs.items():
-                i = self._index[agent]
+                i = index[agent]
                 info = infos.get(agent, {})
-                if not recorder.open[i] or agent not in actions:  # spawned, or sat this step out
+                if not is_open[i] or agent not in actions:  # spawned, or sat this step out
                     recorder.join(i, o, info)
                     continue
                 terminated, truncated = terminations[agent], truncations[agent]
                 recorder.write(row, i, actions[agent], o, rewards[agent], terminated, truncated, info)
+                written.append(i)
                 if terminated or truncated:
                     ended.append(i)
                     bootstrap.append(bool(truncated and not terminated))
+            recorder.clear_absent(row, written)
             recorder.team_reward(row)
             recorder.write_state(row, self._read_state())
             if ended:

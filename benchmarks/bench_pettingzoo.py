@@ -1,0 +1,82 @@
+"""Recording overhead on PettingZoo: simple_spread_v3 parallel steps and connect_four_v3 AEC turns.
+
+Bare and recorded envs take the same actions; interleaved rounds, medians. Targets: at most 10%
+added (ratio <= 1.10x).
+Run: python benchmarks/bench_pettingzoo.py [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+import flexibuff_envs as fe
+
+warnings.filterwarnings("ignore")
+from mpe2 import simple_spread_v3  # noqa: E402
+from pettingzoo.classic import connect_four_v3  # noqa: E402
+
+
+def parallel_run(env: Any, actions: list[dict]) -> float:
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for act in actions:
+        if not env.agents:
+            env.reset()
+        env.step(act)
+    return (time.perf_counter() - start) / len(actions) * 1e6
+
+
+def aec_run(env: Any, turns: int) -> float:
+    """Plays fixed-seed legal random moves; returns us per turn (last() + step())."""
+    rng = np.random.default_rng(0)
+    done = 0
+    start = time.perf_counter()
+    while done < turns:
+        env.reset(seed=0)
+        for _ in env.agent_iter():
+            obs, _, terminated, truncated, _ = env.last()
+            if terminated or truncated:
+                action = None
+            else:
+                legal = np.flatnonzero(obs["action_mask"])
+                action = int(legal[rng.integers(len(legal))])
+            env.step(action)
+            done += 1
+    return (time.perf_counter() - start) / done * 1e6
+
+
+def compare(name: str, unit: str, bare: Callable[[], float], recorded: Callable[[], float], rounds: int) -> None:
+    b, r = [], []
+    for _ in range(rounds):
+        b.append(bare())
+        r.append(recorded())
+    mb, mr = statistics.median(b), statistics.median(r)
+    print(f"{name}: bare {mb:7.1f} us/{unit}, recorded {mr:7.1f} us/{unit}, ratio {mr / mb:5.3f}x (target <= 1.10x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=3000)
+    args = parser.parse_args()
+    probe = simple_spread_v3.parallel_env()
+    probe.reset(seed=0)
+    for agent in probe.possible_agents:
+        probe.action_space(agent).seed(0)
+    actions = [{a: probe.action_space(a).sample() for a in probe.possible_agents} for _ in range(args.steps)]
+    bare_p, rec_p = simple_spread_v3.parallel_env(), fe.record(simple_spread_v3.parallel_env(), num_steps=args.steps)
+    compare("simple_spread_v3 parallel step (state recorded)", "step", lambda: parallel_run(bare_p, actions),
+            lambda: parallel_run(rec_p, actions), args.rounds)
+    bare_a, rec_a = connect_four_v3.env(), fe.record(connect_four_v3.env(), num_steps=args.steps)
+    compare("connect_four_v3 AEC turn", "turn", lambda: aec_run(bare_a, args.steps),
+            lambda: aec_run(rec_a, args.steps), args.rounds)
+
+
+if __name__ == "__main__":
+    main()
