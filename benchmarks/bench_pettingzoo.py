@@ -1,7 +1,8 @@
 """Recording overhead on PettingZoo: simple_spread_v3 parallel steps and connect_four_v3 AEC turns.
 
 Bare and recorded envs take the same actions; interleaved rounds, medians. Targets: at most 10%
-added (ratio <= 1.10x).
+added (ratio <= 1.10x). The parallel step is measured with and without the global state: with
+it, every step also calls the env's own state(), which the bare loop never does.
 Run: python benchmarks/bench_pettingzoo.py [--rounds R]
 """
 
@@ -70,9 +71,11 @@ def main() -> None:
     for agent in probe.possible_agents:
         probe.action_space(agent).seed(0)
     actions = [{a: probe.action_space(a).sample() for a in probe.possible_agents} for _ in range(args.steps)]
-    bare_p, rec_p = simple_spread_v3.parallel_env(), fe.record(simple_spread_v3.parallel_env(), num_steps=args.steps)
-    compare("simple_spread_v3 parallel step (state recorded)", "step", lambda: parallel_run(bare_p, actions),
-            lambda: parallel_run(rec_p, actions), args.rounds)
+    bare_p = simple_spread_v3.parallel_env()
+    for record_state in (True, False):
+        rec_p = fe.record(simple_spread_v3.parallel_env(), num_steps=args.steps, record_state=record_state)
+        compare(f"simple_spread_v3 parallel step, record_state={record_state}", "step",
+                lambda: parallel_run(bare_p, actions), lambda: parallel_run(rec_p, actions), args.rounds)
     bare_a, rec_a = connect_four_v3.env(), fe.record(connect_four_v3.env(), num_steps=args.steps)
     compare("connect_four_v3 AEC turn", "turn", lambda: aec_run(bare_a, args.steps),
             lambda: aec_run(rec_a, args.steps), args.rounds)

@@ -159,6 +159,14 @@ def test_team_reward_is_configurable(global_reward: Any) -> None:
         np.testing.assert_allclose(batch.global_rewards, batch.individual_rewards.max(axis=0))
 
 
+def test_state_recording_can_be_turned_off() -> None:
+    env = fe.record(simple_spread_v3.parallel_env(), record_state=False)
+    assert env.buffer_spec.state_size is None
+    env.reset(seed=0)
+    env.step({a: 0 for a in env.agents})
+    assert env.buffer.sample_transitions(1).state is None
+
+
 def test_rps_parallel_has_no_state_and_does_not_crash() -> None:
     from pettingzoo.classic import rps_v2
 

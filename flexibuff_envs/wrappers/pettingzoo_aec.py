@@ -30,9 +30,9 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
 
     def __init__(self, env: AECEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-                 global_reward: GlobalReward = "sum") -> None:
+                 global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
         BaseWrapper.__init__(self, env)
-        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward)
+        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward, record_state)
         self._actions: list[Any] = [None] * len(self._index)
         self._seen: tuple[Any, tuple[Any, ...]] | None = None
 

@@ -31,8 +31,9 @@ class PettingZooRecorderMixin:
     buffer: FlexibleBuffer
 
     def _setup(self, env: Any, buffer: FlexibleBuffer | None, num_steps: int, gamma: float | None,
-               bootstrap_fn: BootstrapFn | None, global_reward: GlobalReward) -> None:
+               bootstrap_fn: BootstrapFn | None, global_reward: GlobalReward, record_state: bool) -> None:
         ids, obs, actions, state = agent_codecs(env)
+        state = state if record_state else None
         spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
         self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, global_reward=global_reward)
         self._index = {agent: i for i, agent in enumerate(ids)}
@@ -81,13 +82,15 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         gamma: discount of ``G`` (default 0.99, or the given buffer's).
         bootstrap_fn: ``bootstrap_fn(obs_, agent_id)`` -> V at a truncation.
         global_reward: "sum" (default), "mean", "none" or ``fn(rewards, active) -> float``.
+        record_state: record the global state where the env has one (default). Each step then
+            calls the env's ``state()``, which on mpe2 costs about as much as recording itself.
     """
 
     def __init__(self, env: ParallelEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-                 global_reward: GlobalReward = "sum") -> None:
+                 global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
         BaseParallelWrapper.__init__(self, env)
-        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward)
+        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward, record_state)
 
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
