@@ -1,4 +1,4 @@
-"""Wrap any Gymnasium env once; every step is recorded into a FlexiBuff-style buffer."""
+"""Wrap any Gymnasium or PettingZoo env once; every step is recorded into a FlexiBuff-style buffer."""
 
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer

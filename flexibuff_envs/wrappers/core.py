@@ -194,6 +194,7 @@ class LaneRecorder:
         self.lane = lane
         self.bootstrap_fn = bootstrap_fn
         self.slots = [AgentSlot(buffer, i, o, a) for i, (o, a) in enumerate(zip(obs, actions))]
+        self._single = self.slots[0]
         self.reduce = reducer(global_reward)
         self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
         # "sum" is kept as a running sum per row; other reductions look at the finished row
@@ -243,9 +244,8 @@ class LaneRecorder:
                     info: Mapping[str, Any]) -> None:
         """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
         row = self._claim()
-        self.rows.append(row)
-        self.steps[0] += 1
-        self.slots[0].write(row, action, obs_, reward, terminated, truncated, info)
+        self.rows.append(row)  # one agent: it filled every row, so its step count is len(rows)
+        self._single.write(row, action, obs_, reward, terminated, truncated, info)
         self.global_rewards[row] = reward  # type: ignore[index]
         if terminated or truncated:
             self.close([0], [truncated and not terminated])
@@ -294,17 +294,28 @@ class LaneRecorder:
             else:
                 self.state.write(row, state_)
 
+    def filled(self, index: int) -> int:
+        """Rows agent ``index`` has filled in the running episode."""
+        return len(self.rows) if len(self.slots) == 1 else self.steps[index]
+
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
         """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""
-        for index, boot in zip(indices, bootstrap):
-            slot = self.slots[index]
-            steps = self.steps[index]
-            value = None
-            if boot and self.bootstrap_fn is not None and steps:
-                last = slot.obs.after[self.rows[steps - 1]]
-                value = np.array([self.bootstrap_fn(last) if len(self.slots) == 1
-                                  else self.bootstrap_fn(last, slot.name)], dtype=np.float64)
-            self.buffer.finish_agent(self.lane, index, steps, value)
+        values = np.zeros(len(indices))
+        if self.bootstrap_fn is not None:
+            for n, (index, boot) in enumerate(zip(indices, bootstrap)):
+                slot, steps = self.slots[index], self.filled(index)
+                if boot and steps:
+                    last = slot.obs.after[self.rows[steps - 1]]
+                    values[n] = (self.bootstrap_fn(last) if len(self.slots) == 1
+                                 else self.bootstrap_fn(last, slot.name))
+        if len(indices) == len(self.slots) and self.open.all():
+            # every agent ends here together: one pass writes all their returns
+            self.buffer.end_episode(self.lane, bootstrap=values if values.any() else None)
+            self.open[:] = False
+            self.running = False
+            return
+        for n, index in enumerate(indices):
+            self.buffer.finish_agent(self.lane, index, self.filled(index), values[n:n + 1] if values[n] else None)
             self.open[index] = False
         if not self.open.any():
             self.buffer.end_episode(self.lane, write_returns=False)
@@ -314,8 +325,8 @@ class LaneRecorder:
         """End the running episode where it stands: each open agent's last row becomes truncated."""
         still = [int(i) for i in np.flatnonzero(self.open)]
         for index in still:
-            if self.steps[index]:
-                self.slots[index].truncated[self.rows[self.steps[index] - 1]] = True
+            if self.filled(index):
+                self.slots[index].truncated[self.rows[self.filled(index) - 1]] = True
         self.close(still, [True] * len(still))
         if self.running:  # no agent was open: close the episode itself
             self.buffer.end_episode(self.lane, write_returns=False)
