@@ -12,15 +12,16 @@ import argparse
 import statistics
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 import flexibuff_envs as fe
 
 warnings.filterwarnings("ignore")
-from mpe2 import simple_spread_v3  # noqa: E402
-from pettingzoo.classic import connect_four_v3  # noqa: E402
+from mpe2 import simple_spread_v3
+from pettingzoo.classic import connect_four_v3
 
 
 def parallel_run(env: Any, actions: list[dict]) -> float:
@@ -75,7 +76,8 @@ def main() -> None:
     for record_state in (True, False):
         rec_p = fe.record(simple_spread_v3.parallel_env(), num_steps=args.steps, record_state=record_state)
         compare(f"simple_spread_v3 parallel step, record_state={record_state}", "step",
-                lambda: parallel_run(bare_p, actions), lambda: parallel_run(rec_p, actions), args.rounds)
+                lambda: parallel_run(bare_p, actions), lambda rec_p=rec_p: parallel_run(rec_p, actions),
+                args.rounds)
     bare_a, rec_a = connect_four_v3.env(), fe.record(connect_four_v3.env(), num_steps=args.steps)
     compare("connect_four_v3 AEC turn", "turn", lambda: aec_run(bare_a, args.steps),
             lambda: aec_run(rec_a, args.steps), args.rounds)

@@ -16,7 +16,6 @@ from flexibuff_envs.returns import check_gamma, episode_returns
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
-
 #: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
 _KEEP_FILL = frozenset(name for name, field in FIELDS.items()
                        if isinstance(field.fill, float) and (np.isnan(field.fill) or name == "memory_weights"))

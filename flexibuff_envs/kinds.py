@@ -42,4 +42,4 @@ def implements_state(env: Any) -> bool:
     module = pettingzoo_env_module()
     cls = type(env.unwrapped)
     base = module.ParallelEnv if isinstance(env.unwrapped, module.ParallelEnv) else module.AECEnv
-    return callable(getattr(cls, "state", None)) and getattr(cls, "state") is not getattr(base, "state")
+    return callable(getattr(cls, "state", None)) and cls.state is not base.state

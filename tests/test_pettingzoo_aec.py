@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,9 +14,9 @@ from tests.pz_reference import play_aec
 
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
-from mpe2 import simple_spread_v3, simple_speaker_listener_v4  # noqa: E402
-from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, tictactoe_v3  # noqa: E402
-from pettingzoo.test import api_test  # noqa: E402
+from mpe2 import simple_speaker_listener_v4, simple_spread_v3
+from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, tictactoe_v3
+from pettingzoo.test import api_test
 
 GAMMA = 0.9
 CASES: dict[str, tuple[Callable[[], Any], int]] = {  # make, episodes

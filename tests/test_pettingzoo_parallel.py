@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -14,15 +15,15 @@ from tests.test_gymnasium_recorder import same
 
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
-from mpe2 import (  # noqa: E402
+from mpe2 import (
     simple_adversary_v3,
     simple_speaker_listener_v4,
     simple_spread_v3,
     simple_world_comm_v3,
 )
-from pettingzoo.butterfly import knights_archers_zombies_v11, pistonball_v6  # noqa: E402
-from pettingzoo.sisl import multiwalker_v9  # noqa: E402
-from pettingzoo.test import parallel_api_test  # noqa: E402
+from pettingzoo.butterfly import knights_archers_zombies_v11, pistonball_v6
+from pettingzoo.sisl import multiwalker_v9
+from pettingzoo.test import parallel_api_test
 
 GAMMA = 0.9
 CASES: dict[str, tuple[Callable[[], Any], int, int]] = {  # make, seed, steps
@@ -94,7 +95,7 @@ def test_agents_die_on_their_own_and_get_their_own_G() -> None:
 
 
 def test_global_state_is_the_state_before_and_after_each_step() -> None:
-    make, seed, steps = CASES["simple_spread_v3"]
+    make, seed, _ = CASES["simple_spread_v3"]
     bare = make()
     bare.reset(seed=seed)
     env = fe.record(make(), num_steps=100)
@@ -133,8 +134,8 @@ def test_structurally_different_agents_are_refused_with_the_agents_named() -> No
     from pettingzoo.utils.env import ParallelEnv
 
     class Mixed(ParallelEnv):
-        metadata = {"name": "mixed"}
-        possible_agents = ["pusher", "steerer"]
+        metadata: ClassVar[dict] = {"name": "mixed"}
+        possible_agents: ClassVar[list[str]] = ["pusher", "steerer"]
 
         def observation_space(self, agent: str) -> spaces.Space:
             return spaces.Box(-1, 1, (2,))

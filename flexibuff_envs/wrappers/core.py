@@ -9,7 +9,7 @@ once, from the codecs, so a step runs straight.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from flexibuff_envs.spec import ActionCodec, BufferSpec, ObsCodec
 BootstrapFn = Callable[..., Any]
 #: how a row's team reward comes from its agents' rewards: "sum", "mean", "none" or
 #: ``fn(rewards [n_agents], active [n_agents]) -> float``
-GlobalReward = Union[str, Callable[[np.ndarray, np.ndarray], float]]
+GlobalReward = str | Callable[[np.ndarray, np.ndarray], float]
 
 _REDUCERS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     "sum": lambda rewards, active: float(rewards.sum()),
