@@ -160,6 +160,20 @@ def test_team_reward_is_configurable(global_reward: Any) -> None:
         np.testing.assert_allclose(batch.global_rewards, batch.individual_rewards.max(axis=0))
 
 
+def test_truncation_bootstraps_each_agent_with_its_own_value() -> None:
+    values = {"agent_0": 1.0, "agent_1": 2.0, "agent_2": 3.0}
+    env = fe.record(simple_spread_v3.parallel_env(max_cycles=3), gamma=0.5,
+                    bootstrap_fn=lambda obs_, agent: values[agent] + float(obs_[0]))
+    env.reset(seed=0)
+    while env.agents:
+        env.step({a: 0 for a in env.agents})
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)
+    assert episode.truncated[:, -1].all()
+    for i, agent in enumerate(env.possible_agents):
+        expected = episode.individual_rewards[i, -1] + 0.5 * (values[agent] + episode.obs_[i, -1, 0])
+        assert episode.G[i, -1] == pytest.approx(expected, rel=1e-5)
+
+
 def test_state_recording_can_be_turned_off() -> None:
     env = fe.record(simple_spread_v3.parallel_env(), record_state=False)
     assert env.buffer_spec.state_size is None

@@ -18,7 +18,7 @@ from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import ActionCodec, BufferSpec, ObsCodec
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
-#: observation after a truncated episode's last step
+#: observation after a truncated episode's last step. The core always calls it with both.
 BootstrapFn = Callable[..., Any]
 #: how a row's team reward comes from its agents' rewards: "sum", "mean", "none" or
 #: ``fn(rewards [n_agents], active [n_agents]) -> float``
@@ -306,8 +306,7 @@ class LaneRecorder:
                 slot, steps = self.slots[index], self.filled(index)
                 if boot and steps:
                     last = slot.obs.after[self.rows[steps - 1]]
-                    values[n] = (self.bootstrap_fn(last) if len(self.slots) == 1
-                                 else self.bootstrap_fn(last, slot.name))
+                    values[n] = self.bootstrap_fn(last, slot.name)
         if len(indices) == len(self.slots) and self.open.all():
             # every agent ends here together: one pass writes all their returns
             self.buffer.end_episode(self.lane, bootstrap=values if values.any() else None)

@@ -42,7 +42,7 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma)
         self._recorder = LaneRecorder(
             self.buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)],
-            bootstrap_fn=bootstrap_fn,
+            bootstrap_fn=None if bootstrap_fn is None else lambda obs_, agent: bootstrap_fn(obs_),
         )
 
     @property

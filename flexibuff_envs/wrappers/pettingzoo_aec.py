@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
-from flexibuff_envs.wrappers.pettingzoo_parallel import PettingZooRecorderMixin
+from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 
 
 class AECRecorder(PettingZooRecorderMixin, BaseWrapper):

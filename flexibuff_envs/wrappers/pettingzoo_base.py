@@ -1,0 +1,64 @@
+"""What the PettingZoo recorders share: layout from the env's agents, buffer set-up, state reads."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.spec import BufferSpec, action_codec, combine_agents, obs_codec, state_codec
+from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LaneRecorder, prepare_buffer
+
+
+def agent_codecs(env: Any) -> tuple[list[str], list[Any], list[Any], Any]:
+    """(agent ids, obs codecs, action codecs, state codec) of a PettingZoo env, in buffer order."""
+    ids = list(env.possible_agents)
+    return (
+        ids,
+        [obs_codec(env.observation_space(a), f"observation space of agent {a!r}") for a in ids],
+        [action_codec(env.action_space(a), f"action space of agent {a!r}") for a in ids],
+        state_codec(env),
+    )
+
+
+class PettingZooRecorderMixin:
+    """What both PettingZoo recorders share: construction from the env and the public surface."""
+
+    buffer: FlexibleBuffer
+
+    def _setup(self, env: Any, buffer: FlexibleBuffer | None, num_steps: int, gamma: float | None,
+               bootstrap_fn: BootstrapFn | None, global_reward: GlobalReward, record_state: bool) -> None:
+        ids, obs, actions, state = agent_codecs(env)
+        state = state if record_state else None
+        spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
+        self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, global_reward=global_reward)
+        self._index = {agent: i for i, agent in enumerate(ids)}
+        self._env_name = str(env)
+        self._recorder = LaneRecorder(self.buffer, obs, actions, bootstrap_fn=bootstrap_fn,
+                                      global_reward=global_reward, state=state)
+        self._raw = env.unwrapped
+        # the raw env's state(): the wrappers around it only check that reset came first
+        self._state = self._raw.state if state is not None else None
+        self._state_failed = False
+
+    def _read_state(self) -> Any:
+        """The env's global state, or None (recorded as missing) when its ``state()`` fails.
+
+        Some envs' ``state()`` breaks in states the bare env never asks it about (multiwalker's,
+        once a walker has fallen); the recorder must not turn that into a crash of the user's loop.
+        """
+        if self._state is None:
+            return None
+        try:
+            return self._state()
+        except Exception as exc:  # noqa: BLE001 - any failure of the env's own state()
+            if not self._state_failed:
+                self._state_failed = True
+                warnings.warn(f"state() of {self._env_name} raised {exc!r}; such steps record the "
+                              "state as missing (NaN)", RuntimeWarning, stacklevel=3)
+            return None
+
+    @property
+    def buffer_spec(self) -> BufferSpec:
+        """The layout the buffer records in."""
+        return self.buffer.spec
