@@ -13,6 +13,7 @@ from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EmptyBufferError, SpecMismatchError
 from flexibuff_envs.returns import check_gamma, episode_returns
+from flexibuff_envs.sampling import live_rows, uniform_rows, weighted_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
@@ -290,35 +291,6 @@ class FlexibleBuffer:
         if len(self) == 0:
             raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
 
-    def _live_rows(self) -> np.ndarray:
-        return np.concatenate([lane.offset + np.arange(lane.live_start, lane.written) % lane.capacity
-                               for lane in self._lanes])
-
-    def _uniform_rows(self, n: int) -> np.ndarray:
-        if len(self._lanes) == 1:
-            lane = self._lanes[0]
-            first = lane.live_start % lane.capacity
-            if first + lane.size <= lane.capacity:  # the live rows do not wrap: one draw
-                return self.rng.integers(lane.offset + first, lane.offset + first + lane.size, n)
-            return lane.offset + (first + self.rng.integers(0, lane.size, n)) % lane.capacity
-        sizes = np.array([lane.size for lane in self._lanes])
-        firsts = np.cumsum(sizes) - sizes
-        k = self.rng.integers(0, sizes.sum(), n)
-        which = np.searchsorted(firsts, k, side="right") - 1
-        starts = np.array([lane.live_start for lane in self._lanes])
-        offsets = np.array([lane.offset for lane in self._lanes])
-        return offsets[which] + (starts[which] + k - firsts[which]) % self.num_steps
-
-    def _weighted_rows(self, n: int) -> np.ndarray:
-        live = self._live_rows()
-        weights = self._storage.ensure("memory_weights")[live].astype(np.float64)
-        total = weights.sum()
-        if not np.isfinite(total) or total <= 0 or (weights < 0).any():
-            raise ValueError("weighted sampling needs finite, non-negative memory_weights with a "
-                             f"positive sum; the live rows sum to {total!r}")
-        cdf = np.cumsum(weights)
-        return live[np.searchsorted(cdf, self.rng.random(n) * cdf[-1], side="right").clip(max=live.size - 1)]
-
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None) -> FlexiBatch:
         """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`."""
         single = self.spec.n_agents == 1
@@ -354,7 +326,8 @@ class FlexibleBuffer:
         if idx is None:
             self._require("sample_transitions")
             n = _positive_int("batch_size", batch_size)
-            idx = self._weighted_rows(n) if weighted else self._uniform_rows(n)
+            idx = (weighted_rows(self._lanes, self._storage.ensure("memory_weights"), self.rng, n) if weighted
+                   else uniform_rows(self._lanes, self.rng, n))
         return self.gather(np.asarray(idx), as_torch=as_torch, device=device)
 
     def sample_episodes(
@@ -395,7 +368,7 @@ class FlexibleBuffer:
         """One pass over every live row in batches of ``batch_size`` (PPO epochs)."""
         self._require("minibatches")
         batch_size = _positive_int("batch_size", batch_size)
-        rows = self._live_rows()
+        rows = live_rows(self._lanes)
         if shuffle:
             rows = self.rng.permutation(rows)
         stop = len(rows) - (len(rows) % batch_size if drop_last else 0)

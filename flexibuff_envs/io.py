@@ -22,6 +22,7 @@ import numpy as np
 
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
+from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS
 
@@ -64,7 +65,7 @@ def _header(buffer: FlexibleBuffer, live: np.ndarray) -> dict[str, Any]:
 
 def save(buffer: FlexibleBuffer, path: str) -> None:
     """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole."""
-    live = buffer._live_rows()
+    live = live_rows(buffer._lanes)
     header = _header(buffer, live)
     arrays = []
     offset = 0

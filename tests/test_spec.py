@@ -8,7 +8,7 @@ import pytest
 from gymnasium import spaces
 
 import flexibuff_envs as fe
-from flexibuff_envs.spec import action_codec, obs_codec
+from flexibuff_envs.codecs import action_codec, obs_codec
 from tests.envs import ToyEnv
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import SpecMismatchError
-from flexibuff_envs.spec import ActionCodec, BufferSpec, ObsCodec
+from flexibuff_envs.spec import BufferSpec
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
 #: observation after a truncated episode's last step. The core always calls it with both.

@@ -7,7 +7,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.spec import BufferSpec, action_codec, infer_spec, obs_codec
+from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, prepare_buffer
 
 

@@ -6,7 +6,8 @@ import warnings
 from typing import Any
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.spec import BufferSpec, action_codec, combine_agents, obs_codec, state_codec
+from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LaneRecorder, prepare_buffer
 
 

@@ -1,0 +1,242 @@
+"""One small codec per Gymnasium space kind, registered with ``functools.singledispatch``.
+
+A codec knows the flat size of a value and how to write one into a preallocated row, choosing
+its fastest writer once. Nothing else in the package tests space types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from flexibuff_envs.errors import UnsupportedSpaceError
+
+#: Box dtypes stored as they come: images stay one byte per value.
+COMPACT_DTYPES = (np.dtype(bool), np.dtype(np.uint8), np.dtype(np.int8))
+OBS_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, Tuple and Dict"
+ACTION_SPACES = "Discrete, MultiDiscrete, MultiBinary, Box, and Tuple or Dict of those"
+
+RowWriter = Callable[[int, Any], None]
+
+
+# ----------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class ObsCodec:
+    """How one observation space becomes a flat row."""
+
+    size: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    flatten: Callable[[Any], np.ndarray]
+    #: Box values are written through a view of the row with the space's shape (no flatten copy).
+    direct: bool
+    #: PettingZoo classic: the value is a dict whose "action_mask" is the mask, not obs.
+    split_mask: bool = False
+
+    def writer(self, store: np.ndarray) -> RowWriter:
+        """A function writing one value into row ``p`` of ``store`` (shape ``[rows, size]``)."""
+        if self.direct:
+            view = store.reshape((store.shape[0], *self.shape))
+
+            def write_direct(p: int, value: Any) -> None:
+                view[p] = value
+
+            return write_direct
+        flatten = self.flatten
+
+        def write_flat(p: int, value: Any) -> None:
+            store[p] = flatten(value)
+
+        return write_flat
+
+
+@functools.singledispatch
+def _obs_codec(space: Any, where: str) -> ObsCodec:
+    raise UnsupportedSpaceError(
+        f"{where}: {space!r} is not supported; supported observation spaces: {OBS_SPACES}"
+    )
+
+
+@_obs_codec.register
+def _(space: spaces.Box, where: str) -> ObsCodec:
+    dtype = space.dtype if space.dtype in COMPACT_DTYPES else np.dtype(np.float32)
+    size = int(math.prod(space.shape))
+    return ObsCodec(size, dtype, tuple(space.shape), lambda x: np.asarray(x).reshape(-1), True)
+
+
+def _flattened(space: spaces.Space, where: str) -> ObsCodec:
+    size = int(spaces.flatdim(space))
+    def flatten(value: Any) -> np.ndarray:
+        return np.asarray(spaces.flatten(space, value))
+
+    return ObsCodec(size, np.dtype(np.float32), (size,), flatten, False)
+
+
+for _kind in (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary):
+    _obs_codec.register(_kind, _flattened)
+
+
+@_obs_codec.register
+def _(space: spaces.Tuple, where: str) -> ObsCodec:
+    for i, sub in enumerate(space.spaces):
+        _obs_codec(sub, f"{where}[{i}]")
+    return _flattened(space, where)
+
+
+@_obs_codec.register
+def _(space: spaces.Dict, where: str) -> ObsCodec:
+    if set(space.spaces) == {"observation", "action_mask"}:
+        inner = _obs_codec(space["observation"], f"{where}['observation']")
+        return dataclasses.replace(inner, split_mask=True)
+    for key, sub in space.spaces.items():
+        _obs_codec(sub, f"{where}[{key!r}]")
+    return _flattened(space, where)
+
+
+def obs_codec(space: spaces.Space, where: str = "observation space") -> ObsCodec:
+    """The codec for an observation space; `UnsupportedSpaceError` names ``where`` if none fits."""
+    return _obs_codec(space, where)
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class ActionCodec:
+    """How one action space becomes discrete heads plus continuous values."""
+
+    cardinalities: tuple[int, ...]
+    starts: tuple[int, ...]
+    continuous_dim: int
+    #: action -> (discrete int64 [n_heads], continuous float32 [continuous_dim])
+    encode: Callable[[Any], tuple[np.ndarray, np.ndarray]]
+    #: builds the fastest writer for this space: (discrete store, continuous store) -> writer
+    make_writer: Callable[[np.ndarray, np.ndarray], RowWriter] | None = None
+
+    def writer(self, discrete: np.ndarray, continuous: np.ndarray) -> RowWriter:
+        """A function writing one action into row ``p`` of the two stores."""
+        if self.make_writer is not None:
+            return self.make_writer(discrete, continuous)
+        encode = self.encode
+
+        def write_discrete(p: int, action: Any) -> None:
+            discrete[p] = encode(action)[0]
+
+        def write_continuous(p: int, action: Any) -> None:
+            continuous[p] = encode(action)[1]
+
+        def write_both(p: int, action: Any) -> None:
+            discrete[p], continuous[p] = encode(action)
+
+        if not self.continuous_dim:
+            return write_discrete
+        return write_both if self.cardinalities else write_continuous
+
+
+_NO_INTS = np.zeros(0, dtype=np.int64)
+_NO_FLOATS = np.zeros(0, dtype=np.float32)
+
+
+@functools.singledispatch
+def _action_codec(space: Any, where: str) -> ActionCodec:
+    raise UnsupportedSpaceError(
+        f"{where}: {space!r} is not supported; supported action spaces: {ACTION_SPACES}"
+    )
+
+
+@_action_codec.register
+def _(space: spaces.Discrete, where: str) -> ActionCodec:
+    start = int(space.start)
+
+    def make_writer(discrete: np.ndarray, continuous: np.ndarray) -> RowWriter:
+        def write(p: int, action: Any) -> None:
+            discrete[p, 0] = action - start
+
+        return write
+
+    def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
+        return np.array([int(action) - start], dtype=np.int64), _NO_FLOATS
+
+    return ActionCodec((int(space.n),), (start,), 0, encode, make_writer)
+
+
+@_action_codec.register
+def _(space: spaces.MultiDiscrete, where: str) -> ActionCodec:
+    starts = np.asarray(space.start, dtype=np.int64).reshape(-1)
+
+    def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(action, dtype=np.int64).reshape(-1) - starts, _NO_FLOATS
+
+    cards = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+    return ActionCodec(cards, tuple(int(s) for s in starts), 0, encode)
+
+
+@_action_codec.register
+def _(space: spaces.MultiBinary, where: str) -> ActionCodec:
+    heads = int(np.prod(space.n))
+
+    def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(action, dtype=np.int64).reshape(-1), _NO_FLOATS
+
+    return ActionCodec((2,) * heads, (0,) * heads, 0, encode)
+
+
+@_action_codec.register
+def _(space: spaces.Box, where: str) -> ActionCodec:
+    shape = tuple(space.shape)
+
+    def make_writer(discrete: np.ndarray, continuous: np.ndarray) -> RowWriter:
+        view = continuous.reshape((continuous.shape[0], *shape))
+
+        def write(p: int, action: Any) -> None:
+            view[p] = action
+
+        return write
+
+    def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
+        return _NO_INTS, np.asarray(action, dtype=np.float32).reshape(-1)
+
+    return ActionCodec((), (), int(math.prod(shape)), encode, make_writer)
+
+
+def _composite(children: list[ActionCodec], pick: Callable[[Any], list[Any]]) -> ActionCodec:
+    def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
+        parts = [child.encode(a) for child, a in zip(children, pick(action))]
+        return (
+            np.concatenate([d for d, _ in parts]) if parts else _NO_INTS,
+            np.concatenate([c for _, c in parts]) if parts else _NO_FLOATS,
+        )
+
+    return ActionCodec(
+        sum((c.cardinalities for c in children), ()),
+        sum((c.starts for c in children), ()),
+        sum(c.continuous_dim for c in children),
+        encode,
+    )
+
+
+@_action_codec.register
+def _(space: spaces.Tuple, where: str) -> ActionCodec:
+    children = [_action_codec(s, f"{where}[{i}]") for i, s in enumerate(space.spaces)]
+    return _composite(children, list)
+
+
+@_action_codec.register
+def _(space: spaces.Dict, where: str) -> ActionCodec:
+    keys = list(space.spaces)
+    children = [_action_codec(space[k], f"{where}[{k!r}]") for k in keys]
+    return _composite(children, lambda action: [action[k] for k in keys])
+
+
+def action_codec(space: spaces.Space, where: str = "action space") -> ActionCodec:
+    """The codec for an action space; `UnsupportedSpaceError` names ``where`` if none fits."""
+    return _action_codec(space, where)
