@@ -201,3 +201,16 @@ def test_parallel_api_test_passes_on_the_wrapped_env(make: Callable[[], Any]) ->
     env = fe.record(make(), num_steps=2000)
     parallel_api_test(env, num_cycles=200)
     assert len(env.buffer) > 0
+
+
+def test_a_failing_env_state_is_recorded_as_missing_with_one_warning() -> None:
+    env = fe.record(multiwalker_v9.parallel_env(max_cycles=500), num_steps=600)
+    env.reset(seed=0)
+    for agent in env.possible_agents:
+        env.action_space(agent).seed(0)
+    with pytest.warns(RuntimeWarning, match="state\\(\\) of multiwalker") as caught:
+        while env.agents:  # random walkers fall; multiwalker's state() then breaks
+            env.step({a: env.action_space(a).sample() for a in env.agents})
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)
+    assert np.isnan(episode.state_[-1]).all() and not np.isnan(episode.state[0]).any()
