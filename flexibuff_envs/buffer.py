@@ -12,7 +12,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EmptyBufferError, SpecMismatchError
-from flexibuff_envs.returns import check_gamma, episode_returns
+from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import live_rows, uniform_rows, weighted_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
@@ -52,7 +52,8 @@ class FlexibleBuffer:
         agent_ids: agent names in buffer order.
         obs_dtype: dtype observations are stored in (uint8 keeps images at a byte per value).
         n_envs: independent lanes, one per sub-env of a vector env.
-        gamma: discount for ``G``.
+        gamma: discount for ``G`` and GAE.
+        gae_lambda: GAE's lambda; advantages and returns are written wherever values were annotated.
         seed: seed of the sampling random generator.
     """
 
@@ -81,6 +82,7 @@ class FlexibleBuffer:
         obs_dtype: str = "float32",
         n_envs: int = 1,
         gamma: float = 0.99,
+        gae_lambda: float = 0.95,
         seed: int | None = None,
     ) -> None:
         self.num_steps = _positive_int("num_steps", num_steps)
@@ -105,6 +107,7 @@ class FlexibleBuffer:
             obs_shape=(int(obs_size),),
         )
         self.gamma = check_gamma(gamma)
+        self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
         self.rng = np.random.default_rng(seed)
         self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs,
@@ -266,6 +269,11 @@ class FlexibleBuffer:
         if self.spec.n_agents > 1:  # an agent that was not acting has no return at that row
             returns = np.where(arrays["active"][agents, rows], returns, np.nan)
         arrays["G"][agents, rows] = returns
+        if "values" in arrays:
+            advantages, value_targets = episode_gae(rewards, arrays["values"][agents, rows], self.gamma,
+                                                    self.gae_lambda, bootstrap)
+            self.field("advantages")[agents, rows] = advantages
+            self.field("returns")[agents, rows] = value_targets
 
     # ------------------------------------------------------------------ sampling
 

@@ -55,6 +55,7 @@ def _header(buffer: FlexibleBuffer, live: np.ndarray) -> dict[str, Any]:
         "spec": buffer.spec.to_dict(),
         "num_steps": buffer.num_steps,
         "gamma": buffer.gamma,
+        "gae_lambda": buffer.gae_lambda,
         "path": buffer.path,
         "name": buffer.name,
         "rng": buffer.rng.bit_generator.state,
@@ -146,6 +147,7 @@ def load(path: str) -> FlexibleBuffer:
     fields = {f["name"]: f for f in header["fields"]}
     log_probs = fields.get("continuous_log_probs", {}).get("width") or 0
     buffer = FlexibleBuffer.from_spec(spec, num_steps=header["num_steps"], gamma=header["gamma"],
+                                      gae_lambda=header.get("gae_lambda", 0.95),
                                       log_prob_continuous=log_probs, global_reward=False,
                                       individual_reward=False)
     buffer.path, buffer.name = header["path"], header["name"]

@@ -102,3 +102,22 @@ def episode_returns(rewards: np.ndarray, gamma: float, bootstrap: np.ndarray | f
     if bootstrap is not None:
         suffix += np.multiply.outer(bootstrap, powers[steps:])
     return suffix / powers[:steps]
+
+
+def episode_gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float,
+                bootstrap: np.ndarray | float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """GAE(lambda) of one episode per row of ``rewards``/``values`` ``[..., L]``.
+
+    ``delta_t = r_t + gamma V_{t+1} - V_t``, with ``V_L = bootstrap`` (0 after a termination),
+    and ``A_t = delta_t + gamma lam A_{t+1}``.
+
+    Returns:
+        (advantages, returns = advantages + values), both ``[..., L]`` float64.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    following = np.empty_like(v)
+    following[..., :-1] = v[..., 1:]
+    following[..., -1:] = 0.0 if bootstrap is None else np.reshape(bootstrap, (-1, 1))
+    delta = rewards + gamma * following - v
+    advantages = episode_returns(delta, gamma * check_gamma(lam, "gae_lambda"))
+    return advantages, advantages + v

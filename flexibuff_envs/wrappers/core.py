@@ -17,6 +17,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
 #: observation after a truncated episode's last step. The core always calls it with both.
@@ -196,6 +197,8 @@ class LaneRecorder:
         self.bootstrap_fn = bootstrap_fn
         self.slots = [AgentSlot(buffer, i, o, a) for i, (o, a) in enumerate(zip(obs, actions))]
         self._single = self.slots[0]
+        self.annotations = Annotations(buffer, len(self.slots))
+        self.previous_rows: list[int] = []  # the last episode's rows, for feedback after a reset
         self.reduce = reducer(global_reward)
         self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
         # "sum" is kept as a running sum per row; other reductions look at the finished row
@@ -227,7 +230,8 @@ class LaneRecorder:
         if self.running:
             self.cut()
         self.buffer.begin_episode(self.lane)
-        self.rows.clear()
+        self.previous_rows = self.rows
+        self.rows = []
         self.steps = [0] * len(self.slots)
         for index, obs, info in agents:
             self.join(index, obs, info)
@@ -248,6 +252,8 @@ class LaneRecorder:
         self.rows.append(row)  # one agent: it filled every row, so its step count is len(rows)
         self._single.write(row, action, obs_, reward, terminated, truncated, info)
         self.global_rewards[row] = reward  # type: ignore[index]
+        if self.annotations.fields:
+            self.annotations.write(row, 0)
         if terminated or truncated:
             self.close([0], [truncated and not terminated])
 
@@ -277,6 +283,8 @@ class LaneRecorder:
         """Agent ``index``'s transition into ``row``."""
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
         self.steps[index] += 1
+        if self.annotations.fields:
+            self.annotations.write(row, index)
         if self._summing:
             self.global_rewards[row] += reward  # type: ignore[index]
 
@@ -294,6 +302,16 @@ class LaneRecorder:
                 self.state.write_missing(row)
             else:
                 self.state.write(row, state_)
+
+    def feedback(self, index: int, value: float, step: int) -> None:
+        """Add a human reward to agent ``index``'s ``step``-th transition of the running episode
+        (negative: counted from its latest; with no step yet, of the episode before)."""
+        filled = self.filled(index)
+        rows = self.rows[:filled] if filled else self.previous_rows
+        if not -len(rows) <= step < len(rows):
+            raise ValueError(f"add_feedback: step={step} is not a recorded step of agent "
+                             f"{self.slots[index].name!r} ({len(rows)} in its current episode)")
+        add_feedback(self.buffer, rows[step], index, value)
 
     def filled(self, index: int) -> int:
         """Rows agent ``index`` has filled in the running episode."""

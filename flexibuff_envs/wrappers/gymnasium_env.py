@@ -61,3 +61,24 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if self._recorder.running:
             self._recorder.step_single(action, *result)
         return result
+
+    def annotate(self, agent: None = None, **fields: Any) -> None:
+        """What the agent knows about the step it is about to take, written into that step's row.
+
+        Fields: ``discrete_log_probs`` (one per head), ``continuous_log_probs``, ``values`` (V of
+        the current observation, enables GAE), ``memory_weights``. An unknown field or a wrong
+        shape raises ValueError naming it.
+        """
+        if agent is not None:
+            raise ValueError(f"annotate: a Gymnasium env has one agent; pass no agent (got {agent!r})")
+        self._recorder.annotations.add(0, "agent_0", fields)
+
+    def add_feedback(self, value: float, agent: None = None, step: int = -1) -> None:
+        """Add a human (auxiliary) reward to an already recorded step of this episode.
+
+        ``step`` counts the episode's steps from 0, or from the latest with negative numbers; right
+        after a reset it refers to the episode that just ended. Repeated feedback adds up.
+        """
+        if agent is not None:
+            raise ValueError(f"add_feedback: a Gymnasium env has one agent; pass no agent (got {agent!r})")
+        self._recorder.feedback(0, value, step)

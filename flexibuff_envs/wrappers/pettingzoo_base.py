@@ -63,3 +63,16 @@ class PettingZooRecorderMixin:
     def buffer_spec(self) -> BufferSpec:
         """The layout the buffer records in."""
         return self.buffer.spec
+
+    def _agent_index(self, what: str, agent: Any) -> int:
+        if agent not in self._index:
+            raise ValueError(f"{what}: agent must be one of {list(self._index)}, got {agent!r}")
+        return self._index[agent]
+
+    def annotate(self, agent: Any = None, **fields: Any) -> None:
+        """What ``agent`` knows about its next transition (see `GymRecorder.annotate`)."""
+        self._recorder.annotations.add(self._agent_index("annotate", agent), str(agent), fields)
+
+    def add_feedback(self, value: float, agent: Any = None, step: int = -1) -> None:
+        """Add a human reward to ``agent``'s ``step``-th recorded transition of this episode."""
+        self._recorder.feedback(self._agent_index("add_feedback", agent), value, step)
