@@ -47,6 +47,8 @@ class FlexiBatch:
     memory_weights: Any = None
     #: buffer rows this batch was gathered from: ``[batch]`` (or ``[batch, seq_len]``)
     idx: Any = None
+    #: sequences only: ``[batch, seq_len]``, False where a window ran past its episode's end
+    valid: Any = None
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""

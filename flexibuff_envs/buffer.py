@@ -13,7 +13,7 @@ from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EmptyBufferError, SpecMismatchError
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
-from flexibuff_envs.sampling import live_rows, uniform_rows, weighted_rows
+from flexibuff_envs.sampling import live_rows, sequence_rows, uniform_rows, weighted_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
@@ -364,6 +364,26 @@ class FlexibleBuffer:
             order = order[:want]
         return [self.gather(pool[i][0].rows(pool[i][1]), as_torch=as_torch, device=device)
                 for i in sorted(order)]
+
+    def sample_sequences(
+        self,
+        batch_size: int,
+        seq_len: int,
+        as_torch: bool = False,
+        device: Any = None,
+    ) -> FlexiBatch:
+        """``batch_size`` windows of ``seq_len`` consecutive steps, each inside one episode.
+
+        Windows start at uniformly drawn rows; one that reaches its episode's end is padded with
+        that last row and ``valid`` is False there. Fields are ``[n_agents, batch, seq_len, ...]``
+        (``[batch, seq_len, ...]`` for global fields or one agent); ``valid`` is ``[batch, seq_len]``.
+        """
+        self._require("sample_sequences")
+        rows, valid = sequence_rows(self._lanes, self.rng, _positive_int("batch_size", batch_size),
+                                    _positive_int("seq_len", seq_len))
+        batch = self.gather(rows, as_torch=as_torch, device=device)
+        batch.valid = valid if not as_torch else torch_converter(device)("valid", valid)
+        return batch
 
     def minibatches(
         self,

@@ -27,7 +27,7 @@ class Episode:
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("capacity", "ended", "live_start", "offset", "on_forget", "running", "written")
+    __slots__ = ("_bounds", "capacity", "ended", "live_start", "offset", "on_forget", "running", "written")
 
     def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None]) -> None:
         self.on_forget = on_forget
@@ -37,6 +37,7 @@ class Lane:
         self.live_start = 0
         self.ended: deque[Episode] = deque()
         self.running: Episode | None = None
+        self._bounds: tuple[tuple[int, int, int], np.ndarray, np.ndarray] | None = None
 
     def begin(self) -> None:
         """Start an episode at the next position (any running one must be ended first)."""
@@ -76,6 +77,18 @@ class Lane:
     def rows(self, episode: Episode) -> np.ndarray:
         """The buffer rows of ``episode``, in time order."""
         return self.offset + np.arange(episode.start, episode.end) % self.capacity
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end positions of every live episode (ended ones, then the running one)."""
+        running = self.running
+        key = (len(self.ended), self.live_start, -1 if running is None else running.start)
+        if self._bounds is None or self._bounds[0] != key:
+            episodes = [*self.ended, *([running] if running is not None else [])]
+            self._bounds = (key, np.array([e.start for e in episodes], dtype=np.int64),
+                            np.array([e.end for e in episodes], dtype=np.int64))
+        if running is not None:
+            self._bounds[2][-1] = running.end  # the running episode grows without changing the key
+        return self._bounds[1], self._bounds[2]
 
     @property
     def size(self) -> int:

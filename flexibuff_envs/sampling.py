@@ -43,3 +43,30 @@ def weighted_rows(lanes: Sequence[Lane], weights: np.ndarray, rng: np.random.Gen
                          f"positive sum; the live rows sum to {total!r}")
     cdf = np.cumsum(w)
     return live[np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right").clip(max=live.size - 1)]
+
+
+def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
+                  seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` windows of ``seq_len`` steps, each inside one episode, starting at uniform live rows.
+
+    Returns:
+        rows ``[n, seq_len]`` (past an episode's end: its last row again) and valid ``[n, seq_len]``.
+    """
+    starts = uniform_rows(lanes, rng, n)
+    capacity = lanes[0].capacity
+    rows = np.empty((n, seq_len), dtype=np.int64)
+    valid = np.empty((n, seq_len), dtype=bool)
+    which = starts // capacity
+    steps = np.arange(seq_len)
+    for lane_index in np.unique(which):
+        lane = lanes[lane_index]
+        pick = which == lane_index
+        local = starts[pick] - lane.offset
+        # the absolute position of each start: live positions are [live_start, written)
+        position = lane.live_start + (local - lane.live_start) % capacity
+        episode_starts, episode_ends = lane.bounds()
+        end = episode_ends[np.searchsorted(episode_starts, position, side="right") - 1]
+        window = position[:, None] + steps
+        valid[pick] = window < end[:, None]
+        rows[pick] = lane.offset + np.minimum(window, end[:, None] - 1) % capacity
+    return rows, valid

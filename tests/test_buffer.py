@@ -202,3 +202,24 @@ def test_hand_filled_buffer_with_team_reward_only_gets_G_from_it() -> None:
         buffer.field("global_rewards")[buffer.claim_row()] = 1.0
     buffer.end_episode()
     np.testing.assert_allclose(buffer.sample_transitions(idx=np.arange(3)).G, [1.75, 1.5, 1.0])
+
+
+def test_sequences_stay_inside_one_episode_with_a_validity_mask() -> None:
+    reference = play(ToyEnv(lengths=(3, 8, 5)), seed=4, steps=90)
+    env = fe.record(ToyEnv(lengths=(3, 8, 5)), num_steps=40)  # the ring wraps: positions matter
+    play(env, seed=4, steps=90, actions=reference.actions)
+    batch = env.buffer.sample_sequences(300, 6)
+    assert batch.obs.shape == (300, 6, 3) and batch.valid.shape == (300, 6)
+    obs = np.stack(reference.obs)
+    step_of = {tuple(o): t for t, o in enumerate(obs)}  # random observations identify their step
+    episode_of = np.zeros(len(obs), dtype=int)
+    for e, (start, end) in enumerate(reference.episodes + [(reference.episodes[-1][1], 90)]):
+        episode_of[start:end] = e
+    for window, valid in zip(batch.obs, batch.valid):
+        steps = [step_of[tuple(o)] for o in window]
+        n = int(valid.sum())
+        assert valid[:n].all() and not valid[n:].any()  # valid is a prefix
+        assert steps[:n] == list(range(steps[0], steps[0] + n))  # consecutive steps
+        assert len({episode_of[t] for t in steps[:n]}) == 1  # one episode
+        last = steps[n - 1]
+        assert n == 6 or last + 1 == len(obs) or episode_of[last + 1] != episode_of[last]
