@@ -13,7 +13,7 @@ from flexibuff_envs.errors import (
 )
 from flexibuff_envs.returns import discounted_returns
 from flexibuff_envs.spec import BufferSpec, infer_spec
-from flexibuff_envs.wrappers import GymRecorder, record
+from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
 
 __all__ = [
     "BufferFileError",
@@ -27,6 +27,7 @@ __all__ = [
     "NotAnEnvError",
     "SpecMismatchError",
     "UnsupportedSpaceError",
+    "VectorRecorder",
     "discounted_returns",
     "infer_spec",
     "record",

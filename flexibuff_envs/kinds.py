@@ -12,7 +12,7 @@ import gymnasium as gym
 
 from flexibuff_envs.errors import MissingExtraError
 
-Kind = Literal["gymnasium", "parallel", "aec"]
+Kind = Literal["gymnasium", "vector", "parallel", "aec"]
 
 
 def pettingzoo_env_module() -> Any:
@@ -25,9 +25,11 @@ def pettingzoo_env_module() -> Any:
 
 
 def env_kind(env: Any) -> Kind | None:
-    """"gymnasium", "parallel", "aec", or None for anything else."""
+    """"gymnasium", "vector", "parallel", "aec", or None for anything else."""
     if isinstance(env, gym.Env):
         return "gymnasium"
+    if isinstance(env, gym.vector.VectorEnv):
+        return "vector"
     module = sys.modules.get("pettingzoo.utils.env")
     if module is not None:
         if isinstance(env, module.ParallelEnv):

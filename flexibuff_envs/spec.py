@@ -13,7 +13,7 @@ from flexibuff_envs import kinds
 from flexibuff_envs.codecs import ActionCodec, ObsCodec, action_codec, obs_codec
 from flexibuff_envs.errors import NotAnEnvError, SpecMismatchError
 
-ENV_KINDS = "gymnasium.Env, pettingzoo ParallelEnv or pettingzoo AECEnv"
+ENV_KINDS = "gymnasium.Env, gymnasium.vector.VectorEnv, pettingzoo ParallelEnv or pettingzoo AECEnv"
 
 
 
@@ -153,7 +153,8 @@ def infer_spec(env: Any, *, info: Mapping[str, Any] | None = None) -> BufferSpec
     """Infer the buffer layout of ``env`` from its spaces.
 
     Args:
-        env: a ``gymnasium.Env``, a PettingZoo ``ParallelEnv`` or ``AECEnv``.
+        env: a ``gymnasium.Env``, a ``gymnasium.vector.VectorEnv``, a PettingZoo ``ParallelEnv`` or
+            ``AECEnv``.
         info: a reset ``info`` dict (of any agent); an ``"action_mask"`` key turns masks on.
 
     Raises:
@@ -168,6 +169,9 @@ def infer_spec(env: Any, *, info: Mapping[str, Any] | None = None) -> BufferSpec
     if isinstance(env, gym.Env):
         return spec_from_codecs(obs_codec(env.observation_space), action_codec(env.action_space),
                                 action_mask=masked)
+    if isinstance(env, gym.vector.VectorEnv):
+        return spec_from_codecs(obs_codec(env.single_observation_space), action_codec(env.single_action_space),
+                                action_mask=masked, n_envs=env.num_envs)
     if kinds.env_kind(env) is None:
         raise NotAnEnvError(f"infer_spec(env): expected one of {ENV_KINDS}, got {type(env).__name__}")
     ids = list(env.possible_agents)

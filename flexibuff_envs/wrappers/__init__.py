@@ -11,21 +11,23 @@ from flexibuff_envs.errors import NotAnEnvError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
+from flexibuff_envs.wrappers.gymnasium_vector import VectorRecorder
 
-__all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "record"]
+__all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "VectorRecorder", "record"]
 
 
 def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
     Args:
-        env: a ``gymnasium.Env``, a PettingZoo ``ParallelEnv`` or a PettingZoo ``AECEnv``.
+        env: a ``gymnasium.Env``, a ``gymnasium.vector.VectorEnv``, a PettingZoo ``ParallelEnv`` or a
+            PettingZoo ``AECEnv``.
         buffer: an existing buffer to fill (must match the env), else a new one.
         **options: the recorder's keywords (``num_steps``, ``gamma``, ``bootstrap_fn``, and for
             PettingZoo ``global_reward``).
 
     Returns:
-        `GymRecorder`, `ParallelRecorder` or `AECRecorder`.
+        `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
 
     Raises:
         NotAnEnvError: ``env`` is none of the accepted kinds.
@@ -38,6 +40,8 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> An
     kind = env_kind(env)
     if kind == "gymnasium":
         return GymRecorder(env, buffer, **options)
+    if kind == "vector":
+        return VectorRecorder(env, buffer, **options)
     if kind == "parallel":
         from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder
 
