@@ -403,6 +403,16 @@ class FlexibleBuffer:
         for first in range(0, stop, batch_size):
             yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device)
 
+    def clear(self) -> None:
+        """Forget everything recorded (on-policy training starts each rollout empty).
+
+        An episode still running goes on recording; its steps before the clear are gone, so it
+        will not be handed out by `sample_episodes`, but its ``G`` and GAE cover what is kept.
+        """
+        for lane in self._lanes:
+            lane.clear()
+        self._storage.arrays["G"][:] = np.nan
+
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""
         self._storage.ensure("memory_weights")[np.asarray(idx)] = weights

@@ -66,6 +66,14 @@ class Lane:
         running.whole = False
         self.live_start = running.start
 
+    def clear(self) -> None:
+        """Forget every row; a running episode goes on from here, no longer whole."""
+        self.ended.clear()
+        self.live_start = self.written
+        if self.running is not None:
+            self.running.whole = self.running.start == self.written
+            self.running.start = self.written
+
     def end(self) -> Episode | None:
         """Close the running episode; return it, or None if it had no step."""
         episode, self.running = self.running, None

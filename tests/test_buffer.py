@@ -223,3 +223,20 @@ def test_sequences_stay_inside_one_episode_with_a_validity_mask() -> None:
         assert len({episode_of[t] for t in steps[:n]}) == 1  # one episode
         last = steps[n - 1]
         assert n == 6 or last + 1 == len(obs) or episode_of[last + 1] != episode_of[last]
+
+
+def test_clear_starts_an_empty_rollout_while_the_running_episode_goes_on() -> None:
+    env = fe.record(ToyEnv(lengths=(6,)), num_steps=20, gamma=0.5)
+    env.reset(seed=0)
+    for _ in range(8):  # one whole episode and 2 steps of the next
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            env.reset()
+    env.buffer.clear()
+    assert len(env.buffer) == 0 and env.buffer.n_episodes == 0
+    for _ in range(4):  # the running episode ends after 4 more steps
+        env.step(0)
+    assert len(env.buffer) == 4 and env.buffer.n_episodes == 0  # not whole: never handed out
+    (batch,) = env.buffer.minibatches(4, shuffle=False)  # the rows after the clear, in order
+    assert batch.idx.tolist() == [8, 9, 10, 11] and batch.terminated[-1]
+    np.testing.assert_allclose(batch.G, plain_returns(batch.individual_rewards.tolist(), 0.5), rtol=1e-5)
