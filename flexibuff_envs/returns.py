@@ -42,6 +42,91 @@ def reverse_scan(b: np.ndarray, c: np.ndarray) -> np.ndarray:
     return x
 
 
+_BLOCK = 64
+#: scratch arrays reused across calls: fresh ~1 MB temporaries cost more in page faults than in math
+_WORK: dict[str, np.ndarray] = {}
+
+
+def _scratch(name: str, size: int) -> np.ndarray:
+    array = _WORK.get(name)
+    if array is None or array.size < size:
+        array = _WORK[name] = np.empty(size)
+    return array[:size]
+
+
+def segmented_scan(x: np.ndarray, c: float, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Solve ``y_t = x_t + c * y_{t+1}`` along a 1-D array, the chain cut after every ``ends_t``.
+
+    The array is seen as blocks of 64 steps, ``[64 offsets, n_blocks]``; the recurrence runs
+    backwards over the 64 offsets, each step vectorized across all blocks, while also tracking how
+    much of a block's end reaches each step. The carries between blocks are one `reverse_scan`
+    over ``n_blocks`` values, and one multiply-add applies them. Not thread-safe (shared scratch).
+
+    ``out``: ``[T]`` array to write into (e.g. buffer storage); saves allocating the result.
+    """
+    n = x.size
+    blocks = -(-n // _BLOCK)
+    whole, rest = divmod(n, _BLOCK)
+
+    def work(name: str) -> np.ndarray:  # contiguous [offset, block] scratch
+        return _scratch(name, blocks * _BLOCK).reshape(_BLOCK, blocks)
+
+    X, C, Y, reach = work("x"), work("links"), work("y"), work("reach")
+    X.T[:whole] = x[: whole * _BLOCK].reshape(whole, _BLOCK)  # X[j, b] = x[b * 64 + j]
+    if rest:
+        X.T[whole, :rest] = x[whole * _BLOCK:]
+        X.T[whole, rest:] = 0.0
+    C.fill(c)  # c where step t continues into t+1; 0 at a cut and past the end
+    cuts = np.concatenate([np.flatnonzero(ends), np.arange(n, blocks * _BLOCK)])
+    C[cuts % _BLOCK, cuts // _BLOCK] = 0.0
+    Y[-1] = X[-1]
+    reach[-1] = C[-1]  # product of links from a step to its block's end
+    for j in range(_BLOCK - 2, -1, -1):
+        np.multiply(C[j], Y[j + 1], out=Y[j])
+        Y[j] += X[j]
+        np.multiply(C[j], reach[j + 1], out=reach[j])
+    starts = reverse_scan(Y[0], reach[0])  # each block's first step, with all later blocks in
+    following = np.zeros(blocks)
+    following[:-1] = starts[1:]
+    reach *= following
+    Y += reach
+    if out is None:
+        out = np.empty(n)
+    out[: whole * _BLOCK].reshape(whole, _BLOCK)[...] = Y.T[:whole]
+    if rest:
+        out[whole * _BLOCK:] = Y.T[whole, :rest]
+    return out
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, ends: np.ndarray, gamma: float, lam: float,
+        bootstrap: np.ndarray | float = 0.0,
+        out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """GAE(lambda) over a whole rollout of back-to-back episodes, in a fixed number of numpy passes.
+
+    Args:
+        rewards, values: ``[T]`` in time order.
+        ends: ``[T]`` bool, True at each episode's last step (and at a rollout cut).
+        bootstrap: ``[T]`` (or scalar) V after each end: 0 after a termination, ``V(obs_)`` after
+            a truncation or cut; ignored where ``ends`` is False.
+        out: ``(advantages, returns)`` arrays ``[T]`` to write into, e.g. a buffer's storage.
+
+    Returns:
+        (advantages, returns = advantages + values), ``[T]`` float64.
+    """
+    gamma, lam = check_gamma(gamma), check_gamma(lam, "gae_lambda")
+    v = np.asarray(values)  # no float64 copy: the mixed-dtype ops below convert on the fly
+    delta = _scratch("delta", v.size)  # r_t + gamma V_{t+1} - V_t, built in place
+    delta[:-1] = v[1:]
+    delta[-1:] = 0.0
+    cut = np.asarray(ends, dtype=bool)
+    delta[cut] = np.asarray(bootstrap)[cut] if np.ndim(bootstrap) else bootstrap
+    delta *= gamma
+    delta += rewards
+    delta -= v
+    advantages = segmented_scan(delta, gamma * lam, cut, out=None if out is None else out[0])
+    return advantages, np.add(advantages, v, out=None if out is None else out[1])
+
+
 def discounted_returns(
     rewards: np.ndarray,
     gamma: float,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from flexibuff_envs.returns import discounted_returns, episode_returns
+from flexibuff_envs.returns import discounted_returns, episode_returns, gae, segmented_scan
 from tests.reference import plain_returns
 
 rewards_st = arrays(np.float64, st.integers(0, 300), elements=st.floats(-100, 100))
@@ -57,3 +57,39 @@ def test_empty_episode_and_bad_gamma() -> None:
     for gamma in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="gamma"):
             discounted_returns(np.ones(3), gamma)
+
+
+def plain_scan(x: np.ndarray, c: float, ends: np.ndarray) -> list[float]:
+    out, acc = [0.0] * len(x), 0.0
+    for t in range(len(x) - 1, -1, -1):
+        acc = x[t] + (0.0 if ends[t] else c * acc)
+        out[t] = acc
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), n=st.integers(1, 400), c=gamma_st)
+def test_segmented_scan_equals_a_plain_loop(data: st.DataObject, n: int, c: float) -> None:
+    x = data.draw(arrays(np.float64, n, elements=st.floats(-100, 100)))
+    ends = data.draw(arrays(bool, n))
+    np.testing.assert_allclose(segmented_scan(x, c, ends), plain_scan(x, c, ends), rtol=1e-7, atol=1e-7)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 300), gamma=gamma_st, lam=gamma_st)
+def test_batch_gae_equals_a_plain_loop(data: st.DataObject, n: int, gamma: float, lam: float) -> None:
+    rewards = data.draw(arrays(np.float64, n, elements=st.floats(-10, 10)))
+    values = data.draw(arrays(np.float64, n, elements=st.floats(-10, 10)))
+    ends = data.draw(arrays(bool, n))
+    bootstrap = data.draw(arrays(np.float64, n, elements=st.floats(-10, 10)))
+    expected, acc = [0.0] * n, 0.0
+    for t in range(n - 1, -1, -1):
+        following = bootstrap[t] if ends[t] else (values[t + 1] if t + 1 < n else 0.0)
+        acc = rewards[t] + gamma * following - values[t] + (0.0 if ends[t] else gamma * lam * acc)
+        expected[t] = acc
+    advantages, returns = gae(rewards, values, ends, gamma, lam, bootstrap)
+    np.testing.assert_allclose(advantages, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(returns, np.array(expected) + values, rtol=1e-6, atol=1e-6)
+    out = (np.empty(n, np.float32), np.empty(n, np.float32))
+    gae(rewards, values, ends, gamma, lam, bootstrap, out=out)
+    np.testing.assert_allclose(out[0], expected, rtol=1e-4, atol=1e-4)
