@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -43,7 +44,7 @@ class Args:
 
 def parse_args() -> Args:
     parser = argparse.ArgumentParser(description=__doc__)
-    source = open(__file__).read()
+    source = Path(__file__).read_text()
     for field in dataclasses.fields(Args):
         comment = source.split(f"    {field.name}: ", 1)[1].split("\n", 1)[0].split("# ", 1)[-1]
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
@@ -105,11 +106,12 @@ def train(args: Args) -> list[tuple[int, float]]:
         with torch.no_grad():
             envs.buffer.finish_path(agent.value(torch.as_tensor(obs)).numpy())
         for _ in range(args.update_epochs):
-            for mb in envs.buffer.minibatches(batch_size // args.num_minibatches, as_torch=True):
+            for mb in envs.buffer.minibatches(batch_size // args.num_minibatches, as_torch=True,
+                                              normalize_advantages=True):
                 dist = agent.policy(mb.obs)
                 log_ratio = dist.log_prob(mb.discrete_actions[:, 0]) - mb.discrete_log_probs[:, 0]
                 ratio = log_ratio.exp()
-                adv = (mb.advantages - mb.advantages.mean()) / (mb.advantages.std() + 1e-8)
+                adv = mb.advantages
                 policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
                 value_loss = 0.5 * ((agent.value(mb.obs) - mb.returns) ** 2).mean()
                 loss = policy_loss - args.ent_coef * dist.entropy().mean() + args.vf_coef * value_loss

@@ -299,8 +299,12 @@ class FlexibleBuffer:
         if len(self) == 0:
             raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
 
-    def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None) -> FlexiBatch:
-        """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`."""
+    def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
+               normalize_advantages: bool = False) -> FlexiBatch:
+        """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
+
+        ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1.
+        """
         single = self.spec.n_agents == 1
         out: dict[str, Any] = {"idx": idx}
         for name, array in self._storage:
@@ -312,6 +316,13 @@ class FlexibleBuffer:
             cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
             out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)
             out["action_mask_"] = np.split(out["action_mask_"], cuts, axis=-1)
+        if normalize_advantages:
+            advantages = out.get("advantages")
+            if advantages is None:
+                raise ValueError("normalize_advantages=True but no advantages were recorded: "
+                                 "annotate values (env.annotate(values=...)) to get GAE")
+            # NaN marks steps without GAE yet (no value given, episode still running): skip them
+            out["advantages"] = (advantages - np.nanmean(advantages)) / (np.nanstd(advantages) + 1e-8)
         if as_torch:
             convert = torch_converter(device)
             out = {name: convert(name, value) for name, value in out.items()}
@@ -392,8 +403,12 @@ class FlexibleBuffer:
         as_torch: bool = False,
         device: Any = None,
         drop_last: bool = False,
+        normalize_advantages: bool = False,
     ) -> Iterator[FlexiBatch]:
-        """One pass over every live row in batches of ``batch_size`` (PPO epochs)."""
+        """One pass over every live row in batches of ``batch_size`` (PPO epochs).
+
+        ``normalize_advantages``: each minibatch's advantages to mean 0, std 1 (CleanRL's norm_adv).
+        """
         self._require("minibatches")
         batch_size = _positive_int("batch_size", batch_size)
         rows = live_rows(self._lanes)
@@ -401,7 +416,8 @@ class FlexibleBuffer:
             rows = self.rng.permutation(rows)
         stop = len(rows) - (len(rows) % batch_size if drop_last else 0)
         for first in range(0, stop, batch_size):
-            yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device)
+            yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device,
+                              normalize_advantages=normalize_advantages)
 
     def clear(self) -> None:
         """Forget everything recorded (on-policy training starts each rollout empty).

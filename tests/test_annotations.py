@@ -127,3 +127,19 @@ def test_multi_agent_annotations_and_feedback_per_agent() -> None:
     np.testing.assert_array_equal(batch.individual_auxiliary_rewards[:, 0], [0.0, 2.0, 0.0])
     with pytest.raises(ValueError, match="agent must be one of"):
         env.annotate("nobody", values=1.0)
+
+
+def test_minibatches_can_normalize_advantages() -> None:
+    env = fe.record(ToyEnv(lengths=(5,)), num_steps=100)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="no advantages were recorded"):
+        env.step(0)
+        next(env.buffer.minibatches(4, normalize_advantages=True))
+    for _ in range(40):
+        env.annotate(values=0.3)
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            env.reset()
+    for batch in env.buffer.minibatches(16, normalize_advantages=True, drop_last=True):
+        finite = batch.advantages[~np.isnan(batch.advantages)]
+        assert abs(finite.mean()) < 1e-5 and abs(finite.std() - 1) < 1e-3
