@@ -76,6 +76,7 @@ class Agent(nn.Module):
 def train(args: Args) -> list[tuple[int, float]]:
     """Train; returns (env step, mean return of the last 20 episodes) after each rollout."""
     torch.manual_seed(args.seed)
+    torch.set_num_threads(1)  # a 64-unit MLP gains nothing from threads, and runs become repeatable
     vec = gym.wrappers.vector.RecordEpisodeStatistics(gym.make_vec("CartPole-v1", num_envs=args.num_envs))
     agent = Agent(4, 2)
 
@@ -85,6 +86,7 @@ def train(args: Args) -> list[tuple[int, float]]:
 
     envs = fe.record(vec, num_steps=args.num_steps, gamma=args.gamma, bootstrap_fn=critic)
     envs.buffer.gae_lambda = args.gae_lambda
+    envs.buffer.rng = np.random.default_rng(args.seed)  # minibatch shuffling
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     batch_size = args.num_envs * args.num_steps
     rollouts = args.total_timesteps // batch_size
