@@ -22,3 +22,5 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_record.py
 	$(PY) benchmarks/bench_sample.py
+	$(PY) benchmarks/bench_pettingzoo.py
+	$(PY) benchmarks/bench_gae.py
