@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class FlexibuffError(Exception):
     """Base of every error raised by flexibuff_envs."""
@@ -29,6 +31,13 @@ class NotAnEnvError(FlexibuffError, TypeError):
 
 class MissingExtraError(FlexibuffError, ImportError):
     """An optional dependency (torch, pettingzoo) is needed but not installed."""
+
+
+def positive_int(name: str, value: object) -> int:
+    """``value`` as an int, or ValueError naming ``name`` unless it is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def require_torch():

@@ -1,12 +1,20 @@
-"""Which rows to gather: the live rows of a set of lanes, drawn uniformly or by weight."""
+"""Sampling: which rows to gather (uniform, weighted, whole episodes, sequences) and the gather."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Lane
+from flexibuff_envs.errors import EmptyBufferError, positive_int
+from flexibuff_envs.storage import FIELDS
+
+if TYPE_CHECKING:
+    from flexibuff_envs.spec import BufferSpec
+    from flexibuff_envs.storage import Storage
 
 
 def live_rows(lanes: Sequence[Lane]) -> np.ndarray:
@@ -70,3 +78,137 @@ def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
         valid[pick] = window < end[:, None]
         rows[pick] = lane.offset + np.minimum(window, end[:, None] - 1) % capacity
     return rows, valid
+
+
+class Sampling:
+    """The reading half of `FlexibleBuffer`: every way to draw a `FlexiBatch` from its rows."""
+
+    spec: BufferSpec
+    rng: np.random.Generator
+    _storage: Storage
+    _lanes: list[Lane]
+
+    def _require(self, what: str) -> None:
+        if not any(lane.size for lane in self._lanes):
+            raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
+
+    def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
+               normalize_advantages: bool = False) -> FlexiBatch:
+        """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
+
+        ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1.
+        """
+        single = self.spec.n_agents == 1
+        out: dict[str, Any] = {"idx": idx}
+        for name, array in self._storage:
+            if FIELDS[name].per_agent:
+                out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
+            else:
+                out[name] = array.take(idx, axis=0)
+        if "action_mask" in out:
+            cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
+            out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)
+            out["action_mask_"] = np.split(out["action_mask_"], cuts, axis=-1)
+        if normalize_advantages:
+            advantages = out.get("advantages")
+            if advantages is None:
+                raise ValueError("normalize_advantages=True but no advantages were recorded: "
+                                 "annotate values (env.annotate(values=...)) to get GAE")
+            # NaN marks steps without GAE yet (no value given, episode still running): skip them
+            out["advantages"] = (advantages - np.nanmean(advantages)) / (np.nanstd(advantages) + 1e-8)
+        if as_torch:
+            convert = torch_converter(device)
+            out = {name: convert(name, value) for name, value in out.items()}
+        return FlexiBatch(**out)
+
+    def sample_transitions(
+        self,
+        batch_size: int = 256,
+        weighted: bool = False,
+        as_torch: bool = False,
+        device: Any = None,
+        idx: np.ndarray | None = None,
+    ) -> FlexiBatch:
+        """``batch_size`` rows drawn uniformly with replacement (all agents of a row together).
+
+        Args:
+            weighted: draw rows in proportion to ``memory_weights`` (need not be normalised).
+            idx: gather exactly these buffer rows instead of drawing.
+        """
+        if idx is None:
+            self._require("sample_transitions")
+            n = positive_int("batch_size", batch_size)
+            idx = (weighted_rows(self._lanes, self._storage.ensure("memory_weights"), self.rng, n) if weighted
+                   else uniform_rows(self._lanes, self.rng, n))
+        return self.gather(np.asarray(idx), as_torch=as_torch, device=device)
+
+    def sample_episodes(
+        self,
+        max_batch_size: int = 256,
+        n_episodes: int | None = None,
+        as_torch: bool = False,
+        device: Any = None,
+    ) -> list[FlexiBatch]:
+        """Whole ended episodes, each a `FlexiBatch` of its rows in time order.
+
+        Draws ``n_episodes`` distinct episodes, or (when None) random episodes while their total
+        length fits ``max_batch_size`` (at least one, never cut). The list is in recording order.
+        """
+        pool = [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]
+        want = 1 if n_episodes is None else positive_int("n_episodes", n_episodes)
+        if want > len(pool):
+            raise EmptyBufferError(f"sample_episodes: asked for {want} whole episodes but the "
+                                   f"buffer holds {len(pool)}")
+        order = self.rng.permutation(len(pool))
+        if n_episodes is None:
+            lengths = np.array([pool[i][1].end - pool[i][1].start for i in order])
+            fits = np.cumsum(lengths) <= max_batch_size
+            order = order[: max(1, int(np.argmin(fits)) if not fits.all() else len(order))]
+        else:
+            order = order[:want]
+        return [self.gather(pool[i][0].rows(pool[i][1]), as_torch=as_torch, device=device)
+                for i in sorted(order)]
+
+    def sample_sequences(
+        self,
+        batch_size: int,
+        seq_len: int,
+        as_torch: bool = False,
+        device: Any = None,
+    ) -> FlexiBatch:
+        """``batch_size`` windows of ``seq_len`` consecutive steps, each inside one episode.
+
+        Windows start at uniformly drawn rows; one that reaches its episode's end is padded with
+        that last row and ``valid`` is False there. Fields are ``[n_agents, batch, seq_len, ...]``
+        (``[batch, seq_len, ...]`` for global fields or one agent); ``valid`` is ``[batch, seq_len]``.
+        """
+        self._require("sample_sequences")
+        rows, valid = sequence_rows(self._lanes, self.rng, positive_int("batch_size", batch_size),
+                                    positive_int("seq_len", seq_len))
+        batch = self.gather(rows, as_torch=as_torch, device=device)
+        batch.valid = valid if not as_torch else torch_converter(device)("valid", valid)
+        return batch
+
+    def minibatches(
+        self,
+        batch_size: int,
+        shuffle: bool = True,
+        as_torch: bool = False,
+        device: Any = None,
+        drop_last: bool = False,
+        normalize_advantages: bool = False,
+    ) -> Iterator[FlexiBatch]:
+        """One pass over every live row in batches of ``batch_size`` (PPO epochs).
+
+        ``normalize_advantages``: each minibatch's advantages to mean 0, std 1 (CleanRL's norm_adv).
+        """
+        self._require("minibatches")
+        batch_size = positive_int("batch_size", batch_size)
+        rows = live_rows(self._lanes)
+        if shuffle:
+            rows = self.rng.permutation(rows)
+        stop = len(rows) - (len(rows) % batch_size if drop_last else 0)
+        for first in range(0, stop, batch_size):
+            yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device,
+                              normalize_advantages=normalize_advantages)
+
