@@ -42,10 +42,18 @@ class ObsCodec:
     #: PettingZoo classic: the value is a dict whose "action_mask" is the mask, not obs.
     split_mask: bool = False
 
+    def row_view(self, store: np.ndarray) -> np.ndarray | None:
+        """``store`` (``[rows, size]``) seen as ``[rows, *shape]`` for direct assignment of Box
+        values; None for other spaces, or if the reshape could not be a view (it must not copy)."""
+        if not self.direct:
+            return None
+        view = store.reshape((store.shape[0], *self.shape))
+        return view if np.shares_memory(view, store) else None
+
     def writer(self, store: np.ndarray) -> RowWriter:
         """A function writing one value into row ``p`` of ``store`` (shape ``[rows, size]``)."""
-        if self.direct:
-            view = store.reshape((store.shape[0], *self.shape))
+        view = self.row_view(store)
+        if view is not None:
 
             def write_direct(p: int, value: Any) -> None:
                 view[p] = value

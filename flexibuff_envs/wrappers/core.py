@@ -73,6 +73,9 @@ class Held:
         self._scratch = np.zeros((1, before.shape[1]), dtype=before.dtype)
         self._write_scratch = codec.writer(self._scratch[:, :size])
         self._write_after = codec.writer(after[:, :size])
+        self._after_view = codec.row_view(after[:, :size])
+        if self._after_view is not None:  # Box values: assign through the view, no writer call
+            self.write = self._write_view  # type: ignore[method-assign]
         self._source, self._row = self._scratch, 0
 
     def hold(self, value: Any) -> None:
@@ -87,6 +90,11 @@ class Held:
         """``before[row]`` = the held value, ``after[row]`` = ``value``, which is held next."""
         self.before[row] = self._source[self._row]
         self._write_after(row, value)
+        self._source, self._row = self.after, row
+
+    def _write_view(self, row: int, value: Any) -> None:
+        self.before[row] = self._source[self._row]
+        self._after_view[row] = value  # type: ignore[index]
         self._source, self._row = self.after, row
 
     def write_missing(self, row: int) -> None:
@@ -104,6 +112,7 @@ class AgentSlot:
         self.name = buffer.spec.agent_ids[index]
         self.split_mask = obs.split_mask
         self.obs = Held(obs, buffer.field("obs")[index], buffer.field("obs_")[index])
+        self._write_obs = self.obs.write
         self._write_action = action.writer(
             buffer.field("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
             buffer.field("continuous_actions")[index][:, :action.continuous_dim]
@@ -163,7 +172,7 @@ class AgentSlot:
               info: Mapping[str, Any]) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
         if self.masks is None:
-            self.obs.write(row, obs_)
+            self._write_obs(row, obs_)
         else:
             value, mask_ = self.split(obs_, info)
             self.obs.write(row, value)
@@ -198,6 +207,7 @@ class LaneRecorder:
         self.slots = [AgentSlot(buffer, i, o, a) for i, (o, a) in enumerate(zip(obs, actions))]
         self._single = self.slots[0]
         self.annotations = Annotations(buffer, len(self.slots))
+        self._annotated = self.annotations.fields  # the same list: empty until a first annotation
         self.previous_rows: list[int] = []  # the last episode's rows, for feedback after a reset
         self.reduce = reducer(global_reward)
         self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
@@ -205,7 +215,7 @@ class LaneRecorder:
         self._summing = global_reward == "sum"
         self.state = None if state is None else Held(state, buffer.field("state"), buffer.field("state_"))
         self.running = False
-        self.open = np.zeros(len(self.slots), dtype=bool)
+        self.open = [False] * len(self.slots)  # which agents are in the running episode
         self.steps = [0] * len(self.slots)  # rows each agent has filled in the running episode
         self.rows: list[int] = []  # the rows of the running episode, in order
         self._claim = buffer.row_claimer(lane)
@@ -252,7 +262,7 @@ class LaneRecorder:
         self.rows.append(row)  # one agent: it filled every row, so its step count is len(rows)
         self._single.write(row, action, obs_, reward, terminated, truncated, info)
         self.global_rewards[row] = reward  # type: ignore[index]
-        if self.annotations.fields:
+        if self._annotated:
             self.annotations.write(row, 0)
         if terminated or truncated:
             self.close([0], [truncated and not terminated])
@@ -319,29 +329,30 @@ class LaneRecorder:
 
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
         """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""
-        values = np.zeros(len(indices))
-        if self.bootstrap_fn is not None:
+        values = None
+        if self.bootstrap_fn is not None and any(bootstrap):
+            values = np.zeros(len(indices))
             for n, (index, boot) in enumerate(zip(indices, bootstrap)):
                 slot, steps = self.slots[index], self.filled(index)
                 if boot and steps:
-                    last = slot.obs.after[self.rows[steps - 1]]
-                    values[n] = self.bootstrap_fn(last, slot.name)
-        if len(indices) == len(self.slots) and self.open.all():
+                    values[n] = self.bootstrap_fn(slot.obs.after[self.rows[steps - 1]], slot.name)
+        if len(indices) == len(self.slots) and all(self.open):
             # every agent ends here together: one pass writes all their returns
-            self.buffer.end_episode(self.lane, bootstrap=values if values.any() else None)
-            self.open[:] = False
+            self.buffer.end_episode(self.lane, bootstrap=values)
+            self.open = [False] * len(self.slots)
             self.running = False
             return
         for n, index in enumerate(indices):
-            self.buffer.finish_agent(self.lane, index, self.filled(index), values[n:n + 1] if values[n] else None)
+            value = None if values is None or not values[n] else values[n:n + 1]
+            self.buffer.finish_agent(self.lane, index, self.filled(index), value)
             self.open[index] = False
-        if not self.open.any():
+        if not any(self.open):
             self.buffer.end_episode(self.lane, write_returns=False)
             self.running = False
 
     def cut(self) -> None:
         """End the running episode where it stands: each open agent's last row becomes truncated."""
-        still = [int(i) for i in np.flatnonzero(self.open)]
+        still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
             if self.filled(index):
                 self.slots[index].truncated[self.rows[self.filled(index) - 1]] = True

@@ -58,8 +58,9 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
         result = self.env.step(action)
-        if self._recorder.running:
-            self._recorder.step_single(action, *result)
+        recorder = self._recorder
+        if recorder.running:
+            recorder.step_single(action, *result)
         return result
 
     def annotate(self, agent: None = None, **fields: Any) -> None:
