@@ -107,6 +107,8 @@ class FlexibleBuffer(Sampling):
                                 log_prob_continuous=int(log_prob_continuous))
         self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget)
                        for i in range(self.spec.n_envs)]
+        # per lane: agents whose own episode already ended inside the running one (their G is final)
+        self._finished: list[set[int]] = [set() for _ in self._lanes]
         wanted = {
             "obs": True, "obs_": True, "terminated": True, "truncated": True, "active": True,
             "G": True, "state": state_size is not None, "state_": state_size is not None,
@@ -178,6 +180,7 @@ class FlexibleBuffer(Sampling):
             self._storage.arrays["truncated"][:, last] |= self._storage.arrays["active"][:, last]
             self.end_episode(lane)
         self._lanes[lane].begin()
+        self._finished[lane].clear()
 
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
@@ -214,6 +217,7 @@ class FlexibleBuffer(Sampling):
             return
         part = Episode(running.start, min(running.start + steps, running.end))
         self._write_returns(self._lanes[lane], part, bootstrap, agent=agent)
+        self._finished[lane].add(agent)
 
     def clear_row(self, row: int, agents: list[int] | None = None) -> None:
         """Reset ``row`` to "nothing happened": agents inactive, rewards 0, no legal actions.
@@ -232,6 +236,9 @@ class FlexibleBuffer(Sampling):
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
         """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.
 
+        Agents whose own episode already ended inside a running one (dead while others play on)
+        keep the ``G`` written at their termination.
+
         Args:
             last_values: ``V`` of each lane's current observation: a scalar, ``[n_agents]``,
                 ``[n_envs]`` or ``[n_envs, n_agents]``.
@@ -240,8 +247,16 @@ class FlexibleBuffer(Sampling):
             (-1, 1) if np.ndim(last_values) == 1 and self.spec.n_envs > 1 else np.shape(last_values)
         ), (self.spec.n_envs, self.spec.n_agents))
         for i, lane in enumerate(self._lanes):
-            if lane.running is not None and lane.running.end > lane.running.start:
+            if lane.running is None or lane.running.end == lane.running.start:
+                continue
+            finished = self._finished[i]
+            if not finished:
                 self._write_returns(lane, lane.running, values[i])
+                continue
+            # agents that already ended keep their G: the cut's bootstrap is not theirs
+            for agent in range(self.spec.n_agents):
+                if agent not in finished:
+                    self._write_returns(lane, lane.running, values[i, agent:agent + 1], agent=agent)
 
     def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None,
                        agent: int | None = None) -> None:

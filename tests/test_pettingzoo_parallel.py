@@ -216,3 +216,21 @@ def test_a_failing_env_state_is_recorded_as_missing_with_one_warning() -> None:
     assert len(ours) == 1
     (episode,) = env.buffer.sample_episodes(n_episodes=1)
     assert np.isnan(episode.state_[-1]).all() and not np.isnan(episode.state[0]).any()
+
+
+def test_finish_path_leaves_agents_that_already_died_alone() -> None:
+    make, seed, _ = CASES["knights_archers_zombies_v11"]
+    expected, _, _, _ = run("knights_archers_zombies_v11")
+    env = fe.record(make(), num_steps=200, gamma=GAMMA)
+    replay(env, seed, 21, expected.actions)  # the knights died at step 20; the archers play on
+    batch = env.buffer.sample_transitions(idx=np.arange(21))
+    dead = [i for i in range(4) if batch.terminated[i].any()]
+    alive = [i for i in range(4) if i not in dead]
+    assert dead and alive
+    before = batch.G[dead].copy()
+    env.buffer.finish_path(last_values=100.0)
+    after = env.buffer.sample_transitions(idx=np.arange(21)).G
+    np.testing.assert_array_equal(after[dead], before)  # their own termination's G, no bootstrap
+    assert not np.isnan(after[alive]).any()
+    last = batch.individual_rewards[alive[0], -1] + GAMMA * 100.0
+    assert after[alive[0], -1] == pytest.approx(last, rel=1e-5)
