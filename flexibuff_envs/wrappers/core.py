@@ -60,14 +60,48 @@ def _flat_mask(mask: Any) -> Any:
     return mask if isinstance(mask, np.ndarray) else np.concatenate([np.ravel(m) for m in mask])
 
 
+class MaskCodec:
+    """How an env's action mask (one array, or one per head; None: all legal) becomes a padded row.
+
+    Agents with fewer actions than the buffer's heads get False at the padded positions.
+    """
+
+    def __init__(self, own: tuple[int, ...], padded: tuple[int, ...]) -> None:
+        self.size = sum(padded)
+        offsets = np.cumsum((0, *padded[:-1])).astype(int)
+        self._positions = None if own == padded else np.concatenate(
+            [np.arange(o, o + c) for o, c in zip(offsets, own)])
+        self.all_legal = np.zeros(self.size, dtype=bool)
+        self.all_legal[self._positions if self._positions is not None else slice(None)] = True
+
+    def padded(self, mask: Any) -> Any:
+        if mask is None:
+            return self.all_legal
+        flat = _flat_mask(mask)
+        if self._positions is None:
+            return flat
+        row = np.zeros(self.size, dtype=bool)
+        row[self._positions] = flat
+        return row
+
+    def row_view(self, store: np.ndarray) -> None:
+        return None
+
+    def writer(self, store: np.ndarray) -> Callable[[int, Any], None]:
+        def write(p: int, mask: Any) -> None:
+            store[p] = self.padded(mask)
+
+        return write
+
+
 class Held:
-    """A value written at one step and copied into the next row: an observation or a state.
+    """A value written at one step and copied into the next row: an observation, mask or state.
 
     It is kept as a reference to where it was stored (a scratch row after a reset, else the
     ``*_`` row of the last step), never to the env's own array, which the env may reuse.
     """
 
-    def __init__(self, codec: ObsCodec, before: np.ndarray, after: np.ndarray) -> None:
+    def __init__(self, codec: ObsCodec | MaskCodec, before: np.ndarray, after: np.ndarray) -> None:
         self.before, self.after = before, after
         size = codec.size
         self._scratch = np.zeros((1, before.shape[1]), dtype=before.dtype)
@@ -79,11 +113,13 @@ class Held:
         self._source, self._row = self._scratch, 0
 
     def hold(self, value: Any) -> None:
-        """Hold ``value`` (from a reset; None: missing) for the next row."""
-        if value is None:
-            self._scratch[0] = np.nan if self._scratch.dtype.kind == "f" else 0
-        else:
-            self._write_scratch(0, value)
+        """Hold ``value`` (from a reset) for the next row."""
+        self._write_scratch(0, value)
+        self._source, self._row = self._scratch, 0
+
+    def hold_missing(self) -> None:
+        """Hold a value the env could not give: NaN (0 for integer dtypes)."""
+        self._scratch[0] = np.nan if self._scratch.dtype.kind == "f" else 0
         self._source, self._row = self._scratch, 0
 
     def write(self, row: int, value: Any) -> None:
@@ -122,22 +158,15 @@ class AgentSlot:
         self.terminated = buffer.field("terminated")[index]
         self.truncated = buffer.field("truncated")[index]
         self.active = buffer.field("active")[index]
-        self.masks: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        # where this agent's real actions sit in the padded flat mask (None: no padding)
-        padded = buffer.spec.discrete_action_cardinalities
-        self.mask_width = sum(padded)
+        self.mask: Held | None = None  # action masks, once recorded
+        self._mask_codec = MaskCodec(action.cardinalities, buffer.spec.discrete_action_cardinalities)
         self.own_width = sum(action.cardinalities)
-        offsets = np.cumsum((0, *padded[:-1])).astype(int)
-        self._positions = None if action.cardinalities == padded else np.concatenate(
-            [np.arange(o, o + c) for o, c in zip(offsets, action.cardinalities)])
-        self._all_legal = np.zeros(self.mask_width, dtype=bool)
-        self._all_legal[self._positions if self._positions is not None else slice(None)] = True
 
     def enable_masks(self, buffer: FlexibleBuffer) -> None:
         """Start recording this agent's action masks."""
-        scratch = np.ones((1, self.mask_width), dtype=bool)
-        self.masks = (buffer.field("action_mask")[self.index], buffer.field("action_mask_")[self.index], scratch)
-        self._mask_source, self._mask_row = scratch, 0
+        self.mask = Held(self._mask_codec, buffer.field("action_mask")[self.index],
+                         buffer.field("action_mask_")[self.index])
+        self.mask.hold(None)
 
     def split(self, obs: Any, info: Mapping[str, Any]) -> tuple[Any, Any]:
         """(observation value, its action mask or None) from what the env returned."""
@@ -145,41 +174,26 @@ class AgentSlot:
             return obs["observation"], obs["action_mask"]
         return obs, info.get("action_mask")
 
-    def _padded_mask(self, mask: Any) -> Any:
-        if mask is None:
-            return self._all_legal
-        flat = _flat_mask(mask)
-        if self._positions is None:
-            return flat
-        padded = np.zeros(self.mask_width, dtype=bool)
-        padded[self._positions] = flat
-        return padded
-
     def begin(self, obs: Any, info: Mapping[str, Any]) -> None:
         """Hold the first observation of an episode until the step that leaves it."""
         value, mask = self.split(obs, info)
         self.obs.hold(value)
-        if self.masks is not None:
+        if self.mask is not None:
             if mask is not None and np.size(_flat_mask(mask)) != self.own_width:
                 raise SpecMismatchError(
                     f"action_mask of agent {self.name!r} has {np.size(_flat_mask(mask))} entries but its "
                     f"discrete action heads have {self.own_width} actions in all")
-            scratch = self.masks[2]
-            scratch[0] = self._padded_mask(mask)
-            self._mask_source, self._mask_row = scratch, 0
+            self.mask.hold(mask)
 
     def write(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
               info: Mapping[str, Any]) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
-        if self.masks is None:
+        if self.mask is None:
             self._write_obs(row, obs_)
         else:
             value, mask_ = self.split(obs_, info)
-            self.obs.write(row, value)
-            before, after, _ = self.masks
-            before[row] = self._mask_source[self._mask_row]
-            after[row] = self._padded_mask(mask_)
-            self._mask_source, self._mask_row = after, row
+            self._write_obs(row, value)
+            self.mask.write(row, mask_)
         self._write_action(row, action)
         self.rewards[row] = reward
         self.terminated[row] = terminated
@@ -225,7 +239,7 @@ class LaneRecorder:
 
     def _discover_masks(self, info: Mapping[str, Any]) -> None:
         # info["action_mask"] is visible only once the env has been reset: turn masks on then.
-        if "action_mask" in info and self.slots[0].masks is None and self.slots[0].mask_width:
+        if "action_mask" in info and self.slots[0].mask is None and self.slots[0].own_width:
             self.buffer.enable_action_mask()
             for slot in self.slots:
                 slot.enable_masks(self.buffer)
@@ -246,7 +260,10 @@ class LaneRecorder:
         for index, obs, info in agents:
             self.join(index, obs, info)
         if self.state is not None:
-            self.state.hold(state)
+            if state is None:
+                self.state.hold_missing()
+            else:
+                self.state.hold(state)
         self.running = True
 
     def join(self, index: int, obs: Any, info: Mapping[str, Any]) -> None:
@@ -293,7 +310,7 @@ class LaneRecorder:
         """Agent ``index``'s transition into ``row``."""
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
         self.steps[index] += 1
-        if self.annotations.fields:
+        if self._annotated:
             self.annotations.write(row, index)
         if self._summing:
             self.global_rewards[row] += reward  # type: ignore[index]
