@@ -40,7 +40,7 @@ def _padding(position: int) -> int:
     return -position % _ALIGN
 
 
-def _header(buffer: FlexibleBuffer, live: np.ndarray) -> dict[str, Any]:
+def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
     lanes = []
     for lane in buffer._lanes:
         shift = lane.live_start  # positions are renumbered so each lane's oldest live row is 0
@@ -67,7 +67,7 @@ def _header(buffer: FlexibleBuffer, live: np.ndarray) -> dict[str, Any]:
 def save(buffer: FlexibleBuffer, path: str) -> None:
     """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole."""
     live = live_rows(buffer._lanes)
-    header = _header(buffer, live)
+    header = _header(buffer)
     arrays = []
     offset = 0
     for name, array in buffer._storage:

@@ -1,8 +1,11 @@
-"""Discounted returns on numpy arrays, with episode cuts and bootstrapping.
+"""Discounted returns and GAE on numpy arrays, with episode cuts and bootstrapping.
 
-Everything here is one reverse linear recurrence, ``x_t = b_t + c_t * x_{t+1}``, solved for all
-steps at once by recursive doubling: ``ceil(log2(T))`` vectorized passes instead of a Python loop
-over ``T`` steps, stopping early once every episode is resolved.
+Everything here is one reverse linear recurrence, ``x_t = b_t + c_t * x_{t+1}``, solved without a
+Python loop over steps, three ways:
+- `episode_returns` / `episode_gae`: one episode per row, as a reversed cumulative sum scaled by
+  powers of gamma (the buffer's path, at every episode end);
+- `segmented_scan` / `gae`: a whole rollout of back-to-back episodes, in blocks of 64 steps;
+- `reverse_scan`: recursive doubling, for any per-step coefficients (the general fallback).
 """
 
 from __future__ import annotations

@@ -93,13 +93,14 @@ class Sampling:
             raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
 
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
-               normalize_advantages: bool = False) -> FlexiBatch:
+               normalize_advantages: bool = False, valid: np.ndarray | None = None) -> FlexiBatch:
         """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
 
-        ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1.
+        ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1;
+        ``valid`` (sequences) is carried along like the fields.
         """
         single = self.spec.n_agents == 1
-        out: dict[str, Any] = {"idx": idx}
+        out: dict[str, Any] = {"idx": idx, "valid": valid}
         for name, array in self._storage:
             if FIELDS[name].per_agent:
                 out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
@@ -185,9 +186,7 @@ class Sampling:
         self._require("sample_sequences")
         rows, valid = sequence_rows(self._lanes, self.rng, positive_int("batch_size", batch_size),
                                     positive_int("seq_len", seq_len))
-        batch = self.gather(rows, as_torch=as_torch, device=device)
-        batch.valid = valid if not as_torch else torch_converter(device)("valid", valid)
-        return batch
+        return self.gather(rows, as_torch=as_torch, device=device, valid=valid)
 
     def minibatches(
         self,

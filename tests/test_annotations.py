@@ -143,3 +143,12 @@ def test_minibatches_can_normalize_advantages() -> None:
     for batch in env.buffer.minibatches(16, normalize_advantages=True, drop_last=True):
         finite = batch.advantages[~np.isnan(batch.advantages)]
         assert abs(finite.mean()) < 1e-5 and abs(finite.std() - 1) < 1e-3
+
+
+def test_a_refused_annotation_allocates_nothing() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=100)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="unknown field 'value'"):
+        env.annotate(values=1.0, value=2.0)  # the good field must not slip in beside the bad one
+    env.step(0)
+    assert env.buffer.sample_transitions(1).values is None

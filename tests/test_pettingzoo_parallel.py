@@ -234,3 +234,13 @@ def test_finish_path_leaves_agents_that_already_died_alone() -> None:
     assert not np.isnan(after[alive]).any()
     last = batch.individual_rewards[alive[0], -1] + GAMMA * 100.0
     assert after[alive[0], -1] == pytest.approx(last, rel=1e-5)
+
+
+def test_sequences_keep_the_agent_axis_first() -> None:
+    env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=100)
+    replay(env, 0, 25, [{a: 0 for a in env.possible_agents}] * 25)
+    batch = env.buffer.sample_sequences(7, 4)
+    assert batch.obs.shape == (3, 7, 4, 18) and batch.individual_rewards.shape == (3, 7, 4)
+    assert batch.state.shape == (7, 4, 54) and batch.valid.shape == (7, 4)
+    torch_batch = env.buffer.sample_sequences(7, 4, as_torch=True)
+    assert tuple(torch_batch.valid.shape) == (7, 4)

@@ -32,7 +32,9 @@ class Annotations:
     def add(self, index: int, agent: str, fields: dict[str, Any]) -> None:
         """Check ``fields`` and hold them for agent ``index``'s next step."""
         checked = {name: self._check(name, agent, value) for name, value in fields.items()}
-        for name in checked:
+        # storage is allocated only once every field passed: a refused call changes nothing
+        for name, value in checked.items():
+            self.buffer.field(name, width=np.size(value) if name == "continuous_log_probs" else None)
             if name not in self.fields:
                 self.fields.append(name)
         self.pending[index].update(checked)
@@ -47,13 +49,11 @@ class Annotations:
         if name == "continuous_log_probs":
             existing = self.buffer._storage.arrays.get(name)
             expected = array.size if existing is None else existing.shape[-1]
-            self.buffer.field(name, width=expected)
         if array.size != expected or expected == 0:
             raise ValueError(f"annotate: {name} of agent {agent!r} must have {expected} value(s) "
                              f"({ANNOTATIONS[name]}); got shape {np.shape(value)}")
         if name == "memory_weights" and not (np.isfinite(array[0]) and array[0] >= 0):
             raise ValueError(f"annotate: memory_weights must be finite and >= 0, got {value!r}")
-        self.buffer.field(name)
         return array if name in ("discrete_log_probs", "continuous_log_probs") else float(array[0])
 
     def write(self, row: int, index: int) -> None:
