@@ -24,3 +24,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_sample.py
 	$(PY) benchmarks/bench_pettingzoo.py
 	$(PY) benchmarks/bench_gae.py
+	$(PY) benchmarks/bench_io.py

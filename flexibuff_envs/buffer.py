@@ -107,6 +107,8 @@ class FlexibleBuffer(Sampling):
                                 log_prob_continuous=int(log_prob_continuous))
         self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget)
                        for i in range(self.spec.n_envs)]
+        # True while the arrays hold only the live rows, lane after lane (a file mapped by `load`)
+        self._packed = False
         # per lane: agents whose own episode already ended inside the running one (their G is final)
         self._finished: list[set[int]] = [set() for _ in self._lanes]
         wanted = {
@@ -160,7 +162,42 @@ class FlexibleBuffer(Sampling):
 
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
         """The storage array of ``name``, allocated on first use."""
+        if self._packed:
+            self._unpack()
         return self._storage.ensure(name, width=width)
+
+    def _map(self, path: str, start: int, fields: list[dict[str, Any]], sizes: list[int]) -> None:
+        """Use the arrays of a buffer file in place (copy-on-write memory maps; `io.load`)."""
+        rows = sum(sizes)
+        if rows == 0:
+            return  # nothing to map: the fresh ring is what an empty file describes
+        self._storage.arrays = {
+            meta["name"]: np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
+                                               offset=start + meta["offset"], shape=tuple(meta["shape"])))
+            for meta in fields
+        }
+        self._storage.rows = rows
+        self._packed = any(size < self.num_steps for size in sizes)
+        for lane, offset in zip(self._lanes, np.cumsum([0, *sizes[:-1]])):
+            lane.offset = int(offset)
+
+    def _unpack(self) -> None:
+        """Spread packed lanes over the full ring, so each has room to record (reads their rows)."""
+        storage = self._storage
+        packed = storage.arrays
+        storage.arrays, storage.rows = {}, self.num_steps * self.spec.n_envs
+        for name, array in packed.items():
+            ring = storage.ensure(name)
+            for i, lane in enumerate(self._lanes):
+                source = slice(lane.offset, lane.offset + lane.size)
+                target = slice(i * self.num_steps, i * self.num_steps + lane.size)
+                if FIELDS[name].per_agent:
+                    ring[:, target] = array[:, source]
+                else:
+                    ring[target] = array[source]
+        for i, lane in enumerate(self._lanes):
+            lane.offset = i * self.num_steps
+        self._packed = False
 
     def enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
@@ -174,6 +211,8 @@ class FlexibleBuffer(Sampling):
         An episode still running there (say, in a loaded file) is closed first as truncated:
         its last row's active agents get ``truncated=True`` and ``G`` without a bootstrap.
         """
+        if self._packed:
+            self._unpack()
         running = self._lanes[lane].running
         if running is not None and running.end > running.start:
             last = self._lanes[lane].offset + (running.end - 1) % self.num_steps
@@ -184,10 +223,14 @@ class FlexibleBuffer(Sampling):
 
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
+        if self._packed:
+            self._unpack()
         return self._lanes[lane].claim()
 
     def row_claimer(self, lane: int = 0) -> Callable[[], int]:
         """`claim_row` bound to one lane, for a recorder's per-step path."""
+        if self._packed:
+            self._unpack()
         return self._lanes[lane].claim
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
@@ -338,11 +381,17 @@ class FlexibleBuffer(Sampling):
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> FlexibleBuffer:
-        """Read a buffer written by `save`; it records and samples exactly as before."""
+    def load(cls, path: str | os.PathLike[str], *, mmap: bool = False) -> FlexibleBuffer:
+        """Read a buffer written by `save`; it records and samples exactly as before.
+
+        Args:
+            mmap: map the file instead of reading it: opening takes the same time for any size,
+                rows are read from disk when sampled, and changes stay in memory (copy-on-write),
+                never in the file. Only the header's checksum is checked, not the data's.
+        """
         from flexibuff_envs.io import load
 
-        return load(os.fspath(path))
+        return load(os.fspath(path), mmap=mmap)
 
     def __repr__(self) -> str:
         return (f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "

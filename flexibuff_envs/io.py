@@ -1,12 +1,14 @@
-"""Buffer files: one self-describing file, no pickle, written atomically.
+"""Buffer files: one self-describing file, no pickle, written atomically, readable as a memory map.
 
 Layout (little endian)::
 
-    b"FLEXIBUF" | u32 version | u64 header length | JSON header | arrays, 64-byte aligned
-    | u32 crc32 of everything before it | b"FBUF-END"
+    b"FLEXIBUF" | u32 version | u64 header length | JSON header | pad to 64
+    | arrays, each 64-byte aligned | u32 crc32 of the header part | u32 crc32 of the arrays | b"FBUF-END"
 
-The header names each array's dtype, shape and offset; arrays hold each lane's live rows in
-time order (oldest first), so a file holds what was recorded, not the empty part of the ring.
+The header names each array's dtype, shape and offset. An array holds the live rows of each lane
+in time order (oldest first), lane after lane, per agent for per-agent fields; so a file holds
+what was recorded, not the empty part of the ring. Format 1 (one checksum over everything) is
+still read.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import os
 import struct
 import tempfile
 import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS
 
@@ -30,14 +33,57 @@ if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
-VERSION = 1
+VERSION = 2
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIQ")
-_SUFFIX = struct.Struct("<I8s")
+_SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s")}
 
 
 def _padding(position: int) -> int:
     return -position % _ALIGN
+
+
+class _Checksum:
+    """A running crc32, computed on a worker thread while the calling thread reads or writes.
+
+    Both zlib and file I/O release the GIL on large buffers, so checking costs no extra time.
+    """
+
+    PIECE = 1 << 25  # 32 MiB: big enough to amortise a hand-off, small enough to overlap
+
+    def __init__(self, seed: int = 0) -> None:
+        self.value = seed
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="flexibuff-crc")
+
+    def pieces(self, data: memoryview) -> Iterator[memoryview]:
+        """``data`` in pieces; each is checksummed (in order) once the caller has handled it."""
+        for start in range(0, len(data), self.PIECE):
+            piece = data[start:start + self.PIECE]
+            yield piece
+            self._worker.submit(self._update, piece)
+
+    def add(self, data: bytes) -> None:
+        """Checksum a small piece the caller has handled."""
+        self._worker.submit(self._update, data)
+
+    def _update(self, piece: memoryview | bytes) -> None:
+        self.value = zlib.crc32(piece, self.value)
+
+    def result(self) -> int:
+        self._worker.shutdown(wait=True)
+        return self.value
+
+
+def _segments(buffer: FlexibleBuffer) -> list[tuple[int, int]]:
+    """The live rows as contiguous ``[lo, hi)`` row ranges, lane by lane, oldest first."""
+    out = []
+    for lane in buffer._lanes:
+        first = lane.live_start % lane.capacity
+        head = min(lane.size, lane.capacity - first)
+        out.append((lane.offset + first, lane.offset + first + head))
+        if head < lane.size:  # the live rows wrap around the lane's end
+            out.append((lane.offset, lane.offset + lane.size - head))
+    return out
 
 
 def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
@@ -64,19 +110,32 @@ def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
     }
 
 
+def _blocks(array: np.ndarray, per_agent: bool, segments: list[tuple[int, int]]) -> Iterator[np.ndarray]:
+    """The contiguous pieces of ``array`` a file holds, in file order."""
+    for agent in range(array.shape[0]) if per_agent else (None,):
+        for lo, hi in segments:
+            yield array[lo:hi] if agent is None else array[agent, lo:hi]
+
+
 def save(buffer: FlexibleBuffer, path: str) -> None:
-    """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole."""
-    live = live_rows(buffer._lanes)
+    """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole.
+
+    Live rows go from the ring to the file slice by slice: no copy of the buffer is made.
+    """
+    segments = _segments(buffer)
+    rows = sum(hi - lo for lo, hi in segments)
     header = _header(buffer)
-    arrays = []
+    fields = []
     offset = 0
     for name, array in buffer._storage:
-        data = np.ascontiguousarray(array[:, live] if FIELDS[name].per_agent else array[live])
+        per_agent = FIELDS[name].per_agent
+        shape = [array.shape[0], rows, *array.shape[2:]] if per_agent else [rows, *array.shape[1:]]
         offset += _padding(offset)
-        header["fields"].append({"name": name, "dtype": data.dtype.str, "shape": list(data.shape),
-                                 "offset": offset, "width": array.shape[-1] if array.ndim > 1 + FIELDS[name].per_agent else None})
-        arrays.append(data)
-        offset += data.nbytes
+        header["fields"].append({"name": name, "dtype": array.dtype.str, "shape": shape, "offset": offset,
+                                 "width": array.shape[-1] if array.ndim > 1 + per_agent else None})
+        fields.append((array, per_agent))
+        offset += int(np.prod(shape)) * array.itemsize
+    header["data_bytes"] = offset
     blob = json.dumps(header).encode()
     prefix = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
     prefix += b"\0" * _padding(len(prefix))
@@ -85,16 +144,25 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".fbuf-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:
-            crc = _write(out, prefix, 0)
-            position = 0
-            for data in arrays:
-                pad = _padding(position)
-                crc = _write(out, b"\0" * pad, crc)
-                crc = _write(out, data.data.cast("B"), crc)
-                position += pad + data.nbytes
-            out.write(_SUFFIX.pack(crc, END))
+            out.write(prefix)
+            checksum = _Checksum()
+            try:
+                position = 0
+                for array, per_agent in fields:
+                    pad = b"\0" * _padding(position)
+                    out.write(pad)
+                    checksum.add(pad)
+                    position += len(pad)
+                    for block in _blocks(array, per_agent, segments):
+                        for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
+                            out.write(piece)
+                        position += block.nbytes
+            finally:
+                crc = checksum.result()
+            out.write(_SUFFIX[VERSION].pack(zlib.crc32(prefix), crc, END))
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a saved buffer is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -106,65 +174,115 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
         os.close(dir_fd)
 
 
-def _write(out: BinaryIO, data: Any, crc: int) -> int:
-    out.write(data)
-    return zlib.crc32(data, crc)
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
-def _read_header(raw: memoryview, path: str) -> tuple[dict[str, Any], int]:
-    if len(raw) < _PREFIX.size + _SUFFIX.size:
-        raise BufferFileError(f"{path}: too short to be a buffer file ({len(raw)} bytes)")
-    magic, version, length = _PREFIX.unpack_from(raw)
-    if magic != MAGIC:
-        raise BufferFileError(f"{path}: not a flexibuff_envs buffer file (bad magic bytes)")
-    if version > VERSION:
-        raise BufferFileError(f"{path}: written by a newer flexibuff_envs (format {version}, "
-                              f"this one reads up to {VERSION}); upgrade flexibuff-envs")
-    crc, end = _SUFFIX.unpack_from(raw, len(raw) - _SUFFIX.size)
-    if end != END:
-        raise BufferFileError(f"{path}: truncated (no end marker); the save did not finish")
-    if zlib.crc32(raw[: len(raw) - _SUFFIX.size]) != crc:
-        raise BufferFileError(f"{path}: corrupt (checksum mismatch)")
-    start = _PREFIX.size + length
-    try:
-        header = json.loads(bytes(raw[_PREFIX.size:start]))
-    except ValueError as exc:
-        raise BufferFileError(f"{path}: corrupt header: {exc}") from exc
-    return header, start + _padding(start)
+class _File:
+    """An opened buffer file whose header, size and end marker were checked."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.handle: BinaryIO = open(path, "rb")  # noqa: SIM115 (closed by load)
+        except FileNotFoundError as exc:
+            raise BufferFileError(f"{path}: no such buffer file") from exc
+        except OSError as exc:
+            raise BufferFileError(f"{path}: cannot be read ({exc.strerror})") from exc
+        self.size = os.fstat(self.handle.fileno()).st_size
+        head = self.handle.read(_PREFIX.size)
+        if len(head) < _PREFIX.size:
+            self.fail(f"too short to be a buffer file ({self.size} bytes)")
+        magic, self.version, length = _PREFIX.unpack(head)
+        if magic != MAGIC:
+            self.fail("not a flexibuff_envs buffer file (bad magic bytes)")
+        if self.version > VERSION:
+            self.fail(f"written by a newer flexibuff_envs (format {self.version}, this one reads up to "
+                      f"{VERSION}); upgrade flexibuff-envs")
+        suffix = _SUFFIX[self.version]
+        blob = self.handle.read(length) if _PREFIX.size + length + suffix.size <= self.size else b""
+        if len(blob) < length:
+            self.fail(f"truncated or corrupt: the header runs past the end of the file ({self.size} bytes)")
+        self.data_start = _PREFIX.size + length + _padding(_PREFIX.size + length)
+        self.handle.seek(self.size - suffix.size)
+        *self.crcs, end = suffix.unpack(self.handle.read(suffix.size))
+        if end != END:
+            self.fail(f"truncated (no end marker at byte {self.size - suffix.size}); the save did not finish")
+        head_part = head + blob + b"\0" * (self.data_start - _PREFIX.size - length)
+        if self.version > 1 and zlib.crc32(head_part) != self.crcs[0]:
+            self.fail(f"corrupt header (checksum mismatch in bytes 0-{self.data_start})")
+        try:
+            self.header = json.loads(blob)
+        except ValueError as exc:
+            self.fail(f"corrupt header: {exc}")
+        expected = self.data_start + self.header.get("data_bytes", self.size) + suffix.size
+        if self.version > 1 and expected != self.size:
+            self.fail(f"truncated: the header describes {expected} bytes but the file has {self.size}")
+        # format 1 has one checksum over everything; its running value starts with the header part
+        self.data_crc = self.crcs[-1]
+        self.crc_seed = zlib.crc32(head_part) if self.version == 1 else 0
+        self.data_end = self.size - suffix.size
+
+    def fail(self, problem: str) -> None:
+        self.handle.close()
+        raise BufferFileError(f"{self.path}: {problem}")
 
 
-def load(path: str) -> FlexibleBuffer:
-    """Read a buffer file written by `save`."""
+def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
+    """Read a buffer file written by `save`.
+
+    Args:
+        mmap: map the arrays from the file instead of reading them (copy-on-write: the buffer can
+            be changed and recorded into, the file never is). Only the header is read and checked;
+            the data checksum is not, as that would read the whole file.
+    """
     from flexibuff_envs.buffer import FlexibleBuffer
 
-    try:
-        with open(path, "rb") as handle:
-            raw = memoryview(handle.read())
-    except FileNotFoundError as exc:
-        raise BufferFileError(f"{path}: no such buffer file") from exc
-    header, data_start = _read_header(raw, path)
-    spec = BufferSpec.from_dict(header["spec"])
-    fields = {f["name"]: f for f in header["fields"]}
-    log_probs = fields.get("continuous_log_probs", {}).get("width") or 0
-    buffer = FlexibleBuffer.from_spec(spec, num_steps=header["num_steps"], gamma=header["gamma"],
-                                      gae_lambda=header.get("gae_lambda", 0.95),
+    file = _File(path)
+    header = file.header
+    fields = header["fields"]
+    log_probs = next((f["width"] for f in fields if f["name"] == "continuous_log_probs"), 0) or 0
+    buffer = FlexibleBuffer.from_spec(BufferSpec.from_dict(header["spec"]), num_steps=header["num_steps"],
+                                      gamma=header["gamma"], gae_lambda=header.get("gae_lambda", 0.95),
                                       log_prob_continuous=log_probs, global_reward=False,
                                       individual_reward=False)
     buffer.path, buffer.name = header["path"], header["name"]
     buffer.rng.bit_generator.state = header["rng"]
-    live = np.concatenate([lane.offset + np.arange(info["size"]) for lane, info
-                           in zip(buffer._lanes, header["lanes"])])
-    for name, meta in fields.items():
-        data = np.frombuffer(raw, dtype=np.dtype(meta["dtype"]),
-                             count=int(np.prod(meta["shape"])),
-                             offset=data_start + meta["offset"]).reshape(meta["shape"])
-        target = buffer.field(name, width=meta["width"])
-        if FIELDS[name].per_agent:
-            target[:, live] = data
+    sizes = [info["size"] for info in header["lanes"]]
+    try:
+        if mmap:
+            buffer._map(file.path, file.data_start, fields, sizes)
         else:
-            target[live] = data
+            _read_into(buffer, file, fields, sizes)
+    finally:
+        file.handle.close()
     for lane, info in zip(buffer._lanes, header["lanes"]):
         lane.written = info["size"]
         lane.ended.extend(Episode(s, e, w) for s, e, w in info["ended"])
         lane.running = None if info["running"] is None else Episode(*info["running"])
     return buffer
+
+
+def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]], sizes: list[int]) -> None:
+    """Read each field's rows from ``file`` straight into the buffer's ring, checking the CRC."""
+    segments = [(lane.offset, lane.offset + size) for lane, size in zip(buffer._lanes, sizes)]
+    handle, checksum = file.handle, _Checksum(file.crc_seed)
+    handle.seek(file.data_start)
+    try:
+        for meta in fields:
+            checksum.add(handle.read(file.data_start + meta["offset"] - handle.tell()))  # padding
+            target = buffer.field(meta["name"], width=meta["width"])
+            if target.dtype.str != meta["dtype"]:
+                file.fail(f"corrupt: field {meta['name']!r} has dtype {meta['dtype']} in the header, "
+                          f"{target.dtype.str} in its spec")
+            for block in _blocks(target, FIELDS[meta["name"]].per_agent, segments):
+                for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
+                    if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
+                        file.fail(f"truncated inside field {meta['name']!r}")
+        checksum.add(handle.read(file.data_end - handle.tell()))
+    finally:
+        crc = checksum.result()
+    if crc != file.data_crc:
+        file.fail(f"corrupt: data checksum mismatch (bytes {file.data_start}-{file.data_end})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -23,7 +24,8 @@ def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
     for name in ("obs", "obs_", "discrete_actions", "individual_rewards", "global_rewards", "terminated",
                  "truncated", "active", "G"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
-    for x, y in zip(a.action_mask, b.action_mask):
+    assert (a.action_mask is None) == (b.action_mask is None)
+    for x, y in zip(a.action_mask or (), b.action_mask or ()):
         np.testing.assert_array_equal(x, y)
 
 
@@ -67,6 +69,111 @@ def test_save_replaces_atomically_and_leaves_no_temporary_files(tmp_path: Path) 
     assert len(fe.FlexibleBuffer.load(path)) == len(env.buffer)
 
 
+def vector_recorder(capacity: int, lengths: tuple[int, ...]) -> fe.VectorRecorder:
+    import gymnasium as gym
+
+    return fe.record(gym.vector.SyncVectorEnv([lambda: ToyEnv(spaces.Discrete(5), spaces.Discrete(3),
+                                                              lengths=lengths)] * 2), num_steps=capacity)
+
+
+def step_vector(env: fe.VectorRecorder, steps: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    for _ in range(steps):
+        env.step(rng.integers(0, 3, 2))
+
+
+@pytest.mark.parametrize(("capacity", "lengths", "live"), [(8, (4,), 16), (500, (4, 9), 60)],
+                         ids=["full-ring", "partly-filled"])
+def test_mmap_load_samples_and_records_exactly_like_a_full_load(tmp_path: Path, capacity: int,
+                                                                lengths: tuple[int, ...], live: int) -> None:
+    env = vector_recorder(capacity, lengths)
+    step_vector(env, 35, seed=0)
+    assert len(env.buffer) == live
+    path = env.buffer.save(tmp_path / "run.fbuf")
+    before = Path(path).read_bytes()
+    read, mapped = fe.FlexibleBuffer.load(path), fe.FlexibleBuffer.load(path, mmap=True)
+    assert len(mapped) == len(read) == len(env.buffer) and mapped.n_episodes == read.n_episodes
+    for name in ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "G"):
+        np.testing.assert_array_equal(getattr(mapped.sample_transitions(50), name),
+                                      getattr(read.sample_transitions(50), name))
+    for x, y in zip(mapped.sample_episodes(n_episodes=2), read.sample_episodes(n_episodes=2)):
+        assert_same_batches(x, y)
+    # both keep recording the same way; the mapped file is never written to
+    for buffer in (read, mapped):
+        step_vector(fe.record(vector_recorder(capacity, lengths).env, buffer=buffer), 25, seed=1)
+    assert len(mapped) == len(read) and mapped.n_episodes == read.n_episodes
+    assert_same_batches(mapped.sample_transitions(80), read.sample_transitions(80))
+    assert Path(path).read_bytes() == before
+
+
+def test_mmap_load_reads_only_the_header(tmp_path: Path) -> None:
+    env = recorder()
+    play(env, seed=0, steps=40)
+    path = env.buffer.save(tmp_path / "run.fbuf")
+    raw = bytearray(path.read_bytes() if isinstance(path, Path) else Path(path).read_bytes())
+    raw[-200] ^= 0xFF  # inside the arrays: only a full read can notice
+    Path(path).write_bytes(raw)
+    assert len(fe.FlexibleBuffer.load(path, mmap=True)) == 40
+    with pytest.raises(fe.BufferFileError, match="data checksum"):
+        fe.FlexibleBuffer.load(path)
+
+
+def test_files_of_format_1_still_load(tmp_path: Path) -> None:
+    # tests/data/format1.fbuf was written by the format-1 writer from the same run as below
+    env = recorder()
+    play(env, seed=0, steps=95)
+    path = env.buffer.save(tmp_path / "format2.fbuf")
+    for mmap in (False, True):
+        old = fe.FlexibleBuffer.load(Path(__file__).parent / "data" / "format1.fbuf", mmap=mmap)
+        new = fe.FlexibleBuffer.load(path, mmap=mmap)
+        assert old.spec == new.spec and len(old) == len(new) == 38
+        old.rng, new.rng = np.random.default_rng(0), np.random.default_rng(0)  # the fixture's was unseeded
+        assert_same_batches(old.sample_transitions(64), new.sample_transitions(64))
+
+
+@pytest.mark.parametrize("failure", ["write", "fsync"])
+def test_a_failed_save_leaves_the_previous_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       failure: str) -> None:
+    import resource
+    import signal
+
+    env = recorder()
+    play(env, seed=0, steps=20)
+    path = tmp_path / "run.fbuf"
+    env.buffer.save(path)
+    good = path.read_bytes()
+    play(env, seed=1, steps=20)
+    if failure == "write":  # the process may write no more than half the new file: a real failed write
+        limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+        previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(good) // 2, limits[1]))
+    else:  # a full disk often shows only when the written pages are flushed
+
+        def disk_full(fd: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "fsync", disk_full)
+    try:
+        with pytest.raises(OSError):
+            env.buffer.save(path)
+    finally:
+        if failure == "write":
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+            signal.signal(signal.SIGXFSZ, previous)
+    assert path.read_bytes() == good and os.listdir(tmp_path) == ["run.fbuf"]
+    assert len(fe.FlexibleBuffer.load(path)) == 20
+
+
+def test_a_saved_file_gets_ordinary_permissions(tmp_path: Path) -> None:
+    env = recorder()
+    play(env, seed=0, steps=5)
+    path = env.buffer.save(tmp_path / "run.fbuf")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~mask
+
+
 @pytest.mark.parametrize("damage", ["missing", "truncated", "flipped", "foreign", "newer"])
 def test_bad_files_raise_a_clear_error(tmp_path: Path, damage: str) -> None:
     env = recorder()
@@ -90,6 +197,34 @@ def test_bad_files_raise_a_clear_error(tmp_path: Path, damage: str) -> None:
         path.write_bytes(raw)
     with pytest.raises(fe.BufferFileError, match=expected):
         fe.FlexibleBuffer.load(path)
+    if damage != "flipped":  # a flipped data byte is only found by reading the data
+        with pytest.raises(fe.BufferFileError, match=expected):
+            fe.FlexibleBuffer.load(path, mmap=True)
+
+
+@pytest.mark.parametrize("where", ["magic", "length", "header", "data", "end"])
+def test_damage_anywhere_is_named_with_where_it_is(tmp_path: Path, where: str) -> None:
+    env = recorder()
+    play(env, seed=0, steps=20)
+    path = Path(env.buffer.save(tmp_path / "run.fbuf"))
+    raw = bytearray(path.read_bytes())
+    at = {"magic": 0, "length": 13, "header": 100, "data": len(raw) - 100, "end": len(raw) - 3}[where]
+    raw[at] ^= 0x55
+    path.write_bytes(raw)
+    with pytest.raises(fe.BufferFileError, match=f"{path}: .*(corrupt|truncated|not a flexibuff|bad magic)"):
+        fe.FlexibleBuffer.load(path)
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.5, 0.9, 0.999])
+def test_a_file_cut_anywhere_is_reported_truncated(tmp_path: Path, keep: float) -> None:
+    env = recorder()
+    play(env, seed=0, steps=20)
+    path = Path(env.buffer.save(tmp_path / "run.fbuf"))
+    raw = path.read_bytes()
+    path.write_bytes(raw[: int(len(raw) * keep)])
+    for mmap in (False, True):
+        with pytest.raises(fe.BufferFileError, match="truncated|too short"):
+            fe.FlexibleBuffer.load(path, mmap=mmap)
 
 
 def test_save_and_load_never_touch_pickle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
