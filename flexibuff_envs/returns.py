@@ -1,11 +1,15 @@
 """Discounted returns and GAE on numpy arrays, with episode cuts and bootstrapping.
 
-Everything here is one reverse linear recurrence, ``x_t = b_t + c_t * x_{t+1}``, solved without a
-Python loop over steps, three ways:
+Everything here is one reverse linear recurrence, ``x_t = b_t + c_t * x_{t+1}`` (``c_t >= 0``),
+solved without a Python loop over steps, three ways:
 - `episode_returns` / `episode_gae`: one episode per row, as a reversed cumulative sum scaled by
   powers of gamma (the buffer's path, at every episode end);
 - `segmented_scan` / `gae`: a whole rollout of back-to-back episodes, in blocks of 64 steps;
 - `reverse_scan`: recursive doubling, for any per-step coefficients (the general fallback).
+
+NaN and infinite inputs give what the plain loop gives: they reach every earlier step of their own
+episode and nothing across a cut (where ``c_t = 0``, the loop adds nothing, not ``0 * x``). The
+fast paths run on the finite values; `_carry_non_finite` then writes where the others reach.
 """
 
 from __future__ import annotations
@@ -21,6 +25,30 @@ def check_gamma(gamma: float, name: str = "gamma") -> float:
     return value
 
 
+def _carry_non_finite(x: np.ndarray, cut: np.ndarray, out: np.ndarray) -> None:
+    """Write NaN / +-inf into ``out`` wherever the plain loop carries a non-finite ``x`` back to.
+
+    Args:
+        x, cut: ``[T]``; ``cut[t]``: nothing links step ``t`` to ``t + 1`` (the last step must cut).
+        out: ``[T]`` solution of the recurrence with the non-finite ``x`` taken as 0.
+    """
+    steps = np.arange(x.size)
+    ends = np.flatnonzero(cut)
+    segment_end = ends[np.searchsorted(ends, steps)]
+
+    def reached(bad: np.ndarray) -> np.ndarray:  # is there a bad step in [t, end of t's segment]?
+        positions = np.flatnonzero(bad)
+        if positions.size == 0:
+            return np.zeros(x.size, dtype=bool)
+        following = np.searchsorted(positions, steps)
+        return (following < positions.size) & (positions[following.clip(max=positions.size - 1)] <= segment_end)
+
+    plus, minus = reached(x == np.inf), reached(x == -np.inf)
+    out[plus] = np.inf
+    out[minus] = -np.inf
+    out[reached(np.isnan(x)) | (plus & minus)] = np.nan
+
+
 def reverse_scan(b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """Solve ``x_t = b_t + c_t * x_{t+1}`` along the last axis, with ``x`` past the end zero.
 
@@ -33,6 +61,15 @@ def reverse_scan(b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """
     x = np.array(b, dtype=np.float64)
     a = np.array(np.broadcast_to(c, x.shape), dtype=np.float64)
+    finite = np.isfinite(x)
+    if not finite.all():
+        cut = a == 0
+        cut[..., -1:] = True
+        raw = x.copy()
+        x[~finite] = 0.0
+        solved = reverse_scan(x, a)
+        _carry_non_finite(raw.reshape(-1), cut.reshape(-1), solved.reshape(-1))
+        return solved
     steps = x.shape[-1]
     shift = 1
     while shift < steps:
@@ -67,6 +104,12 @@ def segmented_scan(x: np.ndarray, c: float, ends: np.ndarray, out: np.ndarray | 
 
     ``out``: ``[T]`` array to write into (e.g. buffer storage); saves allocating the result.
     """
+    if not np.isfinite(x).all():
+        cut = np.array(ends, dtype=bool) | (c == 0)
+        cut[-1:] = True
+        out = segmented_scan(np.where(np.isfinite(x), x, 0.0), c, ends, out)
+        _carry_non_finite(x, cut, out)
+        return out
     n = x.size
     blocks = -(-n // _BLOCK)
     whole, rest = divmod(n, _BLOCK)
@@ -186,6 +229,14 @@ def episode_returns(rewards: np.ndarray, gamma: float, bootstrap: np.ndarray | f
     if steps == 0 or powers[-1] < _TINY:
         boot = np.asarray(0.0 if bootstrap is None else bootstrap, dtype=np.float64)
         return discounted_returns(rewards, gamma, bootstrap=boot[..., None] if boot.ndim else boot)
+    finite = np.isfinite(rewards)
+    if not finite.all():
+        cut = np.zeros(rewards.shape, dtype=bool)
+        cut[..., -1] = True
+        solved = np.array(episode_returns(np.where(finite, rewards, 0.0), gamma, bootstrap), dtype=np.float64)
+        _carry_non_finite(np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1), cut.reshape(-1),
+                          solved.reshape(-1))
+        return solved
     suffix = (rewards[..., ::-1] * powers[steps - 1::-1]).cumsum(axis=-1)[..., ::-1]
     if bootstrap is not None:
         suffix += np.multiply.outer(bootstrap, powers[steps:])

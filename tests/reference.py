@@ -52,7 +52,7 @@ def mask_of(obs: Any, info: dict[str, Any]) -> np.ndarray | None:
 def plain_returns(rewards: list[float], gamma: float, bootstrap: float = 0.0) -> list[float]:
     out, acc = [0.0] * len(rewards), bootstrap
     for t in range(len(rewards) - 1, -1, -1):
-        acc = rewards[t] + gamma * acc
+        acc = rewards[t] + (gamma * acc if gamma else 0.0)  # with gamma 0 the return is the reward
         out[t] = acc
     return out
 

@@ -62,9 +62,31 @@ def test_empty_episode_and_bad_gamma() -> None:
 def plain_scan(x: np.ndarray, c: float, ends: np.ndarray) -> list[float]:
     out, acc = [0.0] * len(x), 0.0
     for t in range(len(x) - 1, -1, -1):
-        acc = x[t] + (0.0 if ends[t] else c * acc)
+        acc = x[t] + (0.0 if ends[t] or not c else c * acc)
         out[t] = acc
     return out
+
+
+#: mostly ordinary rewards, with NaN and infinities among them
+wild_st = st.one_of(st.floats(-10, 10), st.floats(-10, 10), st.floats(-10, 10), st.sampled_from([np.nan, np.inf, -np.inf]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), n=st.integers(1, 400), c=gamma_st)
+def test_nan_and_inf_stay_inside_their_own_episode(data: st.DataObject, n: int, c: float) -> None:
+    x = data.draw(arrays(np.float64, n, elements=wild_st))
+    ends = data.draw(arrays(bool, n))
+    ends[-1] = True
+    expected = plain_scan(x, c, ends)  # a cut multiplies by nothing, so nothing crosses it
+    with np.errstate(invalid="raise"):  # and the library says nothing about the user's data
+        np.testing.assert_allclose(segmented_scan(x, c, ends), expected, rtol=1e-7, atol=1e-7)
+        np.testing.assert_allclose(discounted_returns(x, c, ends=ends), expected, rtol=1e-7, atol=1e-7)
+        advantages, _ = gae(x, np.zeros(n), ends, c, 1.0)
+        np.testing.assert_allclose(advantages, expected, rtol=1e-7, atol=1e-7)
+        starts = np.concatenate([[0], np.flatnonzero(ends)[:-1] + 1])
+        for start, end in zip(starts, np.flatnonzero(ends) + 1):
+            np.testing.assert_allclose(episode_returns(x[None, start:end], c)[0], expected[start:end],
+                                       rtol=1e-6, atol=1e-6)
 
 
 @settings(max_examples=150, deadline=None)
