@@ -227,6 +227,10 @@ class FlexibleBuffer(Sampling):
             self._unpack()
         return self._lanes[lane].claim()
 
+    def unclaim_row(self, lane: int = 0) -> None:
+        """Give back ``lane``'s last claimed row: the step it was for could not be recorded."""
+        self._lanes[lane].unclaim()
+
     def row_claimer(self, lane: int = 0) -> Callable[[], int]:
         """`claim_row` bound to one lane, for a recorder's per-step path."""
         if self._packed:

@@ -52,6 +52,11 @@ class Lane:
         self.running.end = self.written  # type: ignore[union-attr]
         return row
 
+    def unclaim(self) -> None:
+        """Give back the row of the last `claim` (its step could not be recorded)."""
+        self.written -= 1
+        self.running.end = self.written  # type: ignore[union-attr]
+
     def _forget_oldest(self) -> None:
         if self.ended:
             oldest = self.ended.popleft()

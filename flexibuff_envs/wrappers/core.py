@@ -202,7 +202,12 @@ class AgentSlot:
 
 
 class LaneRecorder:
-    """Records the episodes of one env lane (all its agents) into a buffer."""
+    """Records the episodes of one env lane (all its agents) into a buffer.
+
+    A step that cannot be recorded (the env returned something its spaces do not allow, or a
+    user callback raised) goes through `abandon`: the buffer keeps the episode up to its last
+    whole step, and recording resumes at the next reset.
+    """
 
     def __init__(
         self,
@@ -277,12 +282,16 @@ class LaneRecorder:
         """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
         row = self._claim()
         self.rows.append(row)  # one agent: it filled every row, so its step count is len(rows)
-        self._single.write(row, action, obs_, reward, terminated, truncated, info)
-        self.global_rewards[row] = reward  # type: ignore[index]
-        if self._annotated:
-            self.annotations.write(row, 0)
-        if terminated or truncated:
-            self.close([0], [truncated and not terminated])
+        try:
+            self._single.write(row, action, obs_, reward, terminated, truncated, info)
+            self.global_rewards[row] = reward  # type: ignore[index]
+            if self._annotated:
+                self.annotations.write(row, 0)
+            if terminated or truncated:
+                self.close([0], [truncated and not terminated])
+        except BaseException as error:
+            self.abandon(len(self.rows) - 1, error)
+            raise
 
     def row(self, k: int) -> int:
         """The buffer row of the running episode's ``k``-th step, claimed and cleared if new."""
@@ -367,13 +376,30 @@ class LaneRecorder:
             self.buffer.end_episode(self.lane, write_returns=False)
             self.running = False
 
-    def cut(self) -> None:
-        """End the running episode where it stands: each open agent's last row becomes truncated."""
+    def abandon(self, rows: int, error: BaseException) -> None:
+        """The step being recorded failed with ``error``: give back the rows it claimed (beyond
+        the first ``rows`` of the episode), end the episode at its last whole step, and say so
+        on ``error``."""
+        while len(self.rows) > rows:
+            self.rows.pop()
+            self.buffer.unclaim_row(self.lane)
+        self.steps = [min(steps, len(self.rows)) for steps in self.steps]
+        if self.running:
+            self.cut(bootstrap=False)
+        error.add_note(f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
+                       f"{len(self.rows)} (as truncated) and recording resumes at the next reset")
+
+    def cut(self, bootstrap: bool = True) -> None:
+        """End the running episode where it stands: each open agent's last row becomes truncated.
+
+        Args:
+            bootstrap: call ``bootstrap_fn`` for the truncated agents (when one was given).
+        """
         still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
             if self.filled(index):
                 self.slots[index].truncated[self.rows[self.filled(index) - 1]] = True
-        self.close(still, [True] * len(still))
+        self.close(still, [bootstrap] * len(still))
         if self.running:  # no agent was open: close the episode itself
             self.buffer.end_episode(self.lane, write_returns=False)
             self.running = False

@@ -63,22 +63,37 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     @override
     def step(self, action: Any) -> None:
         recorder = self._recorder
+        acting = None
         if recorder.running:
-            agent = self._raw.agent_selection
-            seen = self._seen
-            obs, reward, terminated, truncated, info = (
-                seen[1] if seen is not None and seen[0] == agent else self.last())
-            i = self._index[agent]
-            if recorder.open[i] and self._actions[i] is not None:
-                self._close_turn(i, obs, reward, terminated, truncated, info)
-            elif action is not None:
-                recorder.join(i, obs, info)
-            self._actions[i] = None if action is None else np.array(action, copy=True) \
-                if isinstance(action, np.ndarray) else action
+            acting = self._index[self._raw.agent_selection]
+            rows = len(recorder.rows)
+            try:
+                self._record(acting, action)
+            except BaseException as error:
+                recorder.abandon(rows, error)
+                raise
         self._seen = None
-        self.env.step(action)
+        try:
+            self.env.step(action)
+        except BaseException:
+            if acting is not None:
+                self._actions[acting] = None  # the action did not happen: no transition starts
+            raise
         if recorder.running and not self._raw.agents:
             recorder.cut()  # the env ended the episode without a dead step for every agent
+
+    def _record(self, i: int, action: Any) -> None:
+        """Close agent ``i``'s previous transition; open the one its ``action`` starts."""
+        recorder = self._recorder
+        seen = self._seen
+        obs, reward, terminated, truncated, info = (
+            seen[1] if seen is not None and seen[0] == self._raw.agent_selection else self.last())
+        if recorder.open[i] and self._actions[i] is not None:
+            self._close_turn(i, obs, reward, terminated, truncated, info)
+        elif action is not None:
+            recorder.join(i, obs, info)
+        self._actions[i] = None if action is None else np.array(action, copy=True) \
+            if isinstance(action, np.ndarray) else action
 
     def _close_turn(self, i: int, obs: Any, reward: Any, terminated: bool, truncated: bool,
                     info: dict[str, Any]) -> None:

@@ -54,27 +54,35 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         result = self.env.step(actions)
         recorder = self._recorder
         if recorder.running:
-            obs, rewards, terminations, truncations, infos = result
             row = recorder.next_row()
-            index, is_open = self._index, recorder.open
-            written: list[int] = []
-            ended: list[int] = []
-            bootstrap: list[bool] = []
-            for agent, o in obs.items():
-                i = index[agent]
-                info = infos.get(agent, {})
-                if not is_open[i] or agent not in actions:  # spawned, or sat this step out
-                    recorder.join(i, o, info)
-                    continue
-                terminated, truncated = terminations[agent], truncations[agent]
-                recorder.write(row, i, actions[agent], o, rewards[agent], terminated, truncated, info)
-                written.append(i)
-                if terminated or truncated:
-                    ended.append(i)
-                    bootstrap.append(bool(truncated and not terminated))
-            recorder.clear_absent(row, written)
-            recorder.team_reward(row)
-            recorder.write_state(row, self._read_state())
-            if ended:
-                recorder.close(ended, bootstrap)
+            try:
+                self._record(row, actions, *result)
+            except BaseException as error:
+                recorder.abandon(len(recorder.rows) - 1, error)
+                raise
         return result
+
+    def _record(self, row: int, actions: dict, obs: dict, rewards: dict, terminations: dict,
+                truncations: dict, infos: dict) -> None:
+        recorder = self._recorder
+        index, is_open = self._index, recorder.open
+        written: list[int] = []
+        ended: list[int] = []
+        bootstrap: list[bool] = []
+        for agent, o in obs.items():
+            i = index[agent]
+            info = infos.get(agent, {})
+            if not is_open[i] or agent not in actions:  # spawned, or sat this step out
+                recorder.join(i, o, info)
+                continue
+            terminated, truncated = terminations[agent], truncations[agent]
+            recorder.write(row, i, actions[agent], o, rewards[agent], terminated, truncated, info)
+            written.append(i)
+            if terminated or truncated:
+                ended.append(i)
+                bootstrap.append(bool(truncated and not terminated))
+        recorder.clear_absent(row, written)
+        recorder.team_reward(row)
+        recorder.write_state(row, self._read_state())
+        if ended:
+            recorder.close(ended, bootstrap)
