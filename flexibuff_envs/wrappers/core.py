@@ -386,8 +386,10 @@ class LaneRecorder:
         self.steps = [min(steps, len(self.rows)) for steps in self.steps]
         if self.running:
             self.cut(bootstrap=False)
-        error.add_note(f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
-                       f"{len(self.rows)} (as truncated) and recording resumes at the next reset")
+        add_note = getattr(error, "add_note", None)  # Python 3.11+
+        if add_note is not None:
+            add_note(f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
+                     f"{len(self.rows)} (as truncated) and recording resumes at the next reset")
 
     def cut(self, bootstrap: bool = True) -> None:
         """End the running episode where it stands: each open agent's last row becomes truncated.
