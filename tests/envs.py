@@ -12,7 +12,7 @@ from gymnasium import spaces
 class ToyEnv(gym.Env):
     """Random observations of any space, any action space, episodes of chosen lengths.
 
-    Episode ``k`` lasts ``lengths[k % len(lengths)]`` steps and then terminates (or truncates when
+    Episode ``k`` (counted from the last seeded reset) lasts ``lengths[k % len(lengths)]`` steps and then terminates (or truncates when
     ``truncate`` is set). Rewards are random; ``info["action_mask"]`` is given when ``mask_info``.
     """
 
@@ -37,7 +37,7 @@ class ToyEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self.observation_space.seed(int(self.np_random.integers(2**31)))
-        self._episode += 1
+        self._episode = 0 if seed is not None else self._episode + 1  # a seeded reset starts over
         self._t = 0
         return self.observation_space.sample(), self._info()
 

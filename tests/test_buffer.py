@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import flexibuff_envs as fe
+from flexibuff_envs.testing.reference import plain_returns, play
 from tests.envs import ToyEnv
-from tests.reference import plain_returns, play
 
 GAMMA = 0.8
 

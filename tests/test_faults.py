@@ -13,7 +13,7 @@ from pettingzoo.classic import connect_four_v3
 from pettingzoo.utils import BaseParallelWrapper
 
 import flexibuff_envs as fe
-from tests.reference import plain_returns
+from flexibuff_envs.testing.reference import plain_returns
 
 GAMMA = 0.9
 

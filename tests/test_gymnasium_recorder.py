@@ -12,8 +12,9 @@ from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 
 import flexibuff_envs as fe
+from flexibuff_envs.testing import same
+from flexibuff_envs.testing.reference import Log, play
 from tests.envs import ToyEnv
-from tests.reference import Log, play
 
 GAMMA = 0.9
 
@@ -46,16 +47,6 @@ def recorded_run(name: str) -> tuple[Log, Log, fe.GymRecorder]:
     env = fe.record(make(), num_steps=1000, gamma=GAMMA)
     replay = play(env, seed=7, steps=steps, actions=reference.actions)
     return reference, replay, env
-
-
-def same(a: object, b: object) -> bool:
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
 
 
 @pytest.mark.parametrize("name", list(CASES))

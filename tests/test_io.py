@@ -11,8 +11,8 @@ import pytest
 from gymnasium import spaces
 
 import flexibuff_envs as fe
+from flexibuff_envs.testing.reference import play
 from tests.envs import ToyEnv
-from tests.reference import play
 
 
 def recorder(capacity: int = 40) -> fe.GymRecorder:

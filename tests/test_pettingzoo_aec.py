@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flexibuff_envs as fe
-from tests.pz_reference import play_aec
+from flexibuff_envs.testing.pz_reference import play_aec
 
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")

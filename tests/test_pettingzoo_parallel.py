@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import flexibuff_envs as fe
-from tests.pz_reference import Expected, play_parallel
-from tests.test_gymnasium_recorder import same
+from flexibuff_envs.testing import same
+from flexibuff_envs.testing.pz_reference import Expected, play_parallel
 
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")

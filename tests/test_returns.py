@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from flexibuff_envs.returns import discounted_returns, episode_returns, gae, segmented_scan
-from tests.reference import plain_returns
+from flexibuff_envs.testing.reference import plain_returns
 
 rewards_st = arrays(np.float64, st.integers(0, 300), elements=st.floats(-100, 100))
 gamma_st = st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]) | st.floats(0, 1)

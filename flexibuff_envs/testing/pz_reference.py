@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from tests.reference import flat_obs, plain_returns
+from flexibuff_envs.testing.reference import flat_obs, plain_returns
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""An independent reference: a plain loop over the bare env, logging what should be recorded."""
+"""An independent reference: a plain loop over a bare Gymnasium env, logging what should be recorded.
+
+It spells out SPEC section 2 by hand (gymnasium's own ``flatten``, plain lists) and shares no code
+with the recorders, so the two can be compared.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ def flat_obs(space: spaces.Space, value: Any) -> np.ndarray:
     if isinstance(space, spaces.Box):
         dtype = space.dtype if space.dtype in COMPACT else np.float32
         return np.asarray(value).reshape(-1).astype(dtype)
-    return spaces.flatten(space, value).astype(np.float32)
+    return np.asarray(spaces.flatten(space, value), dtype=np.float32)
 
 
 def split_action(space: spaces.Space, action: Any) -> tuple[list[int], list[float]]:
@@ -33,6 +37,8 @@ def split_action(space: spaces.Space, action: Any) -> tuple[list[int], list[floa
         return list(np.asarray(action).reshape(-1)), []
     if isinstance(space, spaces.Box):
         return [], list(np.asarray(action, dtype=np.float32).reshape(-1))
+    if not isinstance(space, (spaces.Dict, spaces.Tuple)):
+        raise TypeError(f"the reference does not split actions of {space}")
     subs = list(space.spaces.items()) if isinstance(space, spaces.Dict) else list(enumerate(space.spaces))
     heads: list[int] = []
     conts: list[float] = []
