@@ -12,7 +12,7 @@ import numpy as np
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
-from flexibuff_envs.sampling import Sampling
+from flexibuff_envs.sampling import Sampling, checked_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, Storage
 
@@ -362,7 +362,13 @@ class FlexibleBuffer(Sampling):
 
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""
-        self._storage.ensure("memory_weights")[np.asarray(idx)] = weights
+        rows = checked_rows("set_memory_weights", idx, self._storage.rows)
+        values = np.asarray(weights, dtype=np.float64)
+        if values.ndim and values.shape != rows.shape:
+            raise ValueError(f"set_memory_weights: weights has shape {values.shape} but idx has {rows.shape}")
+        if not (np.isfinite(values).all() and (values >= 0).all()):
+            raise ValueError("set_memory_weights: weights must be finite and non-negative")
+        self._storage.ensure("memory_weights")[rows] = values
 
     # ------------------------------------------------------------------ summaries and files
 

@@ -23,6 +23,16 @@ def live_rows(lanes: Sequence[Lane]) -> np.ndarray:
                            for lane in lanes])
 
 
+def checked_rows(caller: str, idx: Any, rows: int) -> np.ndarray:
+    """``idx`` as an integer array of buffer rows, or ValueError naming ``caller``."""
+    array = np.asarray(idx)
+    if array.dtype.kind not in "iu" or (array.size and not (0 <= array.min() and array.max() < rows)):
+        raise ValueError(f"{caller}: idx must be integer buffer rows in [0, {rows}) (a batch's idx), "
+                         f"got {array.dtype} values" + (f" from {array.min()} to {array.max()}" if array.size
+                                                        and array.dtype.kind in "iuf" else ""))
+    return array
+
+
 def uniform_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int) -> np.ndarray:
     """``n`` live rows drawn uniformly with replacement over all lanes."""
     if len(lanes) == 1:
@@ -141,7 +151,9 @@ class Sampling:
             n = positive_int("batch_size", batch_size)
             idx = (weighted_rows(self._lanes, self._storage.ensure("memory_weights"), self.rng, n) if weighted
                    else uniform_rows(self._lanes, self.rng, n))
-        return self.gather(np.asarray(idx), as_torch=as_torch, device=device)
+        else:
+            idx = checked_rows("sample_transitions", idx, self._storage.rows)
+        return self.gather(idx, as_torch=as_torch, device=device)
 
     def sample_episodes(
         self,

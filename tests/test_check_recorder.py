@@ -17,9 +17,9 @@ from flexibuff_envs.testing import RecorderCheckError, check_recorder
 from tests.envs import ToyEnv
 
 warnings.filterwarnings("ignore", module="pettingzoo")
-from mpe2 import simple_spread_v3  # noqa: E402
-from pettingzoo.butterfly import knights_archers_zombies_v11  # noqa: E402
-from pettingzoo.classic import connect_four_v3, tictactoe_v3  # noqa: E402
+from mpe2 import simple_spread_v3
+from pettingzoo.butterfly import knights_archers_zombies_v11
+from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
 
 @pytest.mark.parametrize("make", [
