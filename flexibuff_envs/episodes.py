@@ -103,6 +103,15 @@ class Lane:
             self._bounds[2][-1] = running.end  # the running episode grows without changing the key
         return self._bounds[1], self._bounds[2]
 
+    def segments(self) -> list[tuple[int, int]]:
+        """The live rows as one or two contiguous ``[lo, hi)`` row ranges, oldest first."""
+        first = self.live_start % self.capacity
+        head = min(self.size, self.capacity - first)
+        out = [(self.offset + first, self.offset + first + head)]
+        if head < self.size:  # the live rows wrap around the lane's end
+            out.append((self.offset, self.offset + self.size - head))
+        return out
+
     @property
     def size(self) -> int:
         """Live rows in this lane."""

@@ -74,18 +74,6 @@ class _Checksum:
         return self.value
 
 
-def _segments(buffer: FlexibleBuffer) -> list[tuple[int, int]]:
-    """The live rows as contiguous ``[lo, hi)`` row ranges, lane by lane, oldest first."""
-    out = []
-    for lane in buffer._lanes:
-        first = lane.live_start % lane.capacity
-        head = min(lane.size, lane.capacity - first)
-        out.append((lane.offset + first, lane.offset + first + head))
-        if head < lane.size:  # the live rows wrap around the lane's end
-            out.append((lane.offset, lane.offset + lane.size - head))
-    return out
-
-
 def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
     lanes = []
     for lane in buffer._lanes:
@@ -122,7 +110,7 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
 
     Live rows go from the ring to the file slice by slice: no copy of the buffer is made.
     """
-    segments = _segments(buffer)
+    segments = [segment for lane in buffer._lanes for segment in lane.segments()]
     rows = sum(hi - lo for lo, hi in segments)
     header = _header(buffer)
     fields = []

@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 
 def live_rows(lanes: Sequence[Lane]) -> np.ndarray:
     """Every live row, lane by lane, each lane oldest first."""
-    return np.concatenate([lane.offset + np.arange(lane.live_start, lane.written) % lane.capacity
-                           for lane in lanes])
+    return np.concatenate([np.arange(lo, hi) for lane in lanes for lo, hi in lane.segments()])
 
 
 def checked_rows(caller: str, idx: Any, rows: int) -> np.ndarray:

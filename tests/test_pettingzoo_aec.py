@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import flexibuff_envs as fe
-from flexibuff_envs.testing.pz_reference import play_aec
+from flexibuff_envs.testing.pz_reference import play_aec, replay_aec
 
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
@@ -28,23 +28,13 @@ CASES: dict[str, tuple[Callable[[], Any], int]] = {  # make, episodes
 }
 
 
-def replay(env: Any, seed: int, episodes: int, actions: list[Any], *, call_last: bool = True) -> None:
-    taken = iter(actions)
-    for e in range(episodes):
-        env.reset(seed=seed + e)
-        for _ in env.agent_iter():
-            if call_last:
-                env.last()
-            env.step(next(taken))
-
-
 @pytest.mark.parametrize("call_last", [True, False], ids=["last", "no-last"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_recorded_field_equals_the_reference(name: str, call_last: bool) -> None:
     make, episodes = CASES[name]
     expected = play_aec(make(), seed=3, episodes=episodes)
     env = fe.record(make(), num_steps=500, gamma=GAMMA)
-    replay(env, 3, episodes, expected.actions, call_last=call_last)
+    replay_aec(env, 3, episodes, expected.actions, call_last=call_last)
     buffer = env.buffer
     rows = expected.rewards.shape[1]
     assert len(buffer) == rows and buffer.n_episodes == episodes

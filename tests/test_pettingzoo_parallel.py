@@ -11,7 +11,7 @@ import pytest
 
 import flexibuff_envs as fe
 from flexibuff_envs.testing import same
-from flexibuff_envs.testing.pz_reference import Expected, play_parallel
+from flexibuff_envs.testing.pz_reference import Expected, play_parallel, replay_parallel
 
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
@@ -38,20 +38,11 @@ CASES: dict[str, tuple[Callable[[], Any], int, int]] = {  # make, seed, steps
 }
 
 
-def replay(env: Any, seed: int, steps: int, actions: list[dict]) -> list[tuple[Any, ...]]:
-    returned: list[tuple[Any, ...]] = [env.reset(seed=seed)]
-    for k in range(steps):
-        returned.append(env.step(actions[k]))
-        if not env.agents:
-            returned.append(env.reset())
-    return returned
-
-
 def run(name: str) -> tuple[Expected, list, list, Any]:
     make, seed, steps = CASES[name]
     expected, bare_returned = play_parallel(make(), seed=seed, steps=steps)
     env = fe.record(make(), num_steps=200, gamma=GAMMA)
-    return expected, bare_returned, replay(env, seed, steps, expected.actions), env
+    return expected, bare_returned, replay_parallel(env, seed, expected.actions[:steps]), env
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -150,7 +141,7 @@ def test_structurally_different_agents_are_refused_with_the_agents_named() -> No
 @pytest.mark.parametrize("global_reward", ["mean", "none", lambda rewards, active: float(rewards.max())])
 def test_team_reward_is_configurable(global_reward: Any) -> None:
     env = fe.record(simple_adversary_v3.parallel_env(max_cycles=5), global_reward=global_reward)
-    replay(env, 0, 4, [{a: 1 for a in env.possible_agents}] * 4)
+    replay_parallel(env, 0, [{a: 1 for a in env.possible_agents}] * 4)
     batch = env.buffer.sample_transitions(idx=np.arange(4))
     if global_reward == "none":
         assert batch.global_rewards is None
@@ -222,7 +213,7 @@ def test_finish_path_leaves_agents_that_already_died_alone() -> None:
     make, seed, _ = CASES["knights_archers_zombies_v11"]
     expected, _, _, _ = run("knights_archers_zombies_v11")
     env = fe.record(make(), num_steps=200, gamma=GAMMA)
-    replay(env, seed, 21, expected.actions)  # the knights died at step 20; the archers play on
+    replay_parallel(env, seed, expected.actions[:21])  # the knights died at step 20; the archers play on
     batch = env.buffer.sample_transitions(idx=np.arange(21))
     dead = [i for i in range(4) if batch.terminated[i].any()]
     alive = [i for i in range(4) if i not in dead]
@@ -238,7 +229,7 @@ def test_finish_path_leaves_agents_that_already_died_alone() -> None:
 
 def test_sequences_keep_the_agent_axis_first() -> None:
     env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=100)
-    replay(env, 0, 25, [{a: 0 for a in env.possible_agents}] * 25)
+    replay_parallel(env, 0, [{a: 0 for a in env.possible_agents}] * 25)
     batch = env.buffer.sample_sequences(7, 4)
     assert batch.obs.shape == (3, 7, 4, 18) and batch.individual_rewards.shape == (3, 7, 4)
     assert batch.state.shape == (7, 4, 54) and batch.valid.shape == (7, 4)

@@ -16,7 +16,13 @@ import numpy as np
 from flexibuff_envs.errors import FlexibuffError, NotAnEnvError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.sampling import live_rows
-from flexibuff_envs.testing.pz_reference import Expected, play_aec, play_parallel
+from flexibuff_envs.testing.pz_reference import (
+    Expected,
+    play_aec,
+    play_parallel,
+    replay_aec,
+    replay_parallel,
+)
 from flexibuff_envs.testing.reference import Log, play
 
 __all__ = ["RecorderCheckError", "RecorderReport", "check_recorder"]
@@ -74,13 +80,13 @@ def check_recorder(env: Any, *, steps: int = 200, episodes: int = 4, seed: int =
     elif kind == "parallel":
         reference, returned = play_parallel(env, seed=seed, steps=steps)
         recorder = record(env, num_steps=num_steps or max(steps, 1), gamma=gamma)
-        problems += _drop_in(returned, _replay_parallel(recorder, seed, reference.actions),
-                             lambda: _replay_parallel(env, seed, reference.actions))
+        problems += _drop_in(returned, replay_parallel(recorder, seed, reference.actions),
+                             lambda: replay_parallel(env, seed, reference.actions))
         expected, spans = _from_expected(reference, gamma), reference.episodes
     else:
         reference = play_aec(env, seed=seed, episodes=episodes)
         recorder = record(env, num_steps=num_steps or max(reference.rewards.shape[1], 1), gamma=gamma)
-        _replay_aec(recorder, seed, episodes, reference.actions)
+        replay_aec(recorder, seed, episodes, reference.actions)
         expected, spans = _from_expected(reference, gamma), reference.episodes
         steps = len(reference.actions)
     buffer = recorder.buffer
@@ -118,24 +124,6 @@ def _drop_in(bare: list, wrapped: list, again: Any) -> list[str]:
     if len(bare) != len(wrapped):
         return [f"drop-in: the wrapped env made {len(wrapped)} reset/step calls, the bare env {len(bare)}"]
     return []
-
-
-def _replay_parallel(env: Any, seed: int, actions: list[dict]) -> list:
-    returned = [env.reset(seed=seed)]
-    for act in actions:
-        returned.append(env.step(act))
-        if not env.agents:
-            returned.append(env.reset())
-    return returned
-
-
-def _replay_aec(env: Any, seed: int, episodes: int, actions: list[Any]) -> None:
-    taken = iter(actions)
-    for e in range(episodes):
-        env.reset(seed=seed + e)
-        for _ in env.agent_iter():
-            env.last()
-            env.step(next(taken))
 
 
 def _from_log(log: Log, gamma: float) -> dict[str, np.ndarray | None]:

@@ -202,3 +202,25 @@ def play_aec(env: Any, *, seed: int, episodes: int) -> Expected:
         spans.append((first_row, first_row + rows))
         first_row += rows
     return table.build(actions, spans, {})
+
+
+def replay_parallel(env: Any, seed: int, actions: list[dict]) -> list[tuple[Any, ...]]:
+    """Step ``env`` with ``actions`` from ``reset(seed)``, resetting when every agent is done;
+    return what each call returned."""
+    returned: list[tuple[Any, ...]] = [env.reset(seed=seed)]
+    for act in actions:
+        returned.append(env.step(act))
+        if not env.agents:
+            returned.append(env.reset())
+    return returned
+
+
+def replay_aec(env: Any, seed: int, episodes: int, actions: list[Any], *, call_last: bool = True) -> None:
+    """Play ``episodes`` episodes (seeds ``seed + e``) with ``actions``, one per ``env.step``."""
+    taken = iter(actions)
+    for e in range(episodes):
+        env.reset(seed=seed + e)
+        for _ in env.agent_iter():
+            if call_last:
+                env.last()
+            env.step(next(taken))
