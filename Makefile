@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine; each makes .venv and installs what it needs first.
-#   make demo  - record CartPole-v1 episodes and print what was recorded
+#   make demo  - record 100 episodes of PettingZoo connect four (with action masks) and print a report
 #   make test  - run the test suite (exactly what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/flexibuff-envs record CartPole-v1 --episodes 20 --out cartpole.fbuf
+	$(VENV)/bin/flexibuff-envs record
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -341,6 +341,11 @@ class FlexibleBuffer(Sampling):
         return sum(1 for lane in self._lanes for e in lane.ended if e.whole)
 
     @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields this buffer holds, sorted (absent ones are ``None`` on every batch)."""
+        return tuple(sorted(name for name, _ in self._storage))
+
+    @property
     def nbytes(self) -> int:
         """Bytes held by the allocated arrays."""
         return self._storage.nbytes
@@ -406,4 +411,4 @@ class FlexibleBuffer(Sampling):
     def __repr__(self) -> str:
         return (f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "
                 f"episodes={self.n_episodes}, agents={self.spec.n_agents}, "
-                f"fields={sorted(name for name, _ in self._storage)})")
+                f"fields={list(self.fields)})")

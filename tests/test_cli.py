@@ -1,44 +1,226 @@
-"""The command line, run in-process and as the installed console script."""
+"""The command line: record any env, inspect and plot files, and one clear line for bad input."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import flexibuff_envs as fe
-from flexibuff_envs.cli import main
+from flexibuff_envs import cli
+from flexibuff_envs.cli import rollout
 
 
-def test_record_default_env_prints_a_report_and_saves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "cartpole.fbuf"
-    assert main(["record", "--episodes", "3", "--out", str(out)]) == 0
+def run(argv: list[str]) -> int:
+    """``main(argv)``'s exit code, also when argparse exits on a usage error."""
+    try:
+        return cli.main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # record's default --out is ./<env>.fbuf
+    return tmp_path
+
+
+def every_row(buffer: fe.FlexibleBuffer) -> fe.FlexiBatch:
+    return next(buffer.minibatches(len(buffer), shuffle=False))
+
+
+def test_default_records_connect_four_with_legal_actions_only(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "--episodes", "30"]) == 0
     report = capsys.readouterr().out
-    assert "recorded CartPole-v1: 3 episodes" in report and str(out) in report
-    loaded = fe.FlexibleBuffer.load(out)
-    assert loaded.n_episodes == 3
-    assert f"{len(loaded)} steps" in report
+    assert report.startswith("recorded pettingzoo.classic.connect_four_v3 (PettingZoo AEC, 2 agents)")
+    assert "30 ended" in report and "masks yes" in report and "player_0  mean" in report
+    path = Path("connect_four_v3.fbuf").resolve()
+    assert f"file      {path}" in report
+    buffer = fe.FlexibleBuffer.load(path)
+    assert buffer.n_episodes == 30 and buffer.spec.agent_ids == ("player_0", "player_1")
+    batch = every_row(buffer)
+    chosen = np.take_along_axis(batch.action_mask[0], batch.discrete_actions[..., :1], axis=-1)[..., 0]
+    assert chosen[batch.active].all()  # the random policy never played a full column
+    returns = buffer.episode_stats()["returns"]
+    assert set(np.unique(returns)) <= {-1.0, 0.0, 1.0} and (returns.sum(axis=1) == 0).all()
 
 
-def test_record_with_masks_uses_only_legal_actions(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["record", "Taxi-v4", "--episodes", "1", "--capacity", "500"]) == 0
-    assert "masks yes" in capsys.readouterr().out
+def test_steps_budget_records_exactly_that_many_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "CartPole-v1", "--steps", "300", "--out", "c.fbuf"]) == 0
+    assert "300 env steps" in capsys.readouterr().out
+    buffer = fe.FlexibleBuffer.load("c.fbuf")
+    assert len(buffer) == 300 and buffer.num_steps == 300  # the ring is sized to the budget
 
 
-def test_unknown_env_is_one_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["record", "NoSuchEnv-v0", "--episodes", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("flexibuff-envs:") and "Traceback" not in err
+def test_same_seed_same_file_other_seed_other_file() -> None:
+    for out, seed in (("a.fbuf", "3"), ("b.fbuf", "3"), ("c.fbuf", "4")):
+        assert run(["record", "CartPole-v1", "--episodes", "5", "--seed", seed, "--out", out]) == 0
+    assert Path("a.fbuf").read_bytes() == Path("b.fbuf").read_bytes()
+    assert Path("a.fbuf").read_bytes() != Path("c.fbuf").read_bytes()
 
 
-def test_console_script_and_module_entry_point() -> None:
+def test_gamma_sets_the_discount_of_the_recorded_returns() -> None:
+    assert run(["record", "CartPole-v1", "--episodes", "1", "--gamma", "0.5", "--out", "g.fbuf"]) == 0
+    [episode] = fe.FlexibleBuffer.load("g.fbuf").sample_episodes(n_episodes=1)
+    length = len(episode)
+    assert length > 5 and episode.G[0] == pytest.approx(sum(0.5**k for k in range(length)))
+
+
+def test_vector_env_records_one_lane_per_sub_env(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "CartPole-v1", "--num-envs", "3", "--steps", "600", "--out", "v.fbuf"]) == 0
+    assert "(Gymnasium vector, 1 agent)" in capsys.readouterr().out
+    buffer = fe.FlexibleBuffer.load("v.fbuf")
+    assert buffer.spec.n_envs == 3 and buffer.num_steps == 200
+
+
+def test_parallel_pettingzoo_module_with_env_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "mpe2.simple_spread_v3", "--episodes", "4",
+                "--env-kwargs", '{"max_cycles": 10, "N": 2}']) == 0
+    assert "(PettingZoo parallel, 2 agents)" in capsys.readouterr().out
+    stats = fe.FlexibleBuffer.load("simple_spread_v3.fbuf").episode_stats()
+    assert stats["lengths"].tolist() == [10] * 4
+
+
+def test_api_aec_overrides_the_parallel_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "mpe2.simple_spread_v3", "--api", "aec", "--episodes", "1",
+                "--env-kwargs", '{"max_cycles": 5}']) == 0
+    assert "(PettingZoo AEC, 3 agents)" in capsys.readouterr().out
+
+
+def test_pettingzoo_registry_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    pettingzoo = pytest.importorskip("pettingzoo")
+    if not hasattr(pettingzoo, "aec_registry"):
+        pytest.skip("PettingZoo < 1.27 has no registry")
+    assert run(["record", "classic/tictactoe_v3", "--episodes", "2"]) == 0
+    assert capsys.readouterr().out.startswith("recorded classic/tictactoe-v3 (PettingZoo AEC, 2 agents)")
+    assert run(["record", "classic/rps-v2", "--episodes", "1"]) == 0
+    assert "(PettingZoo parallel, 2 agents)" in capsys.readouterr().out
+
+
+def test_default_capacity_fits_the_memory_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "MEMORY_BUDGET", 40 * 1024)
+    assert run(["record", "CartPole-v1", "--episodes", "2", "--out", "m.fbuf"]) == 0
+    buffer = fe.FlexibleBuffer.load("m.fbuf")
+    assert buffer.num_steps == 40 * 1024 // buffer.nbytes_per_row < 1000
+
+
+def test_ctrl_c_stops_early_and_keeps_what_was_recorded(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    calls = iter(range(1000))
+    real = rollout.legal_sample
+
+    def interrupted_at_500(*args: object) -> object:
+        if next(calls) == 500:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(rollout, "legal_sample", interrupted_at_500)
+    assert run(["record", "CartPole-v1", "--episodes", "1000", "--out", "i.fbuf"]) == 130
+    report = capsys.readouterr().out
+    assert "(stopped by Ctrl-C)" in report and "500 env steps" in report
+    buffer = fe.FlexibleBuffer.load("i.fbuf")
+    assert len(buffer) == 500 and buffer.n_episodes >= 1
+
+
+def test_progress_bar_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert run(["record", "CartPole-v1", "--episodes", "50", "--out", "p.fbuf"]) == 0
+    assert "CartPole-v1: " in sys.stderr.getvalue() and "/50 [" in sys.stderr.getvalue()
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe or a file: no bar
+    assert run(["record", "CartPole-v1", "--episodes", "50", "--out", "p.fbuf"]) == 0
+    assert sys.stderr.getvalue() == ""
+
+
+def test_inspect_describes_the_file_without_changing_it(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "mpe2.simple_spread_v3", "--episodes", "2", "--out", "s.fbuf"]) == 0
+    before = Path("s.fbuf").read_bytes()
+    capsys.readouterr()
+    assert run(["inspect", "s.fbuf"]) == 0
+    text = capsys.readouterr().out
+    for expected in ("3 agents", "agent_0, agent_1, agent_2", "obs       18 x float32", "discrete heads [5]",
+                     "masks     no", "state     54 x float32", "50 held, 2 whole episodes",
+                     "mean 25.0 rows", "agent_2  mean", "G, active, discrete_actions"):
+        assert expected in text, expected
+    assert Path("s.fbuf").read_bytes() == before
+
+
+def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    assert run(["record", "--episodes", "25", "--out", "c4.fbuf"]) == 0
+    assert run(["plot", "c4.fbuf"]) == 0
+    assert "wrote c4.png: returns of 25 episodes for 2 agent(s)" in capsys.readouterr().out
+    png = Path("c4.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["record", "NoSuchEnv-v0"], "NoSuchEnv"),
+    (["record", "pettingzoo.classic.conect_four_v3"], "did you mean pettingzoo.classic.connect_four_v3"),
+    (["record", "mpe2.nothing_v1"], "unknown env mpe2.nothing_v1"),
+    (["record", "json.decoder"], "neither env() nor parallel_env()"),
+    (["record", "--episodes", "2", "--steps", "5"], "--steps: not allowed with argument --episodes"),
+    (["record", "--episodes", "0"], "--episodes: must be a positive integer"),
+    (["record", "--gamma", "1.5"], "--gamma: must be a number in [0, 1]"),
+    (["record", "--env-kwargs", "{max_cycles: 3}"], "--env-kwargs: is not valid JSON"),
+    (["record", "--env-kwargs", "[3]"], "--env-kwargs: must be a JSON object"),
+    (["record", "mpe2.simple_spread_v3", "--env-kwargs", '{"colour": 1}'], "could not make mpe2.simple_spread_v3"),
+    (["record", "CartPole-v1", "--api", "aec"], "--api aec is for PettingZoo envs"),
+    (["record", "--api", "parallel"], "has no parallel API"),
+    (["record", "--num-envs", "2"], "PettingZoo envs are recorded one at a time"),
+    (["record", "--out", "."], "--out . is a directory"),
+    (["inspect", "missing.fbuf"], "missing.fbuf: no such buffer file"),
+    (["plot", "missing.fbuf"], "missing.fbuf: no such buffer file"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_bad_input_is_one_line_on_stderr(argv: list[str], names: str, in_tmp: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(argv) != 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flexibuff-envs") and names in lines[0], captured.err
+    assert list(in_tmp.iterdir()) == []  # nothing recorded, nothing written
+
+
+def test_unreadable_or_foreign_files_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    Path("notes.fbuf").write_text("not a buffer")
+    assert run(["inspect", "notes.fbuf"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flexibuff-envs inspect: notes.fbuf: ")
+    assert run(["record", "CartPole-v1", "--episodes", "1", "--capacity", "5", "--out", "short.fbuf"]) == 0
+    capsys.readouterr()
+    assert run(["plot", "short.fbuf"]) == 1  # the one episode was longer than the ring
+    assert capsys.readouterr().err.startswith("flexibuff-envs plot: short.fbuf: no episode has ended whole")
+
+
+def test_a_missing_dependency_of_an_env_module_is_named(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (in_tmp / "needs_pygame_x.py").write_text("import pygame_x\n")
+    monkeypatch.syspath_prepend(str(in_tmp))
+    assert run(["record", "needs_pygame_x.env_v0"]) == 2
+    assert "importing needs_pygame_x.env_v0 needs the module pygame_x, which is not installed" in \
+        capsys.readouterr().err
+
+
+def test_console_script_and_module_entry_point(in_tmp: Path) -> None:
     script = shutil.which("flexibuff-envs", path=str(Path(sys.executable).parent))
     assert script is not None
-    result = subprocess.run([script, "record", "--episodes", "2"], capture_output=True, text=True, check=True)
-    assert "2 episodes" in result.stdout
-    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "record", "--episodes", "1"],
-                            capture_output=True, text=True, check=True)
-    assert "1 episodes" in result.stdout
+    result = subprocess.run([script, "record", "CartPole-v1", "--episodes", "2"], capture_output=True,
+                            text=True, check=True, cwd=in_tmp)
+    assert "2 ended" in result.stdout and (in_tmp / "CartPole-v1.fbuf").exists()
+    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", "CartPole-v1.fbuf"],
+                            capture_output=True, text=True, check=True, cwd=in_tmp)
+    assert "agent_0" in result.stdout
+    result = subprocess.run([script, "record", "NoSuchEnv-v0"], capture_output=True, text=True,
+                            check=False, cwd=in_tmp)
+    assert result.returncode == 2 and "Traceback" not in result.stderr

@@ -1,0 +1,193 @@
+"""``flexibuff-envs``: record any Gymnasium or PettingZoo env, then inspect or plot what was kept.
+
+``flexibuff-envs record [ENV]`` plays ENV with random legal actions through its recorder and saves
+the buffer; ``inspect FILE`` describes a saved buffer; ``plot FILE`` draws its episodes. Bad input
+is one line on stderr and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import flexibuff_envs as fe
+from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
+from flexibuff_envs.cli.report import inspect_report, record_report
+from flexibuff_envs.cli.rollout import Budget, Progress, play
+
+DEFAULT_CAPACITY = 100_000
+#: bytes the buffer may reserve when neither --steps nor --capacity sizes it
+MEMORY_BUDGET = 2 << 30
+#: seconds a run lasts before its progress bar appears (short runs print only the report)
+PROGRESS_DELAY = 1.0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (it prints the whole usage block by default)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    choice = resolve(args.env, api=args.api, num_envs=args.num_envs)
+    out = _writable(args.out or f"{choice.label}.fbuf")
+    try:
+        env = make(choice, num_envs=args.num_envs, kwargs=args.env_kwargs or {})
+    except UsageError:
+        raise
+    except Exception as exc:  # whatever the env's constructor raises is about the user's input
+        raise UsageError(f"could not make {args.env}: {type(exc).__name__}: {exc}") from exc
+    budget = Budget(steps=args.steps) if args.steps else Budget(episodes=args.episodes or 100)
+    spec = fe.infer_spec(env)
+    capacity = args.capacity or _default_capacity(spec, args.steps)
+    try:  # seeded, so that the same command writes the same file
+        buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity, gamma=args.gamma, seed=args.seed)
+    except MemoryError as exc:
+        raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller "
+                         "--capacity") from exc
+    recorder = fe.record(env, buffer)
+    bar, progress = _progress_bar(budget, choice.label)
+    try:
+        rollout = play(recorder, choice.api, seed=args.seed, budget=budget, progress=progress)
+    finally:
+        bar.close()
+        recorder.close()
+    path = recorder.buffer.save(out)
+    print(record_report(choice, rollout, recorder.buffer, path))
+    return 130 if rollout.interrupted else 0
+
+
+def _writable(out: str) -> str:
+    """``out``, after checking it can be written: a long run must not end in a failed save."""
+    if os.path.isdir(out):
+        raise UsageError(f"--out {out} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {out}: cannot write in {parent}")
+    return out
+
+
+def _default_capacity(spec: fe.BufferSpec, steps: int | None) -> int:
+    """Rows per lane: all of ``steps``, else as many as fit in MEMORY_BUDGET (at most 100,000)."""
+    if steps:
+        return math.ceil(steps / spec.n_envs)
+    per_row = fe.FlexibleBuffer.from_spec(spec, num_steps=1).nbytes_per_row
+    return max(1, min(DEFAULT_CAPACITY, MEMORY_BUDGET // per_row))
+
+
+def _progress_bar(budget: Budget, label: str) -> tuple[Any, Progress]:
+    """A bar on stderr, shown only on a terminal and only once a run has lasted a second."""
+    from tqdm import tqdm
+
+    by_episode = budget.episodes is not None
+    bar = tqdm(total=budget.total, desc=label, unit="episode" if by_episode else "step", file=sys.stderr,
+               disable=None, delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True)
+
+    def progress(episodes: int, steps: int) -> None:
+        bar.update((episodes if by_episode else steps) - bar.n)
+
+    return bar, progress
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    print(inspect_report(args.file, fe.FlexibleBuffer.load(args.file, mmap=True)))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from flexibuff_envs.cli.plot import plot_buffer
+
+    out = args.out or os.path.splitext(args.file)[0] + ".png"
+    buffer = fe.FlexibleBuffer.load(args.file, mmap=True)
+    plot_buffer(buffer, out, title=os.path.basename(args.file))
+    print(f"wrote {out}: returns of {buffer.n_episodes} episodes for {buffer.spec.n_agents} agent(s)")
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _gamma(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text!r}")
+    return value
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}")
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"max_cycles\": 50}}', got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="flexibuff-envs", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {fe.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{record,inspect,plot}")
+
+    rec = commands.add_parser("record", help="record an env with random legal actions and save the buffer")
+    rec.add_argument("env", nargs="?", default=DEFAULT_ENV,
+                     help="Gymnasium id (CartPole-v1), PettingZoo id (classic/tictactoe-v3) or module "
+                          f"(mpe2.simple_spread_v3); default {DEFAULT_ENV}, a game with action masks")
+    budget = rec.add_mutually_exclusive_group()
+    budget.add_argument("--episodes", type=_positive, help="episodes to record (default 100)")
+    budget.add_argument("--steps", type=_positive, help="env steps to record instead (all sub-envs count)")
+    rec.add_argument("--out", help="file to save the buffer to (default ./<env name>.fbuf)")
+    rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")
+    rec.add_argument("--num-envs", type=_positive, default=1,
+                     help="Gymnasium sub-envs stepped together through a vector env (default 1)")
+    rec.add_argument("--gamma", type=_gamma, default=0.99, help="discount of the recorded returns G (default 0.99)")
+    rec.add_argument("--env-kwargs", type=_json_object, metavar="JSON",
+                     help="keywords for the env's constructor, as a JSON object")
+    rec.add_argument("--api", choices=("aec", "parallel"),
+                     help="PettingZoo API to record through (default: parallel when the env has one)")
+    rec.add_argument("--capacity", type=_positive, metavar="ROWS",
+                     help=f"buffer rows per sub-env (default: --steps, else {DEFAULT_CAPACITY:,} or what "
+                          f"fits in {MEMORY_BUDGET >> 30} GiB); when full, the oldest episodes are "
+                          "forgotten whole")
+    rec.set_defaults(run=cmd_record)
+
+    ins = commands.add_parser("inspect", help="describe a saved buffer: layout, counts, returns, fields")
+    ins.add_argument("file")
+    ins.set_defaults(run=cmd_inspect)
+
+    plot = commands.add_parser("plot", help="plot a saved buffer's episode returns and lengths to a PNG")
+    plot.add_argument("file")
+    plot.add_argument("--out", metavar="PNG", help="image to write (default: FILE with .png)")
+    plot.set_defaults(run=cmd_plot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except UsageError as exc:
+        print(f"flexibuff-envs {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except (fe.FlexibuffError, OSError) as exc:
+        print(f"flexibuff-envs {args.command}: {exc}", file=sys.stderr)
+        return 1

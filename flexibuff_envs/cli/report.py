@@ -1,0 +1,103 @@
+"""The text the command line prints about a buffer: its layout, episodes, returns and bytes."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.cli.envs import EnvChoice
+from flexibuff_envs.cli.rollout import Rollout
+from flexibuff_envs.spec import BufferSpec
+
+API_NAMES = {"gymnasium": "Gymnasium", "vector": "Gymnasium vector", "parallel": "PettingZoo parallel",
+             "aec": "PettingZoo AEC"}
+
+
+def size(n: float) -> str:
+    """``n`` bytes for a person: ``912 B``, ``17.2 kB``, ``1.4 MB``, ``2.1 GB``."""
+    k = min(int(math.log10(max(n, 1)) // 3), 3)
+    return f"{n:.0f} B" if k == 0 else f"{n / 1000**k:.1f} {('kB', 'MB', 'GB')[k - 1]}"
+
+
+def _line(key: str, text: str) -> str:
+    return f"  {key:<9} {text}"
+
+
+def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, path: str) -> str:
+    """What a ``record`` run did and what it left: the report printed at the end."""
+    spec = buffer.spec
+    stop = " (stopped by Ctrl-C)" if rollout.interrupted else ""
+    lines = [(f"recorded {choice.name} ({API_NAMES[choice.api]}, {_agents(spec)}) "
+             f"with random legal actions{stop}")]
+    kept = buffer.n_episodes
+    forgotten = "" if kept >= rollout.episodes else \
+        f"; the ring kept the last {kept:,} whole (raise --capacity to keep more)"
+    lines.append(_line("episodes", f"{rollout.episodes:,} ended, {rollout.steps:,} env steps in "
+                                   f"{rollout.seconds:.2f} s ({rollout.steps / max(rollout.seconds, 1e-9):,.0f} "
+                                   f"steps/s){forgotten}"))
+    lines += _episode_lines(buffer)
+    lines.append(_line("layout", _layout(spec)))
+    lines.append(_line("memory", f"{size(buffer.nbytes_per_row * len(buffer))} in {len(buffer):,} rows "
+                                 f"({size(buffer.nbytes)} reserved for {buffer.num_steps:,} rows"
+                                 f"{' per lane' if spec.n_envs > 1 else ''})"))
+    lines.append(_line("file", f"{os.path.abspath(path)} ({size(os.path.getsize(path))})"))
+    return "\n".join(lines)
+
+
+def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
+    """Everything a buffer file holds, without reading its rows into memory."""
+    spec = buffer.spec
+    lines = [(f"{path}: {size(os.path.getsize(path))}, {_agents(spec)}, "
+             f"{spec.n_envs} lane{'s' if spec.n_envs > 1 else ''} x {buffer.num_steps:,} rows")]
+    lines.append(_line("agents", ", ".join(spec.agent_ids)))
+    lines.append(_line("obs", _obs(spec)))
+    lines.append(_line("actions", _actions(spec)))
+    lines.append(_line("masks", "yes" if spec.action_mask else "no"))
+    lines.append(_line("state", "no" if spec.state_size is None else f"{spec.state_size} x {spec.state_dtype}"))
+    lines.append(_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"))
+    lines.append(_line("rows", f"{len(buffer):,} held, {buffer.n_episodes:,} whole episodes"))
+    lines += _episode_lines(buffer)
+    lines.append(_line("fields", ", ".join(buffer.fields)))
+    return "\n".join(lines)
+
+
+def _agents(spec: BufferSpec) -> str:
+    return f"{spec.n_agents} agent{'s' if spec.n_agents > 1 else ''}"
+
+
+def _obs(spec: BufferSpec) -> str:
+    shape = "x".join(map(str, spec.obs_shape)) if len(spec.obs_shape) > 1 else ""
+    text = f"{spec.obs_size} x {spec.obs_dtype}" + (f" (shape {shape})" if shape else "")
+    if len(set(spec.agent_obs_sizes)) > 1:
+        text += ", per agent " + ", ".join(f"{a} {n}" for a, n in zip(spec.agent_ids, spec.agent_obs_sizes))
+    return text
+
+
+def _actions(spec: BufferSpec) -> str:
+    parts = []
+    if spec.discrete_action_cardinalities:
+        parts.append(f"discrete heads {list(spec.discrete_action_cardinalities)}")
+    if spec.continuous_action_dimension:
+        parts.append(f"{spec.continuous_action_dimension} continuous")
+    return ", ".join(parts) or "none"
+
+
+def _layout(spec: BufferSpec) -> str:
+    state = "no" if spec.state_size is None else str(spec.state_size)
+    return f"obs {_obs(spec)}, actions {_actions(spec)}, masks {'yes' if spec.action_mask else 'no'}, state {state}"
+
+
+def _episode_lines(buffer: FlexibleBuffer) -> list[str]:
+    stats = buffer.episode_stats()
+    lengths, returns = stats["lengths"], stats["returns"]
+    if not len(lengths):
+        return [_line("length", "no whole episode in the buffer")]
+    lines = [_line("length", f"mean {lengths.mean():.1f} rows (min {lengths.min()}, max {lengths.max()})")]
+    width = max(map(len, buffer.spec.agent_ids))
+    for key, agent, r in zip(["return"] + [""] * len(returns.T), buffer.spec.agent_ids, returns.T):
+        lines.append(_line(key, f"{agent:<{width}}  mean {r.mean():+.3g}  std {np.std(r):.3g}  "
+                                f"min {r.min():+.3g}  max {r.max():+.3g}"))
+    return lines
