@@ -39,3 +39,29 @@ def test_ppo_args_help_comes_from_the_dataclass_comments(monkeypatch: pytest.Mon
     with pytest.raises(SystemExit):
         ppo.parse_args()
     assert "steps per sub-env per rollout" in capsys.readouterr().out
+
+
+def test_connect_four_masks_prints_a_batch_and_a_game(capsys: pytest.CaptureFixture[str]) -> None:
+    load("connect_four_masks").main(["--games", "5", "--batch-size", "3"])
+    out = capsys.readouterr().out
+    assert "recorded 5 games" in out and "masks True" in out
+    assert "discrete_actions     (2, 3, 1)" in out and "legal columns" in out and "player_1: [" in out
+
+
+def test_reinforce_cartpole_learns_from_recorded_returns(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    png = tmp_path / "reinforce.png"
+    load("reinforce_cartpole").main(["--episodes", "16", "--batch-episodes", "4", "--plot", str(png)])
+    assert "16 episodes in" in capsys.readouterr().out
+    assert png.stat().st_size > 1000
+
+
+def test_dqn_tictactoe_reports_win_rates_before_and_after(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    png = tmp_path / "dqn.png"
+    load("dqn_tictactoe").main(["--episodes", "40", "--eval-games", "4", "--curve-games", "2",
+                                "--batch-size", "16", "--plot", str(png)])
+    out = capsys.readouterr().out
+    assert "40 games in" in out and "moving first   before" in out and "after" in out
+    assert png.stat().st_size > 1000
