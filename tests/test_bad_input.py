@@ -50,7 +50,7 @@ BAD_CALLS: dict[str, tuple[Callable[[fe.GymRecorder, Path], Any], type[Exception
                                              fe.SpecMismatchError, "obs_size"),
     "a recorder with another gamma": (lambda env, _: fe.record(gym.make("CartPole-v1"), buffer=env.buffer, gamma=0.5),
                                       fe.SpecMismatchError, "gamma"),
-    "save onto a directory": (lambda env, tmp: env.buffer.save(tmp), OSError, ""),
+    "save onto a directory": (lambda env, tmp: env.buffer.save(tmp), IsADirectoryError, "Is a directory"),
 }
 
 
