@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import io
 import shutil
 import subprocess
@@ -210,6 +211,22 @@ def test_a_missing_dependency_of_an_env_module_is_named(in_tmp: Path, monkeypatc
     assert run(["record", "needs_pygame_x.env_v0"]) == 2
     assert "importing needs_pygame_x.env_v0 needs the module pygame_x, which is not installed" in \
         capsys.readouterr().err
+
+
+def test_without_pettingzoo_the_default_names_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    class NotInstalled(importlib.abc.MetaPathFinder):
+        def find_spec(self, name: str, *_: object) -> None:
+            if name == "pettingzoo":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    for module in [m for m in sys.modules if m == "pettingzoo" or m.startswith("pettingzoo.")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *sys.meta_path])
+    assert run(["record"]) == 2
+    assert capsys.readouterr().err == ("flexibuff-envs record: importing pettingzoo.classic.connect_four_v3 needs "
+                                       "the module pettingzoo, which is not installed "
+                                       "(pip install 'flexibuff-envs[pettingzoo]')\n")
 
 
 def test_console_script_and_module_entry_point(in_tmp: Path) -> None:

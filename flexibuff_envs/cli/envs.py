@@ -113,8 +113,8 @@ def _import(name: str) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
-        if missing and not (name == missing or name.startswith(missing + ".")):
-            hint = f" ({PETTINGZOO_EXTRA})" if missing in ("pettingzoo", "pygame", "mpe2") else ""
+        hint = f" ({PETTINGZOO_EXTRA})" if missing in ("pettingzoo", "pygame", "mpe2") else ""
+        if hint or missing and not (name == missing or name.startswith(missing + ".")):
             raise UsageError(f"importing {name} needs the module {missing}, which is not "
                              f"installed{hint}") from exc
         raise UsageError(f"unknown env {name}: not a Gymnasium id, a PettingZoo id or an importable "
