@@ -82,6 +82,9 @@ def _actions(spec: BufferSpec) -> str:
         parts.append(f"discrete heads {list(spec.discrete_action_cardinalities)}")
     if spec.continuous_action_dimension:
         parts.append(f"{spec.continuous_action_dimension} continuous")
+    if len(set(spec.agent_discrete_action_cardinalities)) > 1:
+        parts.append("per agent " + ", ".join(f"{a} {list(c)}" for a, c in
+                                              zip(spec.agent_ids, spec.agent_discrete_action_cardinalities)))
     return ", ".join(parts) or "none"
 
 
