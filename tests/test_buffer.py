@@ -240,3 +240,11 @@ def test_clear_starts_an_empty_rollout_while_the_running_episode_goes_on() -> No
     (batch,) = env.buffer.minibatches(4, shuffle=False)  # the rows after the clear, in order
     assert batch.idx.tolist() == [8, 9, 10, 11] and batch.terminated[-1]
     np.testing.assert_allclose(batch.G, plain_returns(batch.individual_rewards.tolist(), 0.5), rtol=1e-5)
+
+
+def test_fields_lists_what_the_buffer_holds() -> None:
+    buffer = fe.FlexibleBuffer(num_steps=4, obs_size=2, discrete_action_cardinalities=[3], individual_reward=True)
+    assert buffer.fields == ("G", "active", "discrete_actions", "individual_rewards", "obs", "obs_",
+                             "terminated", "truncated")
+    buffer.field("values")  # a field allocated on first use is listed from then on
+    assert "values" in buffer.fields and "continuous_actions" not in buffer.fields
