@@ -241,3 +241,13 @@ def test_console_script_and_module_entry_point(in_tmp: Path) -> None:
     result = subprocess.run([script, "record", "NoSuchEnv-v0"], capture_output=True, text=True,
                             check=False, cwd=in_tmp)
     assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(in_tmp: Path) -> None:
+    assert run(["record", "CartPole-v1", "--episodes", "2", "--out", "p.fbuf"]) == 0
+    script = shutil.which("flexibuff-envs", path=str(Path(sys.executable).parent))
+    assert script is not None
+    inspect = subprocess.Popen([script, "inspect", "p.fbuf"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=in_tmp)
+    inspect.stdout.close()  # like `| head -0`
+    assert inspect.wait() == 141 and inspect.stderr.read() == b""

@@ -188,6 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"flexibuff-envs {args.command}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `flexibuff-envs inspect FILE | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error when Python flushes
+        return 141
     except (fe.FlexibuffError, OSError) as exc:
         print(f"flexibuff-envs {args.command}: {exc}", file=sys.stderr)
         return 1
