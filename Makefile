@@ -25,3 +25,5 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_pettingzoo.py
 	$(PY) benchmarks/bench_gae.py
 	$(PY) benchmarks/bench_io.py
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/bench_memory.py

@@ -1,0 +1,155 @@
+"""The peers' own ways to store transitions, behind one small interface, for the side-by-side benchmarks.
+
+Each peer is a function ``make(obs_space, capacity) -> (add, sample)``: ``add(obs, action, reward,
+next_obs, terminated, truncated)`` stores one transition the way that library's users do, and
+``sample(batch_size)`` returns that library's batch with torch tensors. Installed by the ``bench``
+extra (flexibuff 0.3.1, stable-baselines3, tianshou, torchrl); a peer that is not installed is skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+
+Add = Callable[[np.ndarray, int, float, np.ndarray, bool, bool], None]
+Sample = Callable[[int], Any]
+Peer = Callable[[spaces.Box, int], tuple[Add, Sample]]
+
+
+def flexibuff_031(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
+    from flexibuff import FlexibleBuffer
+
+    size = [int(np.prod(obs_space.shape))]
+    buffer = FlexibleBuffer(num_steps=capacity, n_agents=1, discrete_action_cardinalities=[2],
+                            global_registered_vars={},
+                            individual_registered_vars={"obs": (size, obs_space.dtype),
+                                                        "obs_": (size, obs_space.dtype),
+                                                        "individual_rewards": (None, np.float32),
+                                                        "discrete_actions": ([1], np.int32)})
+
+    def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
+        buffer.save_transition(terminated=terminated, truncated=truncated, registered_vals={
+            "obs": obs.reshape(1, -1), "obs_": obs_.reshape(1, -1), "individual_rewards": np.array([reward]),
+            "discrete_actions": np.array([[action]])}, bootstrap_values=np.zeros(1))
+
+    return add, lambda n: buffer.sample_transitions(n, as_torch=True, device="cpu")
+
+
+def sb3(obs_space: spaces.Box, capacity: int, optimize_memory_usage: bool = False) -> tuple[Add, Sample]:
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    buffer = ReplayBuffer(capacity, obs_space, spaces.Discrete(2), device="cpu",
+                          optimize_memory_usage=optimize_memory_usage,
+                          handle_timeout_termination=not optimize_memory_usage)  # SB3 allows one or the other
+
+    def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
+        buffer.add(obs[None], obs_[None], np.array([action]), np.array([reward]),
+                   np.array([terminated or truncated]), [{"TimeLimit.truncated": truncated}])
+
+    return add, buffer.sample
+
+
+def sb3_optimized(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
+    return sb3(obs_space, capacity, optimize_memory_usage=True)
+
+
+def tianshou(obs_space: spaces.Box, capacity: int, ignore_obs_next: bool = False) -> tuple[Add, Sample]:
+    from tianshou.data import Batch, ReplayBuffer
+
+    buffer = ReplayBuffer(capacity, ignore_obs_next=ignore_obs_next)
+
+    def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
+        buffer.add(Batch(obs=obs, act=action, rew=reward, obs_next=obs_, terminated=terminated,
+                         truncated=truncated, done=terminated or truncated, info={}))
+
+    def sample(n: int) -> Any:
+        batch, _ = buffer.sample(n)
+        return batch.to_torch(device="cpu")
+
+    return add, sample
+
+
+def tianshou_ignore_obs_next(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
+    return tianshou(obs_space, capacity, ignore_obs_next=True)
+
+
+def torchrl(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    buffer = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=256)
+
+    def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
+        buffer.add(TensorDict({
+            "observation": torch.from_numpy(obs), "action": torch.tensor(action),
+            "next": TensorDict({"observation": torch.from_numpy(obs_), "reward": torch.tensor([reward]),
+                                "terminated": torch.tensor([terminated]), "truncated": torch.tensor([truncated]),
+                                "done": torch.tensor([terminated or truncated])}, batch_size=[])},
+            batch_size=[]))
+
+    return add, buffer.sample
+
+
+PEERS: dict[str, Peer] = {
+    "flexibuff 0.3.1": flexibuff_031,
+    "SB3 ReplayBuffer": sb3,
+    "SB3 optimize_memory_usage": sb3_optimized,
+    "Tianshou ReplayBuffer": tianshou,
+    "Tianshou ignore_obs_next": tianshou_ignore_obs_next,
+    "TorchRL LazyTensorStorage": torchrl,
+}
+
+
+OURS = "flexibuff_envs"
+
+
+def fill(name: str, env: gym.Env, steps: int, capacity: int) -> Sample:
+    """Step ``env`` ``steps`` times, storing each transition the way users of ``name`` do; returns its sampler.
+
+    flexibuff_envs users wrap the env (`fe.record`) and add nothing by hand; the peers' users call
+    their buffer's ``add`` after every step.
+    """
+    add: Add | None = None
+    if name == OURS:
+        import flexibuff_envs as fe
+
+        env = fe.record(env, num_steps=capacity)
+        buffer = env.buffer
+
+        def sample(n: int) -> Any:
+            return buffer.sample_transitions(n, as_torch=True)
+    else:
+        add, sample = PEERS[name](env.observation_space, capacity)
+    obs, _ = env.reset(seed=0)
+    for t in range(steps):
+        action = t % 2
+        obs_, reward, terminated, truncated, _ = env.step(action)
+        if add is not None:
+            add(obs, action, float(reward), obs_, terminated, truncated)
+        obs = env.reset()[0] if terminated or truncated else obs_
+    return sample
+
+
+class FrameEnv(gym.Env):
+    """Atari-sized frames (84x84x4 uint8, from a pool of 64 random ones), 2 actions, 500-step episodes."""
+
+    def __init__(self, obs_space: spaces.Box | None = None, length: int = 500) -> None:
+        self.observation_space = obs_space or spaces.Box(0, 255, (84, 84, 4), np.uint8)
+        self.action_space = spaces.Discrete(2)
+        self.length = length
+        self.frames = np.random.default_rng(0).integers(0, 256, (64, *self.observation_space.shape), dtype=np.uint8)
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self.frames[0], {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        return self.frames[self.t % 64], 1.0, False, self.t >= self.length, {}
