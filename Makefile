@@ -20,10 +20,10 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'   # the peers compared side by side
 	$(PY) benchmarks/bench_record.py
 	$(PY) benchmarks/bench_sample.py
 	$(PY) benchmarks/bench_pettingzoo.py
 	$(PY) benchmarks/bench_gae.py
 	$(PY) benchmarks/bench_io.py
-	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) benchmarks/bench_memory.py

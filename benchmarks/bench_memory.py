@@ -10,7 +10,7 @@ Run: python benchmarks/bench_memory.py [--steps 5000]   (peers: pip install -e '
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -18,11 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import OURS, PEERS, FrameEnv, fill
-
-REQUIRES = {"flexibuff 0.3.1": "flexibuff", "SB3 ReplayBuffer": "stable_baselines3",
-            "SB3 optimize_memory_usage": "stable_baselines3", "Tianshou ReplayBuffer": "tianshou",
-            "Tianshou ignore_obs_next": "tianshou", "TorchRL LazyTensorStorage": "torchrl"}
+from peers import OURS, PEERS, REQUIRES, FrameEnv, fill, installed
 
 
 def resident_bytes() -> int:
@@ -56,7 +52,7 @@ def main() -> None:
     print(f"bytes per stored transition, 84x84x4 uint8 frames ({raw:,} bytes raw), {args.steps:,} transitions "
           f"in episodes of 500 steps")
     for name in [OURS, *PEERS]:
-        if name != OURS and importlib.util.find_spec(REQUIRES[name]) is None:
+        if not installed(name):
             print(f"  {name:<28} not installed (pip install -e '.[bench]')")
             continue
         result = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps)],

@@ -1,48 +1,39 @@
-"""Sampling cost: sample_transitions(256, as_torch=True) from a 1,000,000-row buffer vs the floor.
+"""Sampling cost: sample_transitions(256, as_torch=True) from 1,000,000 rows vs the floor and the peers.
 
 The floor is a bare numpy gather of the same fields from plain arrays (uniform indices, torch
-tensors of the same dtypes out), timed side by side in one run. Prints medians and the ratio.
-Run: python benchmarks/bench_sample.py [--rows N] [--batch B]
+tensors of the same dtypes out). The peers hold the same rows (CartPole-sized: 4 float32 obs,
+obs_, action, reward, flags) and sample with their own ``sample`` into torch batches. All are timed
+side by side in one run, interleaved, and the medians printed with ratios to ours.
+Run: python benchmarks/bench_sample.py [--rows N] [--batch B]   (peers: pip install -e '.[bench]')
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-import flexibuff_envs as fe
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from peers import OURS, installed, loaded
 
-def filled_buffer(rows: int) -> fe.FlexibleBuffer:
-    """A CartPole-layout buffer with ``rows`` rows of random data in 200-step episodes."""
-    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(gym.make("CartPole-v1")), num_steps=rows)
-    rng = np.random.default_rng(0)
-    for name in ("obs", "obs_", "individual_rewards", "global_rewards"):
-        array = buffer.field(name)
-        array[...] = rng.normal(size=array.shape)
-    buffer.field("discrete_actions")[...] = rng.integers(0, 2, buffer.field("discrete_actions").shape)
-    buffer.field("active")[...] = True
-    for _ in range(rows // 200):
-        buffer.begin_episode()
-        for _ in range(200):
-            buffer.claim_row()
-        buffer.end_episode()
-    return buffer
+PEERS = ["flexibuff 0.3.1", "SB3 ReplayBuffer", "SB3 optimize_memory_usage", "Tianshou ReplayBuffer",
+         "TorchRL LazyTensorStorage"]
 
 
 def time_it(fn: Callable[[], object], repeats: int) -> float:
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
-        for _ in range(100):
+        for _ in range(20):
             fn()
-        samples.append((time.perf_counter() - start) / 100 * 1e6)
+        samples.append((time.perf_counter() - start) / 20 * 1e6)
     return statistics.median(samples)
 
 
@@ -50,34 +41,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
-    buffer = filled_buffer(args.rows)
-    arrays = {name: array[0] if array.ndim > 1 and array.shape[0] == 1 and name != "global_rewards" else array
-              for name, array in buffer._storage}
-    rng = np.random.default_rng(1)
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    n = args.rows
+    ends = (np.arange(n) % 200) == 199
+    data = {"obs": rng.normal(size=(n, 4)).astype(np.float32), "obs_": rng.normal(size=(n, 4)).astype(np.float32),
+            "act": rng.integers(0, 2, n), "rew": rng.normal(size=n).astype(np.float32),
+            "terminated": ends & (rng.random(n) < 0.5), "truncated": np.zeros(n, dtype=bool)}
+    data["truncated"] = ends & ~data["terminated"]
+    fields = {"obs": data["obs"], "obs_": data["obs_"], "act": data["act"][:, None], "rew": data["rew"],
+              "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool)}
 
     def floor() -> dict[str, torch.Tensor]:
-        idx = rng.integers(0, args.rows, args.batch)
+        idx = rng.integers(0, n, args.batch)
         out = {}
-        for name, array in arrays.items():
+        for name, array in fields.items():
             tensor = torch.from_numpy(array.take(idx, axis=0))
             out[name] = tensor if tensor.dtype in (torch.float32, torch.int64) else tensor.float()
         return out
 
-    def ours() -> fe.FlexiBatch:
-        return buffer.sample_transitions(args.batch, as_torch=True)
-
-    floor_us, ours_us = [], []
-    for _ in range(5):  # interleave so machine noise hits both alike
-        floor_us.append(time_it(floor, args.repeats))
-        ours_us.append(time_it(ours, args.repeats))
-    f, o = statistics.median(floor_us), statistics.median(ours_us)
-    print(f"sample_transitions({args.batch}, as_torch=True) from {args.rows} rows, "
-          f"fields {sorted(arrays)} (median)")
-    print(f"  bare numpy gather + torch  {f:7.1f} us/batch")
-    print(f"  FlexibleBuffer             {o:7.1f} us/batch")
-    print(f"  ratio buffer/floor         {o / f:7.2f}x  (target <= 1.30x)")
+    samplers: dict[str, Callable[[], object]] = {"bare numpy gather + torch": floor}
+    for name in [OURS, *PEERS]:
+        if installed(name):
+            sample = loaded(name, data)
+            samplers[name] = lambda sample=sample: sample(args.batch)
+    times: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(5):  # interleaved, so machine noise hits all alike
+        for name, fn in samplers.items():
+            times[name].append(time_it(fn, args.repeats))
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    print(f"sample {args.batch} transitions as torch from {n:,} rows (median us per batch; ratio to "
+          f"{OURS}; 'bare' is the floor, target: {OURS} <= 1.30x bare)")
+    for name, us in medians.items():
+        print(f"  {name:<28} {us:8.1f} us   {us / medians[OURS]:6.2f}x")
+    missing = [p for p in PEERS if not installed(p)]
+    if missing:
+        print(f"  not installed: {', '.join(missing)} (pip install -e '.[bench]')")
 
 
 if __name__ == "__main__":

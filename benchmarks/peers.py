@@ -106,6 +106,89 @@ PEERS: dict[str, Peer] = {
 
 
 OURS = "flexibuff_envs"
+#: the module each peer needs
+REQUIRES = {"flexibuff 0.3.1": "flexibuff", "SB3 ReplayBuffer": "stable_baselines3",
+            "SB3 optimize_memory_usage": "stable_baselines3", "Tianshou ReplayBuffer": "tianshou",
+            "Tianshou ignore_obs_next": "tianshou", "TorchRL LazyTensorStorage": "torchrl"}
+
+
+def installed(name: str) -> bool:
+    import importlib.util
+
+    return name == OURS or importlib.util.find_spec(REQUIRES[name]) is not None
+
+
+def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200) -> Sample:
+    """A buffer of ``name`` holding ``data`` (obs, act, rew, obs_, terminated, truncated; one row
+    each) in episodes of ``episode`` steps, put in place in bulk: the state that many ``add`` calls
+    would leave, without waiting for them. Returns its sampler (torch batches)."""
+    n = len(data["act"])
+    if name == OURS:
+        import flexibuff_envs as fe
+
+        buffer = fe.FlexibleBuffer(n, data["obs"].shape[1], [2], individual_reward=True)
+        for field, key in (("obs", "obs"), ("obs_", "obs_"), ("individual_rewards", "rew"),
+                           ("terminated", "terminated"), ("truncated", "truncated")):
+            buffer.field(field)[0] = data[key]
+        buffer.field("discrete_actions")[0, :, 0] = data["act"]
+        buffer.field("active")[...] = True
+        for _ in range(n // episode):
+            buffer.begin_episode()
+            for _ in range(episode):
+                buffer.claim_row()
+            buffer.end_episode()
+        return lambda b: buffer.sample_transitions(b, as_torch=True)
+    if name == "flexibuff 0.3.1":
+        from flexibuff import FlexibleBuffer
+
+        size = [data["obs"].shape[1]]
+        old = FlexibleBuffer(num_steps=n, n_agents=1, discrete_action_cardinalities=[2], global_registered_vars={},
+                             individual_registered_vars={"obs": (size, np.float32), "obs_": (size, np.float32),
+                                                         "individual_rewards": (None, np.float32),
+                                                         "discrete_actions": ([1], np.int32)})
+        old._registered_vals["obs"][0], old._registered_vals["obs_"][0] = data["obs"], data["obs_"]
+        old._registered_vals["individual_rewards"][0] = data["rew"]
+        old._registered_vals["discrete_actions"][0, :, 0] = data["act"]
+        old.terminated[:], old.truncated[:] = data["terminated"], data["truncated"]
+        old.steps_recorded = n
+        return lambda b: old.sample_transitions(b, as_torch=True, device="cpu")
+    if name.startswith("SB3"):
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        box = spaces.Box(-np.inf, np.inf, data["obs"].shape[1:], np.float32)
+        optimize = name == "SB3 optimize_memory_usage"
+        sb = ReplayBuffer(n, box, spaces.Discrete(2), device="cpu", optimize_memory_usage=optimize,
+                          handle_timeout_termination=not optimize)
+        sb.observations[:, 0] = data["obs"]  # with optimize_memory_usage, next obs is the next row's
+        if not optimize:
+            sb.next_observations[:, 0] = data["obs_"]
+            sb.timeouts[:, 0] = data["truncated"]
+        sb.actions[:, 0, 0], sb.rewards[:, 0] = data["act"], data["rew"]
+        sb.dones[:, 0] = data["terminated"] | data["truncated"]
+        sb.full = True
+        return sb.sample
+    if name.startswith("Tianshou"):
+        from tianshou.data import ReplayBuffer
+
+        ts = ReplayBuffer.from_data(data["obs"], data["act"], data["rew"], data["terminated"], data["truncated"],
+                                    data["terminated"] | data["truncated"], data["obs_"])
+
+        def sample(b: int) -> Any:
+            return ts.sample(b)[0].to_torch(device="cpu")
+
+        return sample
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=256)
+    rb.extend(TensorDict({
+        "observation": torch.from_numpy(data["obs"]), "action": torch.from_numpy(data["act"]),
+        "next": TensorDict({"observation": torch.from_numpy(data["obs_"]),
+                            "reward": torch.from_numpy(data["rew"])[:, None],
+                            "terminated": torch.from_numpy(data["terminated"])[:, None],
+                            "truncated": torch.from_numpy(data["truncated"])[:, None]}, batch_size=[n])},
+        batch_size=[n]))
+    return rb.sample
 
 
 def fill(name: str, env: gym.Env, steps: int, capacity: int) -> Sample:
