@@ -52,7 +52,8 @@ def main() -> None:
             "terminated": ends & (rng.random(n) < 0.5), "truncated": np.zeros(n, dtype=bool)}
     data["truncated"] = ends & ~data["terminated"]
     fields = {"obs": data["obs"], "obs_": data["obs_"], "act": data["act"][:, None], "rew": data["rew"],
-              "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool)}
+              "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool),
+              "G": np.zeros(n, dtype=np.float32)}  # every field our batches carry
 
     def floor() -> dict[str, torch.Tensor]:
         idx = rng.integers(0, n, args.batch)
