@@ -49,7 +49,7 @@ def main() -> None:
     ends = (np.arange(n) % 200) == 199
     data = {"obs": rng.normal(size=(n, 4)).astype(np.float32), "obs_": rng.normal(size=(n, 4)).astype(np.float32),
             "act": rng.integers(0, 2, n), "rew": rng.normal(size=n).astype(np.float32),
-            "terminated": ends & (rng.random(n) < 0.5), "truncated": np.zeros(n, dtype=bool)}
+            "terminated": ends & (rng.random(n) < 0.5)}
     data["truncated"] = ends & ~data["terminated"]
     fields = {"obs": data["obs"], "obs_": data["obs_"], "act": data["act"][:, None], "rew": data["rew"],
               "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool),

@@ -79,6 +79,15 @@ def test_vector_env_records_one_lane_per_sub_env(capsys: pytest.CaptureFixture[s
     assert buffer.spec.n_envs == 3 and buffer.num_steps == 200
 
 
+def test_vector_env_with_masks_plays_legal_actions_in_every_sub_env() -> None:
+    assert run(["record", "Taxi-v4", "--num-envs", "3", "--steps", "900", "--out", "t.fbuf"]) == 0
+    buffer = fe.FlexibleBuffer.load("t.fbuf")
+    batch = every_row(buffer)
+    chosen = np.take_along_axis(batch.action_mask[0], batch.discrete_actions[:, :1], axis=-1)[:, 0]
+    assert buffer.spec.n_envs == 3 and len(buffer) > 800 and chosen.all()
+    assert len(np.unique(batch.discrete_actions)) > 3  # random, not one fixed legal action
+
+
 def test_parallel_pettingzoo_module_with_env_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["record", "mpe2.simple_spread_v3", "--episodes", "4",
                 "--env-kwargs", '{"max_cycles": 10, "N": 2}']) == 0

@@ -20,6 +20,7 @@ from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
 from flexibuff_envs.cli.report import inspect_report, record_report
 from flexibuff_envs.cli.rollout import Budget, Progress, play
 
+DEFAULT_EPISODES = 100
 DEFAULT_CAPACITY = 100_000
 #: bytes the buffer may reserve when neither --steps nor --capacity sizes it
 MEMORY_BUDGET = 2 << 30
@@ -43,7 +44,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise
     except Exception as exc:  # whatever the env's constructor raises is about the user's input
         raise UsageError(f"could not make {args.env}: {type(exc).__name__}: {exc}") from exc
-    budget = Budget(steps=args.steps) if args.steps else Budget(episodes=args.episodes or 100)
+    budget = Budget(steps=args.steps) if args.steps else Budget(episodes=args.episodes or DEFAULT_EPISODES)
     spec = fe.infer_spec(env)
     capacity = args.capacity or _default_capacity(spec, args.steps)
     try:  # seeded, so that the same command writes the same file
@@ -153,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Gymnasium id (CartPole-v1), PettingZoo id (classic/tictactoe-v3) or module "
                           f"(mpe2.simple_spread_v3); default {DEFAULT_ENV}, a game with action masks")
     budget = rec.add_mutually_exclusive_group()
-    budget.add_argument("--episodes", type=_positive, help="episodes to record (default 100)")
+    budget.add_argument("--episodes", type=_positive, help=f"episodes to record (default {DEFAULT_EPISODES})")
     budget.add_argument("--steps", type=_positive, help="env steps to record instead (all sub-envs count)")
     rec.add_argument("--out", help="file to save the buffer to (default ./<env name>.fbuf)")
     rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")

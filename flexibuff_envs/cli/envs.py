@@ -42,8 +42,9 @@ def resolve(name: str, *, api: str | None, num_envs: int) -> EnvChoice:
     modules with ``env()`` / ``parallel_env()``. PettingZoo envs are recorded through their parallel
     API when they have one (all agents act at once), else through AEC; ``api`` overrides.
     """
-    registered = None if name in gym.registry else _pettingzoo_id(name)
-    if registered is None and (name in gym.registry or not _MODULE_PATH.fullmatch(name)):
+    in_gymnasium = name in gym.registry
+    registered = None if in_gymnasium else _pettingzoo_id(name)
+    if registered is None and (in_gymnasium or not _MODULE_PATH.fullmatch(name)):
         if api is not None:
             raise UsageError(f"--api {api} is for PettingZoo envs; {name} is a Gymnasium id")
         return EnvChoice(name, "vector" if num_envs > 1 else "gymnasium", _label(name))

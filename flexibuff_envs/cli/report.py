@@ -55,8 +55,8 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("obs", _obs(spec)))
     lines.append(_line("actions", _actions(spec)))
-    lines.append(_line("masks", "yes" if spec.action_mask else "no"))
-    lines.append(_line("state", "no" if spec.state_size is None else f"{spec.state_size} x {spec.state_dtype}"))
+    lines.append(_line("masks", _masks(spec)))
+    lines.append(_line("state", _state(spec)))
     lines.append(_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"))
     lines.append(_line("rows", f"{len(buffer):,} held, {buffer.n_episodes:,} whole episodes"))
     lines += _episode_lines(buffer)
@@ -88,9 +88,16 @@ def _actions(spec: BufferSpec) -> str:
     return ", ".join(parts) or "none"
 
 
+def _masks(spec: BufferSpec) -> str:
+    return "yes" if spec.action_mask else "no"
+
+
+def _state(spec: BufferSpec) -> str:
+    return "no" if spec.state_size is None else f"{spec.state_size} x {spec.state_dtype}"
+
+
 def _layout(spec: BufferSpec) -> str:
-    state = "no" if spec.state_size is None else str(spec.state_size)
-    return f"obs {_obs(spec)}, actions {_actions(spec)}, masks {'yes' if spec.action_mask else 'no'}, state {state}"
+    return f"obs {_obs(spec)}, actions {_actions(spec)}, masks {_masks(spec)}, state {_state(spec)}"
 
 
 def _episode_lines(buffer: FlexibleBuffer) -> list[str]:

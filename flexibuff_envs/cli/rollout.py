@@ -53,6 +53,17 @@ def legal_sample(space: spaces.Space, obs: Any, info: Mapping[str, Any]) -> Any:
     return space.sample(mask=np.asarray(mask, dtype=np.int8))
 
 
+def _legal_draws(rng: np.random.Generator, masks: np.ndarray, given: np.ndarray | None) -> np.ndarray:
+    """One uniformly random legal action index per sub-env (``masks`` is ``[num_envs, n]``).
+
+    A sub-env whose info had no mask this step (``given`` False there) draws from all its actions.
+    """
+    if given is not None:
+        masks = masks | ~np.asarray(given, dtype=bool)[:, None]
+    keys = np.where(masks, rng.random(masks.shape), -1.0)  # the largest key among the legal ones wins
+    return keys.argmax(axis=1)
+
+
 def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -> Rollout:
     """Run ``env`` (a recorder of kind ``api``) until ``budget`` is spent or Ctrl-C is pressed.
 
@@ -83,17 +94,15 @@ def _gymnasium(env: Any, seed: int, budget: Budget, counts: list[int], progress:
 
 def _vector(env: Any, seed: int, budget: Budget, counts: list[int], progress: Progress) -> None:
     single = env.single_action_space
-    single.seed(seed)
     env.action_space.seed(seed)
+    rng = np.random.default_rng(seed)
     _, info = env.reset(seed=seed)
     while not budget.spent(*counts):
         masks = info.get("action_mask")
         if masks is None or not isinstance(single, spaces.Discrete):
             actions = env.action_space.sample()
-        else:  # a sub-env whose info had no mask this step (``_action_mask`` False) acts freely
-            given = info.get("_action_mask", np.ones(len(masks), dtype=bool))
-            actions = np.array([single.sample(mask=np.asarray(m, dtype=np.int8) if g else None)
-                                for m, g in zip(masks, given)])
+        else:
+            actions = _legal_draws(rng, np.asarray(masks, dtype=bool), info.get("_action_mask")) + single.start
         _, _, terminated, truncated, info = env.step(actions)
         counts[1] += env.num_envs
         ended = int(np.count_nonzero(terminated | truncated))
