@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.chain import Chain
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
-from flexibuff_envs.sampling import Sampling, checked_rows
+from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, Storage
+from flexibuff_envs.storage import FIELDS, NEXT, Storage
 
 #: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
 _KEEP_FILL = frozenset(name for name, field in FIELDS.items()
@@ -112,10 +113,10 @@ class FlexibleBuffer(Sampling):
         # per lane: agents whose own episode already ended inside the running one (their G is final)
         self._finished: list[set[int]] = [set() for _ in self._lanes]
         wanted = {
-            "obs": True, "obs_": True, "terminated": True, "truncated": True, "active": True,
-            "G": True, "state": state_size is not None, "state_": state_size is not None,
+            "obs": True, "terminated": True, "truncated": True, "active": True,
+            "G": True, "state": state_size is not None,
             "discrete_actions": bool(cards), "continuous_actions": self.spec.continuous_action_dimension > 0,
-            "action_mask": self.spec.action_mask, "action_mask_": self.spec.action_mask,
+            "action_mask": self.spec.action_mask,
             "individual_rewards": individual_reward, "global_rewards": global_reward,
             "individual_auxiliary_rewards": individual_auxiliary_reward,
             "global_auxiliary_rewards": global_auxiliary_reward,
@@ -126,6 +127,9 @@ class FlexibleBuffer(Sampling):
         for field, on in wanted.items():
             if on:
                 self._storage.ensure(field)
+        for next_field, base in NEXT.items():
+            if base in self._storage.arrays:
+                self._storage.chain(next_field)
 
     @classmethod
     def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:
@@ -161,22 +165,69 @@ class FlexibleBuffer(Sampling):
     # ------------------------------------------------------------------ recording (recorders)
 
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
-        """The storage array of ``name``, allocated on first use."""
+        """The storage array of ``name``, allocated on first use.
+
+        A next-value field (``obs_``, ``state_``, ``action_mask_``) is kept once, in the next row
+        of its base field; asking for its array writes every row's value out (to fill a buffer by
+        hand), until `compact` or a recorder stores it once again.
+        """
         if self._packed:
             self._unpack()
+        chain = self._storage.chains.get(name)
+        if chain is not None:
+            if len(chain.holders):
+                raise ValueError(f"{name} is stored once, in the next row of {NEXT[name]}, while a "
+                                 f"recorder writes this buffer; read it from a sampled batch")
+            rows = np.arange(self._storage.rows)
+            explicit = chain.gather(rows, self._succ(rows))
+            del self._storage.chains[name]
+            self._storage.arrays[name] = explicit
         return self._storage.ensure(name, width=width)
+
+    def next_chain(self, name: str) -> Chain:
+        """The chain of next-value field ``name`` (a recorder's; see `chain`)."""
+        if self._packed:
+            self._unpack()
+        if name in self._storage.arrays:
+            self.compact()
+        return self._storage.chain(name)
+
+    def next_value(self, name: str, row: int, agent: int = 0) -> np.ndarray:
+        """The value of next-value field ``name`` at ``row`` for ``agent`` (a copy)."""
+        chain = self._storage.chains.get(name)
+        if chain is None:
+            explicit = self._storage.arrays[name]
+            return (explicit[agent, row] if FIELDS[name].per_agent else explicit[row]).copy()
+        return chain.value(row, int(self._succ(np.array(row))), agent if chain.per_agent else None)
+
+    def compact(self) -> None:
+        """Store each next value filled in by hand once: where ``obs_`` (``state_``,
+        ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
+        it is read from there; other rows keep their own copy."""
+        if self._packed:
+            self._unpack()
+        live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
+        newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in self._lanes if lane.size])
+        for name in [name for name in NEXT if name in self._storage.arrays]:
+            explicit = self._storage.arrays.pop(name)
+            self._storage.chain(name).absorb(explicit, live, self._succ(live), ~np.isin(live, newest))
 
     def _map(self, path: str, start: int, fields: list[dict[str, Any]], sizes: list[int]) -> None:
         """Use the arrays of a buffer file in place (copy-on-write memory maps; `io.load`)."""
         rows = sum(sizes)
         if rows == 0:
             return  # nothing to map: the fresh ring is what an empty file describes
-        self._storage.arrays = {
-            meta["name"]: np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
-                                               offset=start + meta["offset"], shape=tuple(meta["shape"])))
-            for meta in fields
-        }
-        self._storage.rows = rows
+        def mapped(meta: dict[str, Any]) -> np.ndarray:
+            return np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
+                                        offset=start + meta["offset"], shape=tuple(meta["shape"])))
+
+        storage = self._storage
+        storage.arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
+        parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
+        storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
+                                      index=index, tail=parts[name, "tail"])
+                          for (name, part), index in parts.items() if part == "index"}
+        storage.rows = rows
         self._packed = any(size < self.num_steps for size in sizes)
         for lane, offset in zip(self._lanes, np.cumsum([0, *sizes[:-1]])):
             lane.offset = int(offset)
@@ -184,17 +235,25 @@ class FlexibleBuffer(Sampling):
     def _unpack(self) -> None:
         """Spread packed lanes over the full ring, so each has room to record (reads their rows)."""
         storage = self._storage
-        packed = storage.arrays
-        storage.arrays, storage.rows = {}, self.num_steps * self.spec.n_envs
-        for name, array in packed.items():
-            ring = storage.ensure(name)
+        packed, chains = storage.arrays, storage.chains
+        storage.arrays, storage.chains, storage.rows = {}, {}, self.num_steps * self.spec.n_envs
+
+        def spread(array: np.ndarray, ring: np.ndarray, per_agent: bool) -> None:
             for i, lane in enumerate(self._lanes):
                 source = slice(lane.offset, lane.offset + lane.size)
                 target = slice(i * self.num_steps, i * self.num_steps + lane.size)
-                if FIELDS[name].per_agent:
+                if per_agent:
                     ring[:, target] = array[:, source]
                 else:
                     ring[target] = array[source]
+
+        for name, array in packed.items():
+            spread(array, storage.ensure(name), FIELDS[name].per_agent)
+        for name, old in chains.items():
+            chain = storage.chain(name)
+            spread(old.index, chain.index, old.per_agent)
+            chain.alloc(old.fresh - 1)
+            chain.tail[:old.fresh] = old.tail[:old.fresh]
         for i, lane in enumerate(self._lanes):
             lane.offset = i * self.num_steps
         self._packed = False
@@ -202,8 +261,7 @@ class FlexibleBuffer(Sampling):
     def enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
         self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
-        self._storage.ensure("action_mask")
-        self._storage.ensure("action_mask_")
+        self._storage.chain("action_mask_")
 
     def begin_episode(self, lane: int = 0) -> None:
         """Start an episode in ``lane``.
@@ -238,7 +296,10 @@ class FlexibleBuffer(Sampling):
         return self._lanes[lane].claim
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
-        self._storage.arrays["G"][:, lane.rows(episode)] = np.nan
+        rows = lane.rows(episode)
+        self._storage.arrays["G"][:, rows] = np.nan
+        for chain in self._storage.chains.values():
+            chain.forget(rows)
 
     def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None,
                     write_returns: bool = True) -> None:
@@ -279,6 +340,11 @@ class FlexibleBuffer(Sampling):
                 array[slice(None) if agents is None else agents, row] = value
             elif agents is None:
                 array[row] = value
+        for chain in self._storage.chains.values():
+            if chain.per_agent:
+                chain.index[slice(None) if agents is None else agents, row] = 0
+            elif agents is None:
+                chain.index[row] = 0
 
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
         """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.
@@ -343,7 +409,7 @@ class FlexibleBuffer(Sampling):
     @property
     def fields(self) -> tuple[str, ...]:
         """The fields this buffer holds, sorted (absent ones are ``None`` on every batch)."""
-        return tuple(sorted(name for name, _ in self._storage))
+        return tuple(sorted([*(name for name, _ in self._storage), *self._storage.chains]))
 
     @property
     def nbytes(self) -> int:
@@ -352,8 +418,8 @@ class FlexibleBuffer(Sampling):
 
     @property
     def nbytes_per_row(self) -> int:
-        """Bytes one row takes in the allocated arrays."""
-        return self._storage.nbytes // self._storage.rows
+        """Bytes one row takes in the allocated arrays (next values stored apart are not per row)."""
+        return self._storage.row_nbytes
 
     def clear(self) -> None:
         """Forget everything recorded (on-policy training starts each rollout empty).
@@ -364,6 +430,8 @@ class FlexibleBuffer(Sampling):
         for lane in self._lanes:
             lane.clear()
         self._storage.arrays["G"][:] = np.nan
+        for chain in self._storage.chains.values():
+            chain.reset()
 
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""

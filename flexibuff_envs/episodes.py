@@ -67,6 +67,7 @@ class Lane:
         # no longer whole, so it is never handed out as an episode.
         running = self.running
         assert running is not None  # claim() is only called while an episode runs
+        self.on_forget(self, Episode(running.start, running.start + 1, whole=False))
         running.start += 1
         running.whole = False
         self.live_start = running.start

@@ -7,8 +7,10 @@ Layout (little endian)::
 
 The header names each array's dtype, shape and offset. An array holds the live rows of each lane
 in time order (oldest first), lane after lane, per agent for per-agent fields; so a file holds
-what was recorded, not the empty part of the ring. Format 1 (one checksum over everything) is
-still read.
+what was recorded, not the empty part of the ring. A next-value field (``obs_``) is stored once,
+as in memory (`flexibuff_envs.chain`): a per-row ``index`` part and the ``tail`` slots it names,
+renumbered to the slots in use. Formats 1 (one checksum over everything) and 2 (next values
+written out row by row) are still read.
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ import numpy as np
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS
+from flexibuff_envs.storage import FIELDS, NEXT
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
+    from flexibuff_envs.chain import Chain
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
-VERSION = 2
+VERSION = 3
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIQ")
-_SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s")}
+_SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s"), 3: struct.Struct("<II8s")}
 
 
 def _padding(position: int) -> int:
@@ -105,6 +108,16 @@ def _blocks(array: np.ndarray, per_agent: bool, segments: list[tuple[int, int]])
             yield array[lo:hi] if agent is None else array[agent, lo:hi]
 
 
+def _chain_parts(chain: Chain, segments: list[tuple[int, int]]) -> tuple[list[np.ndarray], np.ndarray]:
+    """A chain's index blocks (in file order) and tail, renumbered to the slots the rows name."""
+    blocks = list(_blocks(chain.index, chain.per_agent, segments))
+    named = np.concatenate([block.ravel() for block in blocks])
+    used = np.unique(named[named > 0])
+    renumbered = [np.where(block > 0, np.searchsorted(used, block) + 1, block).astype(np.int32)
+                  for block in blocks]
+    return renumbered, np.concatenate([chain.tail[:1], chain.tail[used]])
+
+
 def save(buffer: FlexibleBuffer, path: str) -> None:
     """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole.
 
@@ -113,16 +126,28 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
     segments = [segment for lane in buffer._lanes for segment in lane.segments()]
     rows = sum(hi - lo for lo, hi in segments)
     header = _header(buffer)
-    fields = []
+    fields: list[list[np.ndarray] | Iterator[np.ndarray]] = []
     offset = 0
+
+    def add(meta: dict[str, Any], shape: list[int], array: np.ndarray,
+            blocks: list[np.ndarray] | Iterator[np.ndarray]) -> None:
+        nonlocal offset
+        offset += _padding(offset)
+        header["fields"].append({**meta, "dtype": array.dtype.str, "shape": shape, "offset": offset})
+        fields.append(blocks)
+        offset += int(np.prod(shape)) * array.itemsize
+
+    def row_shape(array: np.ndarray, per_agent: bool) -> list[int]:
+        return [array.shape[0], rows, *array.shape[2:]] if per_agent else [rows, *array.shape[1:]]
+
     for name, array in buffer._storage:
         per_agent = FIELDS[name].per_agent
-        shape = [array.shape[0], rows, *array.shape[2:]] if per_agent else [rows, *array.shape[1:]]
-        offset += _padding(offset)
-        header["fields"].append({"name": name, "dtype": array.dtype.str, "shape": shape, "offset": offset,
-                                 "width": array.shape[-1] if array.ndim > 1 + per_agent else None})
-        fields.append((array, per_agent))
-        offset += int(np.prod(shape)) * array.itemsize
+        add({"name": name, "width": array.shape[-1] if array.ndim > 1 + per_agent else None},
+            row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
+    for name, chain in buffer._storage.chains.items():
+        index, tail = _chain_parts(chain, segments)
+        add({"name": name, "part": "index"}, row_shape(chain.index, chain.per_agent), chain.index, index)
+        add({"name": name, "part": "tail"}, list(tail.shape), tail, [tail])
     header["data_bytes"] = offset
     blob = json.dumps(header).encode()
     prefix = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
@@ -136,12 +161,12 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
             checksum = _Checksum()
             try:
                 position = 0
-                for array, per_agent in fields:
+                for blocks in fields:
                     pad = b"\0" * _padding(position)
                     out.write(pad)
                     checksum.add(pad)
                     position += len(pad)
-                    for block in _blocks(array, per_agent, segments):
+                    for block in blocks:
                         for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
                             out.write(piece)
                         position += block.nbytes
@@ -250,6 +275,8 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
         lane.written = info["size"]
         lane.ended.extend(Episode(s, e, w) for s, e, w in info["ended"])
         lane.running = None if info["running"] is None else Episode(*info["running"])
+    if not mmap and any(name in buffer._storage.arrays for name in NEXT):
+        buffer.compact()  # an older file's next values, written out row by row: keep them once
     return buffer
 
 
@@ -261,11 +288,23 @@ def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]]
     try:
         for meta in fields:
             checksum.add(handle.read(file.data_start + meta["offset"] - handle.tell()))  # padding
-            target = buffer.field(meta["name"], width=meta["width"])
+            part = meta.get("part")
+            if part is None:
+                target = buffer.field(meta["name"], width=meta["width"])
+                blocks = _blocks(target, FIELDS[meta["name"]].per_agent, segments)
+            elif part == "index":
+                chain = buffer._storage.chain(meta["name"])
+                target = chain.index
+                blocks = _blocks(target, chain.per_agent, segments)
+            else:
+                chain = buffer._storage.chain(meta["name"])
+                chain.alloc(meta["shape"][0] - chain.fresh)
+                target = chain.tail
+                blocks = iter([target[:meta["shape"][0]]])
             if target.dtype.str != meta["dtype"]:
                 file.fail(f"corrupt: field {meta['name']!r} has dtype {meta['dtype']} in the header, "
                           f"{target.dtype.str} in its spec")
-            for block in _blocks(target, FIELDS[meta["name"]].per_agent, segments):
+            for block in blocks:
                 for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
                     if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
                         file.fail(f"truncated inside field {meta['name']!r}")

@@ -94,8 +94,17 @@ class Sampling:
 
     spec: BufferSpec
     rng: np.random.Generator
+    num_steps: int
     _storage: Storage
     _lanes: list[Lane]
+    _packed: bool
+
+    def _succ(self, rows: np.ndarray) -> np.ndarray:
+        """Each row's successor in its lane (where a chained next value is read)."""
+        if self._packed:  # lanes lie oldest first, so chained rows never wrap
+            return np.minimum(rows + 1, self._storage.rows - 1)
+        following = rows + 1
+        return following - self.num_steps * (following % self.num_steps == 0)
 
     def _require(self, what: str) -> None:
         if not any(lane.size for lane in self._lanes):
@@ -115,6 +124,10 @@ class Sampling:
                 out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
             else:
                 out[name] = array.take(idx, axis=0)
+        if self._storage.chains:
+            succ = self._succ(idx)
+            for name, chain in self._storage.chains.items():
+                out[name] = chain.gather(idx, succ, 0 if single and chain.per_agent else None)
         if "action_mask" in out:
             cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
             out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)

@@ -2,7 +2,8 @@
 
 Per-agent fields are ``[n_agents, rows, ...]``, global ones ``[rows, ...]``. A field is either
 allocated up front (the constructor asked for it) or on first use (`Storage.ensure`), never by
-catching an exception, and an absent field is ``None`` on every batch.
+catching an exception, and an absent field is ``None`` on every batch. The next-value fields
+(`NEXT`) are kept as a `Chain` on their base field, or as plain arrays when filled by hand.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flexibuff_envs.chain import Chain
 from flexibuff_envs.spec import BufferSpec
 
 
@@ -51,6 +53,9 @@ FIELDS: dict[str, Field] = {
     "memory_weights": Field(False, "float32", 1.0),
 }
 
+#: each next-value field and the field whose next row holds it
+NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
+
 
 class Storage:
     """The arrays of one buffer: ``rows`` rows of every allocated field."""
@@ -59,6 +64,7 @@ class Storage:
         self.spec = spec
         self.rows = rows
         self.arrays: dict[str, np.ndarray] = {}
+        self.chains: dict[str, Chain] = {}
         self._widths = {
             "obs_size": spec.obs_size,
             "state_size": spec.state_size or 0,
@@ -89,10 +95,23 @@ class Storage:
             self.arrays[name] = array
         return array
 
+    def chain(self, name: str) -> Chain:
+        """The chain of next-value field ``name``, made (with its base field) on first use."""
+        chain = self.chains.get(name)
+        if chain is None:
+            chain = self.chains[name] = Chain(self.ensure(NEXT[name]), FIELDS[name].per_agent)
+        return chain
+
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
         return iter(self.arrays.items())
 
     @property
     def nbytes(self) -> int:
         """Bytes held by all allocated arrays."""
-        return sum(a.nbytes for a in self.arrays.values())
+        return sum(a.nbytes for a in self.arrays.values()) + sum(c.nbytes for c in self.chains.values())
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes one row takes (a chain's tail store is not per row)."""
+        return (sum(a.nbytes for a in self.arrays.values())
+                + sum(c.index.nbytes for c in self.chains.values())) // self.rows

@@ -56,11 +56,25 @@ def assert_consistent(buffer: fe.FlexibleBuffer) -> None:
                                    rtol=1e-5, atol=1e-5)
 
 
+def failing_bootstrap(obs_: np.ndarray) -> float:
+    """A value function that fails on the third episode's truncation (step 30)."""
+    failing_bootstrap.calls += 1  # type: ignore[attr-defined]
+    if failing_bootstrap.calls == 3:  # type: ignore[attr-defined]
+        raise RuntimeError("value network failed")
+    return 0.0
+
+
 def run_with_fault(fault: str) -> tuple[fe.FlexibleBuffer, list[tuple[list, list]], int, list[str]]:
     """120 steps; on a fault, reset and go on as a training loop would. Returns the buffer, the
     ended episodes' observations and rewards as the env gave them, the running episode's steps,
-    and the notes on the errors."""
-    env = fe.record(Flaky(fail_step=30, bad_obs=fault == "bad_obs"), num_steps=1000, gamma=GAMMA)
+    and the notes on the errors. The "bootstrap" fault fails after the step's observation was
+    written: the row is given back and the previous row's next observation must survive."""
+    if fault == "bootstrap":
+        failing_bootstrap.calls = 0  # type: ignore[attr-defined]
+        env = fe.record(gym.make("CartPole-v1", max_episode_steps=10), num_steps=1000, gamma=GAMMA,
+                        bootstrap_fn=failing_bootstrap)
+    else:
+        env = fe.record(Flaky(fail_step=30, bad_obs=fault == "bad_obs"), num_steps=1000, gamma=GAMMA)
     notes: list[str] = []
     episodes: list[tuple[list, list]] = []
     obs, _ = env.reset(seed=0)
@@ -83,7 +97,7 @@ def run_with_fault(fault: str) -> tuple[fe.FlexibleBuffer, list[tuple[list, list
     return env.buffer, episodes, len(current[1]), notes
 
 
-@pytest.mark.parametrize("fault", ["raise", "bad_obs"])
+@pytest.mark.parametrize("fault", ["raise", "bad_obs", "bootstrap"])
 def test_the_buffer_holds_exactly_the_steps_that_happened(fault: str) -> None:
     buffer, episodes, running, notes = run_with_fault(fault)
     recorded = episodes_of(buffer)
@@ -97,7 +111,7 @@ def test_the_buffer_holds_exactly_the_steps_that_happened(fault: str) -> None:
     # the interrupted episode ends as truncated at its last good step
     interrupted = recorded[next(i for i, (_, r) in enumerate(episodes) if sum(len(x) for _, x in episodes[:i + 1]) >= 29)]
     assert interrupted.truncated[-1] and not interrupted.terminated[-1]
-    if fault == "bad_obs":  # the recorder's own error says what happened to the episode
+    if fault != "raise":  # the recorder's own error says what happened to the episode
         assert any("not recorded" in note and "next reset" in note for note in notes)
 
 

@@ -132,6 +132,20 @@ def test_files_of_format_1_still_load(tmp_path: Path) -> None:
         assert_same_batches(old.sample_transitions(64), new.sample_transitions(64))
 
 
+@pytest.mark.parametrize("mmap", [False, True])
+def test_files_of_format_2_still_load(mmap: bool) -> None:
+    # format 2 wrote obs_ and state_ row by row; tests/data/format2.npz holds that release's batch
+    # of every row (simple_spread, 3 agents, a ring of 16 rows that had wrapped)
+    data = Path(__file__).parent / "data"
+    buffer = fe.FlexibleBuffer.load(data / "format2.fbuf", mmap=mmap)
+    expected = np.load(data / "format2.npz")
+    batch = next(buffer.minibatches(len(buffer), shuffle=False))
+    for name in expected.files:
+        if name != "idx":
+            np.testing.assert_array_equal(getattr(batch, name), expected[name], err_msg=name)
+    assert ("obs_" in buffer._storage.chains) is not mmap  # a full load stores next values once
+
+
 @pytest.mark.parametrize("failure", ["write", "fsync"])
 def test_a_failed_save_leaves_the_previous_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        failure: str) -> None:

@@ -40,7 +40,8 @@ def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, p
                                    f"steps/s){forgotten}"))
     lines += _episode_lines(buffer)
     lines.append(_line("layout", _layout(spec)))
-    lines.append(_line("memory", f"{size(buffer.nbytes_per_row * len(buffer))} in {len(buffer):,} rows "
+    empty = buffer.num_steps * spec.n_envs - len(buffer)  # the rest is held rows and final observations
+    lines.append(_line("memory", f"{size(buffer.nbytes - buffer.nbytes_per_row * empty)} in {len(buffer):,} rows "
                                  f"({size(buffer.nbytes)} reserved for {buffer.num_steps:,} rows"
                                  f"{' per lane' if spec.n_envs > 1 else ''})"))
     lines.append(_line("file", f"{os.path.abspath(path)} ({size(os.path.getsize(path))})"))

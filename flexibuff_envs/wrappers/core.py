@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
@@ -84,9 +85,6 @@ class MaskCodec:
         row[self._positions] = flat
         return row
 
-    def row_view(self, store: np.ndarray) -> None:
-        return None
-
     def writer(self, store: np.ndarray) -> Callable[[int, Any], None]:
         def write(p: int, mask: Any) -> None:
             store[p] = self.padded(mask)
@@ -94,60 +92,22 @@ class MaskCodec:
         return write
 
 
-class Held:
-    """A value written at one step and copied into the next row: an observation, mask or state.
-
-    It is kept as a reference to where it was stored (a scratch row after a reset, else the
-    ``*_`` row of the last step), never to the env's own array, which the env may reuse.
-    """
-
-    def __init__(self, codec: ObsCodec | MaskCodec, before: np.ndarray, after: np.ndarray) -> None:
-        self.before, self.after = before, after
-        size = codec.size
-        self._scratch = np.zeros((1, before.shape[1]), dtype=before.dtype)
-        self._write_scratch = codec.writer(self._scratch[:, :size])
-        self._write_after = codec.writer(after[:, :size])
-        self._after_view = codec.row_view(after[:, :size])
-        if self._after_view is not None:  # Box values: assign through the view, no writer call
-            self.write = self._write_view  # type: ignore[method-assign]
-        self._source, self._row = self._scratch, 0
-
-    def hold(self, value: Any) -> None:
-        """Hold ``value`` (from a reset) for the next row."""
-        self._write_scratch(0, value)
-        self._source, self._row = self._scratch, 0
-
-    def hold_missing(self) -> None:
-        """Hold a value the env could not give: NaN (0 for integer dtypes)."""
-        self._scratch[0] = np.nan if self._scratch.dtype.kind == "f" else 0
-        self._source, self._row = self._scratch, 0
-
-    def write(self, row: int, value: Any) -> None:
-        """``before[row]`` = the held value, ``after[row]`` = ``value``, which is held next."""
-        self.before[row] = self._source[self._row]
-        self._write_after(row, value)
-        self._source, self._row = self.after, row
-
-    def _write_view(self, row: int, value: Any) -> None:
-        self.before[row] = self._source[self._row]
-        self._after_view[row] = value  # type: ignore[index]
-        self._source, self._row = self.after, row
-
-    def write_missing(self, row: int) -> None:
-        """As `write`, for a value the env could not give: NaN (0 for integer dtypes)."""
-        self.before[row] = self._source[self._row]
-        self.after[row] = np.nan if self.after.dtype.kind == "f" else 0
-        self._source, self._row = self.after, row
+def held(buffer: FlexibleBuffer, name: str, codec: ObsCodec | MaskCodec, agent: int | None,
+         lane: int = 0) -> Held:
+    """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` in ``lane``."""
+    first = lane * buffer.num_steps
+    return Held(buffer.next_chain(name), agent, codec.writer, codec.size, (first, first + buffer.num_steps))
 
 
 class AgentSlot:
     """Writes one agent's transitions into its slice of the buffer."""
 
-    def __init__(self, buffer: FlexibleBuffer, index: int, obs: ObsCodec, action: ActionCodec) -> None:
+    def __init__(self, buffer: FlexibleBuffer, index: int, obs: ObsCodec, action: ActionCodec, lane: int) -> None:
         self.index = index
+        self.lane = lane
         self.name = buffer.spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = Held(obs, buffer.field("obs")[index], buffer.field("obs_")[index])
+        self.obs = held(buffer, "obs_", obs, index, lane)
         self._write_obs = self.obs.write
         self._write_action = action.writer(
             buffer.field("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
@@ -164,9 +124,14 @@ class AgentSlot:
 
     def enable_masks(self, buffer: FlexibleBuffer) -> None:
         """Start recording this agent's action masks."""
-        self.mask = Held(self._mask_codec, buffer.field("action_mask")[self.index],
-                         buffer.field("action_mask_")[self.index])
+        self.mask = held(buffer, "action_mask_", self._mask_codec, self.index, self.lane)
         self.mask.hold(None)
+
+    def undo(self, row: int) -> None:
+        """``row`` is given back: hold again what this agent held before it."""
+        self.obs.undo(row)
+        if self.mask is not None:
+            self.mask.undo(row)
 
     def split(self, obs: Any, info: Mapping[str, Any]) -> tuple[Any, Any]:
         """(observation value, its action mask or None) from what the env returned."""
@@ -223,7 +188,7 @@ class LaneRecorder:
         self.buffer = buffer
         self.lane = lane
         self.bootstrap_fn = bootstrap_fn
-        self.slots = [AgentSlot(buffer, i, o, a) for i, (o, a) in enumerate(zip(obs, actions))]
+        self.slots = [AgentSlot(buffer, i, o, a, lane) for i, (o, a) in enumerate(zip(obs, actions))]
         self._single = self.slots[0]
         self.annotations = Annotations(buffer, len(self.slots))
         self._annotated = self.annotations.fields  # the same list: empty until a first annotation
@@ -232,7 +197,7 @@ class LaneRecorder:
         self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
         # "sum" is kept as a running sum per row; other reductions look at the finished row
         self._summing = global_reward == "sum"
-        self.state = None if state is None else Held(state, buffer.field("state"), buffer.field("state_"))
+        self.state = None if state is None else held(buffer, "state_", state, None, lane)
         self.running = False
         self.open = [False] * len(self.slots)  # which agents are in the running episode
         self.steps = [0] * len(self.slots)  # rows each agent has filled in the running episode
@@ -361,7 +326,8 @@ class LaneRecorder:
             for n, (index, boot) in enumerate(zip(indices, bootstrap)):
                 slot, steps = self.slots[index], self.filled(index)
                 if boot and steps:
-                    values[n] = self.bootstrap_fn(slot.obs.after[self.rows[steps - 1]], slot.name)
+                    values[n] = self.bootstrap_fn(self.buffer.next_value("obs_", self.rows[steps - 1], index),
+                                                  slot.name)
         if len(indices) == len(self.slots) and all(self.open):
             # every agent ends here together: one pass writes all their returns
             self.buffer.end_episode(self.lane, bootstrap=values)
@@ -381,7 +347,11 @@ class LaneRecorder:
         the first ``rows`` of the episode), end the episode at its last whole step, and say so
         on ``error``."""
         while len(self.rows) > rows:
-            self.rows.pop()
+            row = self.rows.pop()
+            for slot in self.slots:
+                slot.undo(row)
+            if self.state is not None:
+                self.state.undo(row)
             self.buffer.unclaim_row(self.lane)
         self.steps = [min(steps, len(self.rows)) for steps in self.steps]
         if self.running:

@@ -1,0 +1,231 @@
+"""Next-values stored once: ``obs_`` (``state_``, ``action_mask_``) read from the following row.
+
+The observation an agent receives at a step is the observation it acts on at its next step, so
+``obs_[r]`` is ``obs`` of the lane's next row whenever the agent's next transition lies there.
+Only the other next-values are kept, in a small *tail* store: final observations of episodes
+(termination, truncation, a cut), an agent's last observation before it dies or sits out, and the
+newest row of each running episode (its successor is not written yet).
+
+``index[agent, row]`` says where the next value of a row is: `CHAINED` (the next row of the lane),
+or a tail slot. Slot 0 is all zeros, the value of cleared rows. A recorder's `Held` owns two
+*reserved* slots: the value it holds for the next row, and a spare it writes the next value into
+first, so a value the codec rejects changes nothing. Other slots are handed out from a free stack
+and come back when their rows are forgotten.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+#: ``index`` value of a row whose next value is the base field at the lane's next row
+CHAINED = -1
+
+
+class Chain:
+    """The next-values of one base field (``obs``, ``state`` or ``action_mask``)."""
+
+    def __init__(self, base: np.ndarray, per_agent: bool, *, index: np.ndarray | None = None,
+                 tail: np.ndarray | None = None) -> None:
+        """A chain on ``base``; ``index`` and ``tail`` are given when read from a file."""
+        self.base = base  # [n_agents, rows, width] or [rows, width]
+        self.per_agent = per_agent
+        # calloc: every row reads slot 0 (zeros) until written
+        self.index = np.zeros(base.shape[:-1], dtype=np.int32) if index is None else index
+        self.tail = np.zeros((64, base.shape[-1]), dtype=base.dtype) if tail is None else tail
+        self.reserved = np.zeros(len(self.tail), dtype=bool)
+        self._free = np.empty(len(self.tail), dtype=np.int32)  # a stack of free slots
+        self._n_free = 0
+        self.fresh = 1 if tail is None else len(tail)  # slots [fresh, len(tail)) were never used
+        self.holders: weakref.WeakSet[Held] = weakref.WeakSet()
+
+    # ----------------------------------------------------------------- slots
+
+    def alloc(self, n: int = 1) -> np.ndarray:
+        """``n`` free slots (the tail store grows when none are left)."""
+        take = min(n, self._n_free)
+        slots = self._free[self._n_free - take:self._n_free].copy()
+        self._n_free -= take
+        if take < n:
+            need = self.fresh + n - take
+            if need > len(self.tail):
+                self._grow(need)
+            slots = np.concatenate([slots, np.arange(self.fresh, need, dtype=np.int32)])
+            self.fresh = need
+        return slots
+
+    def _grow(self, need: int) -> None:
+        size = max(need, 2 * len(self.tail))
+        tail = np.zeros((size, self.tail.shape[1]), dtype=self.tail.dtype)
+        tail[:len(self.tail)] = self.tail
+        self.tail = tail
+        self.reserved = np.concatenate([self.reserved, np.zeros(size - len(self.reserved), dtype=bool)])
+        self._free = np.concatenate([self._free, np.empty(size - len(self._free), dtype=np.int32)])
+        for holder in self.holders:
+            holder.bind()
+
+    def release(self, slots: np.ndarray) -> None:
+        """Give ``slots`` back (slot 0 and reserved slots are never given back)."""
+        slots = slots[slots > 0]
+        slots = slots[~self.reserved[slots]]
+        self._free[self._n_free:self._n_free + slots.size] = slots
+        self._n_free += slots.size
+
+    def reserve(self) -> np.ndarray:
+        """Two zeroed slots for a `Held`, never given back by `forget`."""
+        slots = self.alloc(2)
+        self.reserved[slots] = True
+        self.tail[slots] = 0
+        return slots
+
+    def forget(self, rows: np.ndarray) -> None:
+        """``rows`` are no longer recorded: their slots come back and they read as cleared."""
+        if self.per_agent:
+            self.release(self.index[:, rows].ravel())
+            self.index[:, rows] = 0
+        else:
+            self.release(self.index[rows])
+            self.index[rows] = 0
+
+    def reset(self) -> None:
+        """Every row forgotten (`FlexibleBuffer.clear`); the holders keep their slots."""
+        self.index[...] = 0
+        free = np.flatnonzero(~self.reserved[1:self.fresh]).astype(np.int32) + 1
+        self._free[:free.size] = free
+        self._n_free = free.size
+
+    # ----------------------------------------------------------------- reading
+
+    def gather(self, idx: np.ndarray, succ: np.ndarray, agent: int | None = None) -> np.ndarray:
+        """The next values of rows ``idx`` whose lane successors are ``succ`` (same shape)."""
+        if agent is not None:
+            out = self.base[agent].take(succ, axis=0)
+            index = self.index[agent].take(idx)
+        elif self.per_agent:
+            out = self.base.take(succ, axis=1)
+            index = self.index.take(idx, axis=1)
+        else:
+            out = self.base.take(succ, axis=0)
+            index = self.index.take(idx)
+        own = index != CHAINED
+        if own.any():
+            out[own] = self.tail[index[own]]
+        return out
+
+    def value(self, row: int, succ: int, agent: int | None = None) -> np.ndarray:
+        """The next value of one row (a copy)."""
+        index = self.index[agent, row] if agent is not None else self.index[row]
+        if index == CHAINED:
+            return (self.base[agent, succ] if agent is not None else self.base[succ]).copy()
+        return self.tail[index].copy()
+
+    # ----------------------------------------------------------------- conversion
+
+    def absorb(self, explicit: np.ndarray, live: np.ndarray, succ: np.ndarray, chainable: np.ndarray) -> None:
+        """Take next values given row by row (a hand-filled or old file's ``obs_``): rows whose
+        value equals, bit for bit, the base at their successor are chained, the rest get slots.
+
+        Args:
+            live: the recorded rows; succ: their successors; chainable: False where the successor
+                is not part of the recording (each lane's newest row).
+        """
+        bits = np.dtype(f"u{explicit.dtype.itemsize}")
+        # a global field is handled as one agent's
+        base, index = (self.base, self.index) if self.per_agent else (self.base[None], self.index[None])
+        given = (explicit if self.per_agent else explicit[None])[:, live]
+        same = (given.view(bits) == base[:, succ].view(bits)).all(axis=-1) & chainable
+        own = np.nonzero(~same)
+        slots = self.alloc(own[0].size)
+        self.tail[slots] = given[own]
+        rows = np.full(same.shape, CHAINED, dtype=np.int32)
+        rows[own] = slots
+        index[:, live] = rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index and of the tail store."""
+        return self.index.nbytes + self.tail.nbytes
+
+
+class Held:
+    """What one agent (or the global state) holds for its next row, written through a `Chain`.
+
+    `write` puts the held value in the row's base field and the new value in a reserved slot,
+    which the row's ``index`` names until the agent's next transition lands in the lane's next
+    row: then the row is chained and the slot is free again. Every other next value is copied to
+    a slot of its own when it stops being held (`hold`, or a next transition elsewhere).
+    """
+
+    def __init__(self, chain: Chain, agent: int | None, writer: Callable[[np.ndarray], Callable[[int, Any], None]],
+                 size: int, lane: tuple[int, int]) -> None:
+        self.chain = chain
+        self.base = chain.base[agent] if agent is not None else chain.base
+        self.index = chain.index[agent] if agent is not None else chain.index
+        self._make_writer, self._size = writer, size
+        self._first, self._end = lane  # the lane's rows [first, end): its successor wraps there
+        self.held, self.spare = (int(s) for s in chain.reserve())
+        self.pending = -1  # the row whose next value is the held one (-1: it came from a reset)
+        self._before: tuple[int, int, int] | None = None  # (pending, held, spare) before the last write
+        chain.holders.add(self)
+        self.bind()
+
+    def bind(self) -> None:
+        """Point the writers at the chain's current tail store (it moves when it grows)."""
+        self.tail = self.chain.tail
+        self._write = self._make_writer(self.tail[:, :self._size])
+
+    def _settle(self) -> None:
+        """The held value stops being held: the pending row keeps it in a slot of its own."""
+        pending = self.pending
+        if pending >= 0 and self.index[pending] == self.held:
+            slot = int(self.chain.alloc()[0])
+            self.tail[slot] = self.tail[self.held]
+            self.index[pending] = slot
+
+    def hold(self, value: Any) -> None:
+        """Hold ``value`` (from a reset, or an agent that joins) for the next row."""
+        self._write(self.spare, value)  # may raise: then nothing has changed
+        self._settle()
+        self.held, self.spare, self.pending = self.spare, self.held, -1
+
+    def hold_missing(self) -> None:
+        """Hold a value the env could not give: NaN (0 for integer dtypes)."""
+        self.tail[self.spare] = np.nan if self.tail.dtype.kind == "f" else 0
+        self._settle()
+        self.held, self.spare, self.pending = self.spare, self.held, -1
+
+    def write(self, row: int, value: Any) -> None:
+        """``base[row]`` = the held value; ``value`` is ``row``'s next value and is held next."""
+        spare = self.spare
+        self._write(spare, value)  # may raise: then nothing has changed
+        self._advance(row, spare)
+
+    def write_missing(self, row: int) -> None:
+        """As `write`, for a value the env could not give: NaN (0 for integer dtypes)."""
+        self.tail[self.spare] = np.nan if self.tail.dtype.kind == "f" else 0
+        self._advance(row, self.spare)
+
+    def _advance(self, row: int, spare: int) -> None:
+        held, pending = self.held, self.pending
+        self.base[row] = self.tail[held]
+        self._before = (pending, held, spare)
+        follows = pending + 1 if pending + 1 < self._end else self._first
+        if pending >= 0 and row == follows and self.index[pending] == held:
+            self.index[pending] = CHAINED
+        else:
+            self._settle()
+        self.index[row] = spare
+        self.held, self.spare, self.pending = spare, held, row
+
+    def undo(self, row: int) -> None:
+        """``row`` is given back (`LaneRecorder.abandon`): hold again what was held before it."""
+        if self.pending != row or self._before is None:
+            return
+        pending, held, spare = self._before
+        if pending >= 0 and self.index[pending] == CHAINED:
+            self.index[pending] = held
+        self.pending, self.held, self.spare = pending, held, spare
+        self._before = None

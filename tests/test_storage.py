@@ -1,0 +1,80 @@
+"""Each observation is stored once: ``obs_`` is read from the next row, only final observations
+are kept apart, and batches are what the env gave."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import flexibuff_envs as fe
+from tests.envs import ToyEnv
+
+FRAME = spaces.Box(0, 255, (32, 32, 4), np.uint8)
+
+
+def frames(truncate: bool) -> ToyEnv:
+    return ToyEnv(FRAME, spaces.Discrete(3), lengths=(30, 45, 61), truncate=truncate)
+
+
+def plain_episodes(env: gym.Env, steps: int, actions: np.ndarray) -> list[list[np.ndarray]]:
+    """Each ended episode's observations (its reset's and every step's), from a bare loop."""
+    episodes, obs = [], [env.reset(seed=0)[0]]
+    for t in range(steps):
+        o, _, terminated, truncated, _ = env.step(int(actions[t]))
+        obs.append(o)
+        if terminated or truncated:
+            episodes.append(obs)
+            obs = [env.reset()[0]]
+    return episodes
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_an_image_transition_costs_one_frame_and_samples_as_the_env_gave_it(truncate: bool) -> None:
+    actions = np.random.default_rng(1).integers(0, 3, 3000)
+    env = fe.record(frames(truncate), num_steps=1000)
+    recorded = plain_episodes(env, 3000, actions)  # the ring wraps three times
+    reference = plain_episodes(frames(truncate), 3000, actions)
+    assert all(len(a) == len(b) for a, b in zip(recorded, reference))
+
+    buffer = env.buffer
+    assert buffer.nbytes <= 1.10 * 1000 * FRAME.shape[0] * FRAME.shape[1] * FRAME.shape[2]
+    kept = buffer.sample_episodes(n_episodes=buffer.n_episodes)
+    for batch, obs in zip(kept, reference[-len(kept):]):
+        np.testing.assert_array_equal(batch.obs, np.reshape(obs[:-1], (len(obs) - 1, -1)))
+        np.testing.assert_array_equal(batch.obs_, np.reshape(obs[1:], (len(obs) - 1, -1)))
+        assert (batch.truncated[-1], batch.terminated[-1]) == (truncate, not truncate)
+
+
+def hand_filled(rows: int = 1000, width: int = 64) -> tuple[fe.FlexibleBuffer, np.ndarray]:
+    """Episodes of 50 steps written through `field`, FlexiBuff style; returns the trajectory."""
+    buffer = fe.FlexibleBuffer(rows, width, [2], individual_reward=True, seed=0)
+    trajectory = np.random.default_rng(0).normal(size=(rows + 1, width)).astype(np.float32)
+    for start in range(0, rows, 50):
+        buffer.begin_episode()
+        for t in range(start, start + 50):
+            row = buffer.claim_row()
+            buffer.field("obs")[0, row] = trajectory[t]
+            # the episode's last step ends in a final observation of its own
+            buffer.field("obs_")[0, row] = trajectory[t + 1] if t < start + 49 else -trajectory[t + 1]
+        buffer.end_episode()
+    return buffer, trajectory
+
+
+def test_next_observations_filled_by_hand_are_kept_and_compact_stores_them_once() -> None:
+    buffer, trajectory = hand_filled()
+    before = buffer.sample_transitions(idx=np.arange(1000)).obs_
+    expected = trajectory[1:].copy()
+    expected[49::50] *= -1
+    np.testing.assert_array_equal(before, expected)
+    full = buffer.nbytes
+    buffer.compact()
+    np.testing.assert_array_equal(buffer.sample_transitions(idx=np.arange(1000)).obs_, expected)
+    assert "obs_" in buffer.fields and full - buffer.nbytes >= 0.9 * 1000 * 64 * 4
+
+
+def test_obs__cannot_be_taken_apart_while_a_recorder_writes_it() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=50)
+    with pytest.raises(ValueError, match=r"obs_ is stored once, in the next row of obs"):
+        env.buffer.field("obs_")
