@@ -1,10 +1,14 @@
-"""Sampling cost: sample_transitions(256, as_torch=True) from 1,000,000 rows vs the floor and the peers.
+"""Sampling cost: sample_transitions(256) from a full buffer vs the floor and the peers.
 
-The floor is a bare numpy gather of the same fields from plain arrays (uniform indices, torch
-tensors of the same dtypes out). The peers hold the same rows (CartPole-sized: 4 float32 obs,
-obs_, action, reward, flags) and sample with their own ``sample`` into torch batches. All are timed
-side by side in one run, interleaved, and the medians printed with ratios to ours.
-Run: python benchmarks/bench_sample.py [--rows N] [--batch B]   (peers: pip install -e '.[bench]')
+The rows are a rollout (episodes of 200 steps): each obs_ is the next row's obs except at an
+episode's end, so ours stores each observation once, as its recorders do, and gathers obs_ back
+from the next row. The floor is a bare numpy gather of the same fields from plain arrays, obs and
+obs_ apart (uniform indices); its torch form converts to the dtypes our batches have. The peers hold
+the same rows and sample with their own ``sample`` into torch. All run side by side, interleaved;
+medians are printed with ratios to the floor of the same output.
+Run: python benchmarks/bench_sample.py             (1,000,000 CartPole-sized rows)
+     python benchmarks/bench_sample.py --frames    (20,000 rows of 84x84x4 uint8 frames)
+     (peers: pip install -e '.[bench]')
 """
 
 from __future__ import annotations
@@ -37,33 +41,53 @@ def time_it(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
+def rollout(rng: np.random.Generator, n: int, frames: bool, episode: int = 200) -> dict[str, np.ndarray]:
+    """``n`` transitions of one trajectory in episodes of ``episode`` steps (flat observations)."""
+    def draw(rows: int) -> np.ndarray:
+        if frames:
+            return rng.integers(0, 256, (rows, 84 * 84 * 4), dtype=np.uint8)
+        return rng.normal(size=(rows, 4)).astype(np.float32)
+
+    ends = (np.arange(n) % episode) == episode - 1
+    trajectory = draw(n + 1)
+    obs_ = trajectory[1:].copy()
+    obs_[ends] = draw(int(ends.sum()))  # an episode's final observation is not the next one's first
+    terminated = ends & (rng.random(n) < 0.5)
+    return {"obs": trajectory[:n], "obs_": obs_, "act": rng.integers(0, 2, n),
+            "rew": rng.normal(size=n).astype(np.float32), "terminated": terminated, "truncated": ends & ~terminated}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--frames", action="store_true", help="84x84x4 uint8 observations")
+    parser.add_argument("--rows", type=int, default=None, help="default 1,000,000 (20,000 with --frames)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
-    n = args.rows
-    ends = (np.arange(n) % 200) == 199
-    data = {"obs": rng.normal(size=(n, 4)).astype(np.float32), "obs_": rng.normal(size=(n, 4)).astype(np.float32),
-            "act": rng.integers(0, 2, n), "rew": rng.normal(size=n).astype(np.float32),
-            "terminated": ends & (rng.random(n) < 0.5)}
-    data["truncated"] = ends & ~data["terminated"]
+    n = args.rows or (20_000 if args.frames else 1_000_000)
+    data = rollout(rng, n, args.frames)
     fields = {"obs": data["obs"], "obs_": data["obs_"], "act": data["act"][:, None], "rew": data["rew"],
               "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool),
               "G": np.zeros(n, dtype=np.float32)}  # every field our batches carry
 
-    def floor() -> dict[str, torch.Tensor]:
+    def bare() -> dict[str, np.ndarray]:
         idx = rng.integers(0, n, args.batch)
+        return {name: array.take(idx, axis=0) for name, array in fields.items()}
+
+    def bare_torch() -> dict[str, torch.Tensor]:
         out = {}
-        for name, array in fields.items():
-            tensor = torch.from_numpy(array.take(idx, axis=0))
-            out[name] = tensor if tensor.dtype in (torch.float32, torch.int64) else tensor.float()
+        for name, array in bare().items():
+            tensor = torch.from_numpy(array)
+            keep = tensor.dtype in (torch.float32, torch.int64) or (tensor.dtype == torch.uint8 and "obs" in name)
+            out[name] = tensor if keep else tensor.float()
         return out
 
-    samplers: dict[str, Callable[[], object]] = {"bare numpy gather + torch": floor}
+    ours_numpy = loaded(OURS, data, as_torch=False)
+    samplers: dict[str, Callable[[], object]] = {
+        "bare numpy gather": bare, f"{OURS} (numpy)": lambda: ours_numpy(args.batch),
+        "bare gather + torch": bare_torch}
     for name in [OURS, *PEERS]:
         if installed(name):
             sample = loaded(name, data)
@@ -73,10 +97,12 @@ def main() -> None:
         for name, fn in samplers.items():
             times[name].append(time_it(fn, args.repeats))
     medians = {name: statistics.median(t) for name, t in times.items()}
-    print(f"sample {args.batch} transitions as torch from {n:,} rows (median us per batch; ratio to "
-          f"{OURS}; 'bare' is the floor, target: {OURS} <= 1.30x bare)")
+    rows = "84x84x4 uint8 frames" if args.frames else "CartPole-sized rows"
+    print(f"sample {args.batch} transitions from {n:,} {rows} (median us per batch; ratio to the bare "
+          f"gather with the same output; target: {OURS} <= 1.30x)")
     for name, us in medians.items():
-        print(f"  {name:<28} {us:8.1f} us   {us / medians[OURS]:6.2f}x")
+        floor = medians["bare numpy gather" if "numpy" in name else "bare gather + torch"]
+        print(f"  {name:<28} {us:10.1f} us   {us / floor:6.2f}x")
     missing = [p for p in PEERS if not installed(p)]
     if missing:
         print(f"  not installed: {', '.join(missing)} (pip install -e '.[bench]')")

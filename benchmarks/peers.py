@@ -118,15 +118,17 @@ def installed(name: str) -> bool:
     return name == OURS or importlib.util.find_spec(REQUIRES[name]) is not None
 
 
-def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200) -> Sample:
+def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch: bool = True) -> Sample:
     """A buffer of ``name`` holding ``data`` (obs, act, rew, obs_, terminated, truncated; one row
     each) in episodes of ``episode`` steps, put in place in bulk: the state that many ``add`` calls
-    would leave, without waiting for them. Returns its sampler (torch batches)."""
+    would leave, without waiting for them. Returns its sampler (torch batches; ours can also give
+    numpy). Ours stores each observation once (`compact`), as its recorders do."""
     n = len(data["act"])
+    dtype = data["obs"].dtype
     if name == OURS:
         import flexibuff_envs as fe
 
-        buffer = fe.FlexibleBuffer(n, data["obs"].shape[1], [2], individual_reward=True)
+        buffer = fe.FlexibleBuffer(n, data["obs"].shape[1], [2], individual_reward=True, obs_dtype=dtype.name)
         for field, key in (("obs", "obs"), ("obs_", "obs_"), ("individual_rewards", "rew"),
                            ("terminated", "terminated"), ("truncated", "truncated")):
             buffer.field(field)[0] = data[key]
@@ -137,13 +139,14 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200) -> Sample
             for _ in range(episode):
                 buffer.claim_row()
             buffer.end_episode()
-        return lambda b: buffer.sample_transitions(b, as_torch=True)
+        buffer.compact()
+        return lambda b: buffer.sample_transitions(b, as_torch=as_torch)
     if name == "flexibuff 0.3.1":
         from flexibuff import FlexibleBuffer
 
         size = [data["obs"].shape[1]]
         old = FlexibleBuffer(num_steps=n, n_agents=1, discrete_action_cardinalities=[2], global_registered_vars={},
-                             individual_registered_vars={"obs": (size, np.float32), "obs_": (size, np.float32),
+                             individual_registered_vars={"obs": (size, dtype), "obs_": (size, dtype),
                                                          "individual_rewards": (None, np.float32),
                                                          "discrete_actions": ([1], np.int32)})
         old._registered_vals["obs"][0], old._registered_vals["obs_"][0] = data["obs"], data["obs_"]
@@ -155,7 +158,8 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200) -> Sample
     if name.startswith("SB3"):
         from stable_baselines3.common.buffers import ReplayBuffer
 
-        box = spaces.Box(-np.inf, np.inf, data["obs"].shape[1:], np.float32)
+        box = (spaces.Box(0, 255, data["obs"].shape[1:], np.uint8) if dtype == np.uint8
+               else spaces.Box(-np.inf, np.inf, data["obs"].shape[1:], np.float32))
         optimize = name == "SB3 optimize_memory_usage"
         sb = ReplayBuffer(n, box, spaces.Discrete(2), device="cpu", optimize_memory_usage=optimize,
                           handle_timeout_termination=not optimize)

@@ -59,6 +59,10 @@ class FlexiBatch:
         return 0 if self.idx is None else int(self.idx.shape[0])
 
 
+#: fields kept as uint8 in torch batches: images stay a byte per value (normalise in the network)
+IMAGES = frozenset({"obs", "obs_"})
+
+
 def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
     """``convert(field_name, numpy_value)``: the torch form of one batch field (None stays None)."""
     torch = require_torch()
@@ -72,7 +76,7 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
         tensor = torch.from_numpy(value)
         if name in as_long:
             tensor = tensor.long()
-        elif tensor.dtype != torch.float32:
+        elif tensor.dtype != torch.float32 and not (tensor.dtype == torch.uint8 and name in IMAGES):
             tensor = tensor.float()
         return tensor if device is None else tensor.to(device)
 

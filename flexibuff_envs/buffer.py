@@ -179,7 +179,7 @@ class FlexibleBuffer(Sampling):
                 raise ValueError(f"{name} is stored once, in the next row of {NEXT[name]}, while a "
                                  f"recorder writes this buffer; read it from a sampled batch")
             rows = np.arange(self._storage.rows)
-            explicit = chain.gather(rows, self._succ(rows))
+            explicit = chain.gather(rows, *self._succ(rows))
             del self._storage.chains[name]
             self._storage.arrays[name] = explicit
         return self._storage.ensure(name, width=width)
@@ -198,7 +198,7 @@ class FlexibleBuffer(Sampling):
         if chain is None:
             explicit = self._storage.arrays[name]
             return (explicit[agent, row] if FIELDS[name].per_agent else explicit[row]).copy()
-        return chain.value(row, int(self._succ(np.array(row))), agent if chain.per_agent else None)
+        return chain.value(row, int(self._successors(np.array(row))), agent if chain.per_agent else None)
 
     def compact(self) -> None:
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
@@ -210,7 +210,7 @@ class FlexibleBuffer(Sampling):
         newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in self._lanes if lane.size])
         for name in [name for name in NEXT if name in self._storage.arrays]:
             explicit = self._storage.arrays.pop(name)
-            self._storage.chain(name).absorb(explicit, live, self._succ(live), ~np.isin(live, newest))
+            self._storage.chain(name).absorb(explicit, live, self._successors(live), ~np.isin(live, newest))
 
     def _map(self, path: str, start: int, fields: list[dict[str, Any]], sizes: list[int]) -> None:
         """Use the arrays of a buffer file in place (copy-on-write memory maps; `io.load`)."""

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 #: ``index`` value of a row whose next value is the base field at the lane's next row
 CHAINED = -1
+#: how ``numpy.take`` brings successor indices into range
+TakeMode = Literal["raise", "wrap", "clip"]
 
 
 class Chain:
@@ -99,19 +101,20 @@ class Chain:
 
     # ----------------------------------------------------------------- reading
 
-    def gather(self, idx: np.ndarray, succ: np.ndarray, agent: int | None = None) -> np.ndarray:
-        """The next values of rows ``idx`` whose lane successors are ``succ`` (same shape)."""
+    def gather(self, idx: np.ndarray, succ: np.ndarray, mode: TakeMode = "raise", agent: int | None = None) -> np.ndarray:
+        """The next values of rows ``idx`` whose lane successors are ``succ`` (same shape; ``mode``
+        is how ``take`` brings them into range)."""
         if agent is not None:
-            out = self.base[agent].take(succ, axis=0)
+            out = self.base[agent].take(succ, axis=0, mode=mode)
             index = self.index[agent].take(idx)
         elif self.per_agent:
-            out = self.base.take(succ, axis=1)
+            out = self.base.take(succ, axis=1, mode=mode)
             index = self.index.take(idx, axis=1)
         else:
-            out = self.base.take(succ, axis=0)
+            out = self.base.take(succ, axis=0, mode=mode)
             index = self.index.take(idx)
-        own = index != CHAINED
-        if own.any():
+        own = (index >= 0).nonzero()  # not CHAINED: a slot of the row's own
+        if own[0].size:
             out[own] = self.tail[index[own]]
         return out
 

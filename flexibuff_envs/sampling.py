@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
+from flexibuff_envs.chain import TakeMode
 from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.storage import FIELDS
@@ -99,12 +100,21 @@ class Sampling:
     _lanes: list[Lane]
     _packed: bool
 
-    def _succ(self, rows: np.ndarray) -> np.ndarray:
-        """Each row's successor in its lane (where a chained next value is read)."""
-        if self._packed:  # lanes lie oldest first, so chained rows never wrap
-            return np.minimum(rows + 1, self._storage.rows - 1)
+    def _succ(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
+        """Each row's successor in its lane (where a chained next value is read), as indices and
+        the ``take`` mode that makes them rows."""
+        if self._packed:  # lanes lie oldest first, so chained rows never wrap: clip the last
+            return rows + 1, "clip"
+        if len(self._lanes) == 1:  # one lane is the whole ring
+            return rows + 1, "wrap"
         following = rows + 1
-        return following - self.num_steps * (following % self.num_steps == 0)
+        return following - self.num_steps * (following % self.num_steps == 0), "raise"
+
+    def _successors(self, rows: np.ndarray) -> np.ndarray:
+        """`_succ` as plain buffer rows."""
+        succ, mode = self._succ(rows)
+        last = self._storage.rows - 1
+        return succ % (last + 1) if mode == "wrap" else np.minimum(succ, last) if mode == "clip" else succ
 
     def _require(self, what: str) -> None:
         if not any(lane.size for lane in self._lanes):
@@ -125,9 +135,9 @@ class Sampling:
             else:
                 out[name] = array.take(idx, axis=0)
         if self._storage.chains:
-            succ = self._succ(idx)
+            succ, mode = self._succ(idx)
             for name, chain in self._storage.chains.items():
-                out[name] = chain.gather(idx, succ, 0 if single and chain.per_agent else None)
+                out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
         if "action_mask" in out:
             cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
             out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -144,6 +145,17 @@ def test_torch_batches_follow_flexibuff_dtypes() -> None:
     assert batch.terminated.dtype == torch.float32 and batch.G.dtype == torch.float32
     (episode,) = buffer.sample_episodes(n_episodes=1, as_torch=True)
     assert isinstance(episode.obs, torch.Tensor)
+
+
+def test_torch_image_batches_stay_one_byte_per_value() -> None:
+    torch = pytest.importorskip("torch")
+    env = fe.record(gym.make("CarRacing-v3", max_episode_steps=5), num_steps=20)
+    env.reset(seed=0)
+    for _ in range(6):
+        env.step(env.action_space.sample())
+    batch = env.buffer.sample_transitions(4, as_torch=True)
+    assert batch.obs.dtype == batch.obs_.dtype == torch.uint8 and batch.obs.shape == (4, 96 * 96 * 3)
+    assert batch.continuous_actions.dtype == batch.terminated.dtype == torch.float32
 
 
 def test_missing_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
