@@ -15,7 +15,7 @@ from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, NEXT, Storage
+from flexibuff_envs.storage import FIELDS, NEXT, Storage, pack_mask
 
 #: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
 _KEEP_FILL = frozenset(name for name, field in FIELDS.items()
@@ -49,6 +49,8 @@ class FlexibleBuffer(Sampling):
         gamma: discount for ``G`` and GAE.
         gae_lambda: GAE's lambda; advantages and returns are written wherever values were annotated.
         seed: seed of the sampling random generator.
+        obs_categories: observations are categories of these sizes (their sum is ``obs_size``):
+            rows store one index + 1 per category, batches get the one-hot flattening.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class FlexibleBuffer(Sampling):
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
         seed: int | None = None,
+        obs_categories: list[int] | tuple[int, ...] | None = None,
     ) -> None:
         self.num_steps = positive_int("num_steps", num_steps)
         cards = tuple(positive_int("discrete_action_cardinalities", c)
@@ -99,7 +102,11 @@ class FlexibleBuffer(Sampling):
             n_envs=positive_int("n_envs", n_envs),
             discrete_action_starts=(0,) * len(cards),
             obs_shape=(int(obs_size),),
+            obs_categories=tuple(positive_int("obs_categories", c) for c in (obs_categories or ())),
         )
+        if self.spec.obs_categories and sum(self.spec.obs_categories) != self.spec.obs_size:
+            raise ValueError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
+                             f"but obs_size is {self.spec.obs_size}")
         self.gamma = check_gamma(gamma)
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
@@ -147,6 +154,7 @@ class FlexibleBuffer(Sampling):
             agent_ids=spec.agent_ids,
             obs_dtype=spec.obs_dtype,
             n_envs=spec.n_envs,
+            obs_categories=spec.obs_categories,
             **options,
         )
         buffer.spec = spec
@@ -223,6 +231,9 @@ class FlexibleBuffer(Sampling):
 
         storage = self._storage
         storage.arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
+        for name in ("action_mask", "action_mask_"):
+            if name in storage.arrays and storage.arrays[name].dtype == bool:  # formats 1-2
+                storage.arrays[name] = pack_mask(storage.arrays[name])
         parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
         storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
                                       index=index, tail=parts[name, "tail"])

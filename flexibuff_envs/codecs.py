@@ -41,6 +41,18 @@ class ObsCodec:
     direct: bool
     #: PettingZoo classic: the value is a dict whose "action_mask" is the mask, not obs.
     split_mask: bool = False
+    #: a space of categories only (Discrete, MultiDiscrete, Tuple or Dict of those): each one's
+    #: size, in flattening order; its one-hot flattening is rebuilt from stored indices
+    categories: tuple[int, ...] = ()
+    #: value -> each category's index + 1 (0 stays free for "no observation")
+    indices: Callable[[Any], np.ndarray] | None = None
+
+    def compact(self) -> ObsCodec:
+        """The codec storing this space's category indices instead of its one-hot flattening."""
+        assert self.indices is not None, "compact() is only asked of codecs with categories"
+        k = len(self.categories)
+        return dataclasses.replace(self, size=k, dtype=index_dtype(self.categories), shape=(k,),
+                                   flatten=self.indices, direct=False)
 
     def row_view(self, store: np.ndarray) -> np.ndarray | None:
         """``store`` (``[rows, size]``) seen as ``[rows, *shape]`` for direct assignment of Box
@@ -81,23 +93,55 @@ def _(space: spaces.Box, where: str) -> ObsCodec:
     return ObsCodec(size, dtype, tuple(space.shape), lambda x: np.asarray(x).reshape(-1), True)
 
 
-def _flattened(space: spaces.Space, where: str) -> ObsCodec:
+def index_dtype(categories: tuple[int, ...]) -> np.dtype:
+    """The smallest unsigned dtype holding an index + 1 of every category."""
+    return np.min_scalar_type(max(categories))
+
+
+def _flattened(space: spaces.Space, where: str, parts: list[ObsCodec] | None = None) -> ObsCodec:
     size = int(spaces.flatdim(space))
     def flatten(value: Any) -> np.ndarray:
         return np.asarray(spaces.flatten(space, value))
 
-    return ObsCodec(size, np.dtype(np.float32), (size,), flatten, False)
+    codec = ObsCodec(size, np.dtype(np.float32), (size,), flatten, False)
+    if parts is not None and parts and all(part.categories for part in parts):
+        pick = (lambda value: [value[k] for k in space.spaces]) if isinstance(space, spaces.Dict) else list
+
+        def indices(value: Any) -> np.ndarray:
+            return np.concatenate([part.indices(v) for part, v in zip(parts, pick(value))])  # type: ignore[misc]
+
+        codec = dataclasses.replace(codec, categories=sum((p.categories for p in parts), ()), indices=indices)
+    return codec
 
 
-for _kind in (spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary):
-    _obs_codec.register(_kind, _flattened)
+@_obs_codec.register
+def _(space: spaces.Discrete, where: str) -> ObsCodec:
+    shift = int(space.start) - 1
+
+    def indices(value: Any) -> np.ndarray:
+        return np.array([int(value) - shift])
+
+    return dataclasses.replace(_flattened(space, where), categories=(int(space.n),), indices=indices)
+
+
+@_obs_codec.register
+def _(space: spaces.MultiDiscrete, where: str) -> ObsCodec:
+    shift = np.asarray(space.start).reshape(-1) - 1
+
+    def indices(value: Any) -> np.ndarray:
+        return np.asarray(value).reshape(-1) - shift
+
+    categories = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+    return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices)
+
+
+_obs_codec.register(spaces.MultiBinary, _flattened)
 
 
 @_obs_codec.register
 def _(space: spaces.Tuple, where: str) -> ObsCodec:
-    for i, sub in enumerate(space.spaces):
-        _obs_codec(sub, f"{where}[{i}]")
-    return _flattened(space, where)
+    parts = [_obs_codec(sub, f"{where}[{i}]") for i, sub in enumerate(space.spaces)]
+    return _flattened(space, where, parts)
 
 
 @_obs_codec.register
@@ -105,9 +149,8 @@ def _(space: spaces.Dict, where: str) -> ObsCodec:
     if set(space.spaces) == {"observation", "action_mask"}:
         inner = _obs_codec(space["observation"], f"{where}['observation']")
         return dataclasses.replace(inner, split_mask=True)
-    for key, sub in space.spaces.items():
-        _obs_codec(sub, f"{where}[{key!r}]")
-    return _flattened(space, where)
+    parts = [_obs_codec(sub, f"{where}[{key!r}]") for key, sub in space.spaces.items()]
+    return _flattened(space, where, parts)
 
 
 def obs_codec(space: spaces.Space, where: str = "observation space") -> ObsCodec:

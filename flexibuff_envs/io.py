@@ -9,8 +9,8 @@ The header names each array's dtype, shape and offset. An array holds the live r
 in time order (oldest first), lane after lane, per agent for per-agent fields; so a file holds
 what was recorded, not the empty part of the ring. A next-value field (``obs_``) is stored once,
 as in memory (`flexibuff_envs.chain`): a per-row ``index`` part and the ``tail`` slots it names,
-renumbered to the slots in use. Formats 1 (one checksum over everything) and 2 (next values
-written out row by row) are still read.
+renumbered to the slots in use; masks are bits. Formats 1 (one checksum over everything) and 2
+(next values written out row by row, a bool per action) are still read.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, NEXT
+from flexibuff_envs.storage import FIELDS, NEXT, pack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
 VERSION = 3
 _ALIGN = 64
+MASKS = ("action_mask", "action_mask_")
 _PREFIX = struct.Struct("<8sIQ")
 _SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s"), 3: struct.Struct("<II8s")}
 
@@ -289,7 +290,11 @@ def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]]
         for meta in fields:
             checksum.add(handle.read(file.data_start + meta["offset"] - handle.tell()))  # padding
             part = meta.get("part")
-            if part is None:
+            if meta["name"] in MASKS and meta["dtype"] == "|b1":  # formats 1-2: a bool per action
+                packed = buffer.field(meta["name"])
+                target = np.ones((*packed.shape[:-1], meta["width"]), dtype=bool)
+                blocks = _blocks(target, True, segments)
+            elif part is None:
                 target = buffer.field(meta["name"], width=meta["width"])
                 blocks = _blocks(target, FIELDS[meta["name"]].per_agent, segments)
             elif part == "index":
@@ -308,6 +313,8 @@ def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]]
                 for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
                     if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
                         file.fail(f"truncated inside field {meta['name']!r}")
+            if target.dtype == bool and meta["name"] in MASKS:
+                packed[...] = pack_mask(target)
         checksum.add(handle.read(file.data_end - handle.tell()))
     finally:
         crc = checksum.result()

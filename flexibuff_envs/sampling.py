@@ -11,7 +11,7 @@ from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.chain import TakeMode
 from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import EmptyBufferError, positive_int
-from flexibuff_envs.storage import FIELDS
+from flexibuff_envs.storage import FIELDS, one_hot, unpack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.spec import BufferSpec
@@ -138,10 +138,14 @@ class Sampling:
             succ, mode = self._succ(idx)
             for name, chain in self._storage.chains.items():
                 out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
+        if self.spec.obs_categories:
+            for name in ("obs", "obs_"):
+                out[name] = one_hot(out[name], self.spec.obs_categories)
         if "action_mask" in out:
-            cuts = np.cumsum(self.spec.discrete_action_cardinalities)[:-1]
-            out["action_mask"] = np.split(out["action_mask"], cuts, axis=-1)
-            out["action_mask_"] = np.split(out["action_mask_"], cuts, axis=-1)
+            cards = self.spec.discrete_action_cardinalities
+            cuts = np.cumsum(cards)[:-1]
+            for name in ("action_mask", "action_mask_"):
+                out[name] = np.split(unpack_mask(out[name], sum(cards)), cuts, axis=-1)
         if normalize_advantages:
             advantages = out.get("advantages")
             if advantages is None:

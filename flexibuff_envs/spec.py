@@ -37,6 +37,9 @@ class BufferSpec:
         agent_obs_sizes, agent_discrete_action_cardinalities, agent_continuous_action_dimensions:
             each agent's true sizes when agents differ only in size (the buffer holds the largest,
             zero-padded; padded actions are masked out).
+        obs_categories: for observations made of categories only (Discrete, MultiDiscrete, Tuple
+            or Dict of those), each one's size: rows store one index per category, batches get
+            the one-hot flattening (``obs_size = sum(obs_categories)`` float32 values).
     """
 
     obs_size: int
@@ -54,6 +57,7 @@ class BufferSpec:
     agent_obs_sizes: tuple[int, ...] = ()
     agent_discrete_action_cardinalities: tuple[tuple[int, ...], ...] = ()
     agent_continuous_action_dimensions: tuple[int, ...] = ()
+    obs_categories: tuple[int, ...] = ()
 
     #: Fields that decide array shapes; a user-supplied buffer must agree on these.
     LAYOUT_FIELDS = (
@@ -65,6 +69,7 @@ class BufferSpec:
         "n_agents",
         "state_size",
         "n_envs",
+        "obs_categories",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,6 +102,7 @@ def spec_from_codecs(
         action_mask=(obs.split_mask or action_mask) and bool(action.cardinalities),
         discrete_action_starts=action.starts,
         obs_shape=obs.shape,
+        obs_categories=obs.categories,
         **extra,
     )
 
@@ -146,6 +152,7 @@ def combine_agents(
         agent_obs_sizes=tuple(o.size for o in obs),
         agent_discrete_action_cardinalities=tuple(a.cardinalities for a in actions),
         agent_continuous_action_dimensions=tuple(a.continuous_dim for a in actions),
+        obs_categories=obs[0].categories if len({o.categories for o in obs}) == 1 else (),
     )
 
 

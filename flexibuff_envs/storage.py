@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flexibuff_envs.chain import Chain
+from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.spec import BufferSpec
 
 
@@ -35,8 +36,9 @@ FIELDS: dict[str, Field] = {
     "state_": Field(False, "float32", 0, "state_size"),
     "discrete_actions": Field(True, "int64", 0, "n_heads"),
     "continuous_actions": Field(True, "float32", 0, "continuous_action_dimension"),
-    "action_mask": Field(True, "bool", True, "mask_width"),
-    "action_mask_": Field(True, "bool", True, "mask_width"),
+    # legal-action masks as bits, eight actions a byte (`pack_mask`); 255: all legal
+    "action_mask": Field(True, "uint8", 255, "mask_bytes"),
+    "action_mask_": Field(True, "uint8", 255, "mask_bytes"),
     "individual_rewards": Field(True, "float32", 0),
     "individual_auxiliary_rewards": Field(True, "float32", 0),
     "global_rewards": Field(False, "float32", 0),
@@ -53,6 +55,26 @@ FIELDS: dict[str, Field] = {
     "memory_weights": Field(False, "float32", 1.0),
 }
 
+def pack_mask(mask: np.ndarray) -> np.ndarray:
+    """Legal-action flags (any nonzero is legal) as bits along the last axis, first action lowest."""
+    return np.packbits(mask, axis=-1, bitorder="little")
+
+
+def unpack_mask(bits: np.ndarray, width: int) -> np.ndarray:
+    """The ``width`` flags `pack_mask` packed, as bools."""
+    return np.unpackbits(bits, axis=-1, count=width, bitorder="little").view(bool)
+
+
+def one_hot(indices: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
+    """Stored category indices (``[..., k]``, index + 1; 0: none) as their one-hot flattening."""
+    offsets = np.cumsum((-1, *categories[:-1]))  # index + 1 -> position in the flattening
+    out = np.zeros((*indices.shape[:-1], sum(categories)), dtype=np.float32)
+    flat, stored = out.reshape(-1, out.shape[-1]), indices.reshape(-1, len(categories))
+    rows, which = np.nonzero(stored)
+    flat[rows, stored[rows, which] + offsets[which]] = 1.0
+    return out
+
+
 #: each next-value field and the field whose next row holds it
 NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
 
@@ -66,11 +88,11 @@ class Storage:
         self.arrays: dict[str, np.ndarray] = {}
         self.chains: dict[str, Chain] = {}
         self._widths = {
-            "obs_size": spec.obs_size,
+            "obs_size": len(spec.obs_categories) or spec.obs_size,
             "state_size": spec.state_size or 0,
             "n_heads": len(spec.discrete_action_cardinalities),
             "continuous_action_dimension": spec.continuous_action_dimension,
-            "mask_width": sum(spec.discrete_action_cardinalities),
+            "mask_bytes": -(-sum(spec.discrete_action_cardinalities) // 8),
             "log_prob_continuous": log_prob_continuous,
         }
 
@@ -87,7 +109,8 @@ class Storage:
             field = FIELDS[name]
             if width is not None:
                 self._widths[field.width] = width
-            dtype = np.dtype(self.spec.obs_dtype if field.dtype == "obs" else field.dtype)
+            dtype = np.dtype(field.dtype if field.dtype != "obs" else index_dtype(self.spec.obs_categories)
+                             if self.spec.obs_categories else self.spec.obs_dtype)
             # zeros come from calloc: untouched rows of a huge buffer cost no memory
             array = np.zeros(self.shape(name), dtype=dtype)
             if field.fill:

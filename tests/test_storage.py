@@ -78,3 +78,35 @@ def test_obs__cannot_be_taken_apart_while_a_recorder_writes_it() -> None:
     env = fe.record(gym.make("CartPole-v1"), num_steps=50)
     with pytest.raises(ValueError, match=r"obs_ is stored once, in the next row of obs"):
         env.buffer.field("obs_")
+
+
+def test_discrete_observations_are_stored_as_indices_and_sampled_one_hot() -> None:
+    env = fe.record(gym.make("Taxi-v4"), num_steps=500)
+    states = [env.reset(seed=0)[0]]
+    env.action_space.seed(0)
+    for _ in range(150):
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        states.append(obs)
+        assert not (terminated or truncated)  # Taxi truncates at 200; random moves rarely deliver
+    batch = env.buffer.sample_transitions(idx=np.arange(150))
+    np.testing.assert_array_equal(batch.obs, np.eye(500, dtype=np.float32)[states[:-1]])
+    np.testing.assert_array_equal(batch.obs_, np.eye(500, dtype=np.float32)[states[1:]])
+    # a step costs tens of bytes, not the 4,000 of two one-hot float rows
+    assert env.buffer.nbytes_per_row < 64
+
+
+def test_a_legal_action_mask_costs_a_bit_per_action() -> None:
+    def per_row(masked: bool) -> int:
+        return fe.FlexibleBuffer(10, 4, [4672], action_mask=masked, n_agents=2).nbytes_per_row
+
+    # chess: 4,672 moves; masks and next masks were 2 x 4,672 bools per agent
+    assert per_row(True) - per_row(False) == 2 * (4672 // 8 + 4)  # bits, plus the next mask's index
+
+
+def test_obs_categories_must_add_up_to_obs_size() -> None:
+    with pytest.raises(ValueError, match=r"obs_categories \(3, 4\) sum to 7, but obs_size is 8"):
+        fe.FlexibleBuffer(10, 8, [2], obs_categories=[3, 4])
+    buffer = fe.FlexibleBuffer(10, 7, [2], obs_categories=[3, 4])
+    buffer.begin_episode()
+    buffer.field("obs")[0, buffer.claim_row()] = [3, 1]  # stored as index + 1
+    assert buffer.sample_transitions(idx=np.array([0])).obs.tolist() == [[0, 0, 1, 1, 0, 0, 0]]

@@ -18,6 +18,7 @@ from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
@@ -62,32 +63,34 @@ def _flat_mask(mask: Any) -> Any:
 
 
 class MaskCodec:
-    """How an env's action mask (one array, or one per head; None: all legal) becomes a padded row.
+    """How an env's action mask (one array, or one per head; None: all legal) becomes a padded row
+    of bits (`pack_mask`).
 
     Agents with fewer actions than the buffer's heads get False at the padded positions.
     """
 
     def __init__(self, own: tuple[int, ...], padded: tuple[int, ...]) -> None:
-        self.size = sum(padded)
+        width = sum(padded)
+        self.size = -(-width // 8)  # bytes
         offsets = np.cumsum((0, *padded[:-1])).astype(int)
         self._positions = None if own == padded else np.concatenate(
             [np.arange(o, o + c) for o, c in zip(offsets, own)])
-        self.all_legal = np.zeros(self.size, dtype=bool)
-        self.all_legal[self._positions if self._positions is not None else slice(None)] = True
+        self._row = np.zeros(width, dtype=bool)
+        legal = np.zeros(width, dtype=bool)
+        legal[self._positions if self._positions is not None else slice(None)] = True
+        self.all_legal = pack_mask(legal)
 
-    def padded(self, mask: Any) -> Any:
+    def packed(self, mask: Any) -> np.ndarray:
         if mask is None:
             return self.all_legal
-        flat = _flat_mask(mask)
         if self._positions is None:
-            return flat
-        row = np.zeros(self.size, dtype=bool)
-        row[self._positions] = flat
-        return row
+            return pack_mask(_flat_mask(mask))
+        self._row[self._positions] = _flat_mask(mask)
+        return pack_mask(self._row)
 
     def writer(self, store: np.ndarray) -> Callable[[int, Any], None]:
         def write(p: int, mask: Any) -> None:
-            store[p] = self.padded(mask)
+            store[p] = self.packed(mask)
 
         return write
 
@@ -107,7 +110,7 @@ class AgentSlot:
         self.lane = lane
         self.name = buffer.spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = held(buffer, "obs_", obs, index, lane)
+        self.obs = held(buffer, "obs_", obs.compact() if buffer.spec.obs_categories else obs, index, lane)
         self._write_obs = self.obs.write
         self._write_action = action.writer(
             buffer.field("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
