@@ -85,6 +85,8 @@ class Chain:
 
     def forget(self, rows: np.ndarray) -> None:
         """``rows`` are no longer recorded: their slots come back and they read as cleared."""
+        for holder in self.holders:
+            holder.release(rows)
         if self.per_agent:
             self.release(self.index[:, rows].ravel())
             self.index[:, rows] = 0
@@ -94,6 +96,8 @@ class Chain:
 
     def reset(self) -> None:
         """Every row forgotten (`FlexibleBuffer.clear`); the holders keep their slots."""
+        for holder in self.holders:
+            holder.release()
         self.index[...] = 0
         free = np.flatnonzero(~self.reserved[1:self.fresh]).astype(np.int32) + 1
         self._free[:free.size] = free
@@ -170,8 +174,8 @@ class Held:
         self._make_writer, self._size = writer, size
         self._first, self._end = lane  # the lane's rows [first, end): its successor wraps there
         self.held, self.spare = (int(s) for s in chain.reserve())
-        self.pending = -1  # the row whose next value is the held one (-1: it came from a reset)
-        self._before: tuple[int, int, int] | None = None  # (pending, held, spare) before the last write
+        self.pending = -1  # the row whose next value is the held one (-1: none, e.g. after a reset)
+        self._before: tuple[int, bool] | None = None  # (pending, whether it was chained) before a write
         chain.holders.add(self)
         self.bind()
 
@@ -179,14 +183,19 @@ class Held:
         """Point the writers at the chain's current tail store (it moves when it grows)."""
         self.tail = self.chain.tail
         self._write = self._make_writer(self.tail[:, :self._size])
+        self._views = {self.held: self.tail[self.held], self.spare: self.tail[self.spare]}
+
+    def release(self, rows: np.ndarray | None = None) -> None:
+        """The pending row was forgotten (``rows`` holds it; None: every row): hold without it."""
+        if self.pending >= 0 and (rows is None or (rows == self.pending).any()):
+            self.pending = -1
 
     def _settle(self) -> None:
         """The held value stops being held: the pending row keeps it in a slot of its own."""
-        pending = self.pending
-        if pending >= 0 and self.index[pending] == self.held:
+        if self.pending >= 0:
             slot = int(self.chain.alloc()[0])
-            self.tail[slot] = self.tail[self.held]
-            self.index[pending] = slot
+            self.chain.tail[slot] = self._views[self.held]
+            self.index[self.pending] = slot
 
     def hold(self, value: Any) -> None:
         """Hold ``value`` (from a reset, or an agent that joins) for the next row."""
@@ -196,39 +205,36 @@ class Held:
 
     def hold_missing(self) -> None:
         """Hold a value the env could not give: NaN (0 for integer dtypes)."""
-        self.tail[self.spare] = np.nan if self.tail.dtype.kind == "f" else 0
+        self._views[self.spare][...] = np.nan if self.tail.dtype.kind == "f" else 0
         self._settle()
         self.held, self.spare, self.pending = self.spare, self.held, -1
 
     def write(self, row: int, value: Any) -> None:
         """``base[row]`` = the held value; ``value`` is ``row``'s next value and is held next."""
-        spare = self.spare
+        held, spare, pending = self.held, self.spare, self.pending
         self._write(spare, value)  # may raise: then nothing has changed
-        self._advance(row, spare)
+        self.base[row] = self._views[held]
+        chained = pending >= 0 and row == (pending + 1 if pending + 1 < self._end else self._first)
+        if chained:
+            self.index[pending] = CHAINED
+        elif pending >= 0:
+            self._settle()
+        self._before = (pending, chained)
+        self.index[row] = spare
+        self.held, self.spare, self.pending = spare, held, row
 
     def write_missing(self, row: int) -> None:
         """As `write`, for a value the env could not give: NaN (0 for integer dtypes)."""
-        self.tail[self.spare] = np.nan if self.tail.dtype.kind == "f" else 0
-        self._advance(row, self.spare)
-
-    def _advance(self, row: int, spare: int) -> None:
-        held, pending = self.held, self.pending
-        self.base[row] = self.tail[held]
-        self._before = (pending, held, spare)
-        follows = pending + 1 if pending + 1 < self._end else self._first
-        if pending >= 0 and row == follows and self.index[pending] == held:
-            self.index[pending] = CHAINED
-        else:
-            self._settle()
-        self.index[row] = spare
-        self.held, self.spare, self.pending = spare, held, row
+        self._views[self.spare][...] = np.nan if self.tail.dtype.kind == "f" else 0
+        self.write(row, self._views[self.spare])
 
     def undo(self, row: int) -> None:
         """``row`` is given back (`LaneRecorder.abandon`): hold again what was held before it."""
         if self.pending != row or self._before is None:
             return
-        pending, held, spare = self._before
-        if pending >= 0 and self.index[pending] == CHAINED:
-            self.index[pending] = held
-        self.pending, self.held, self.spare = pending, held, spare
+        pending, chained = self._before
+        self.held, self.spare = self.spare, self.held
+        if chained:  # the previous row reads its next value from the held slot again
+            self.index[pending] = self.held
+        self.pending = pending if chained else -1  # else that row kept a slot of its own
         self._before = None

@@ -113,8 +113,10 @@ class Storage:
                              if self.spec.obs_categories else self.spec.obs_dtype)
             # zeros come from calloc: untouched rows of a huge buffer cost no memory
             array = np.zeros(self.shape(name), dtype=dtype)
-            if field.fill:
-                array.fill(field.fill)
+            # a lone agent acts at every step: its rows are active once written
+            fill = True if name == "active" and self.spec.n_agents == 1 else field.fill
+            if fill:
+                array.fill(fill)
             self.arrays[name] = array
         return array
 

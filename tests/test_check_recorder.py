@@ -43,12 +43,12 @@ def test_a_small_ring_keeps_the_newest_whole_episodes() -> None:
 def test_a_recorder_that_records_wrong_is_caught_with_the_field_and_step(monkeypatch: pytest.MonkeyPatch) -> None:
     from flexibuff_envs.wrappers import core
 
-    real = core.AgentSlot.write
+    real = core.AgentSlot.write_values
 
     def off_by_one_reward(self: Any, row: int, action: Any, obs_: Any, reward: Any, *rest: Any) -> None:
         real(self, row, action, obs_, reward + (1.0 if row == 7 else 0.0), *rest)
 
-    monkeypatch.setattr(core.AgentSlot, "write", off_by_one_reward)
+    monkeypatch.setattr(core.AgentSlot, "write_values", off_by_one_reward)
     with pytest.raises(RecorderCheckError, match="individual_rewards differs at step 7"):
         check_recorder(gym.make("CartPole-v1"), steps=30)
     report = check_recorder(gym.make("CartPole-v1"), steps=30, strict=False)

@@ -156,6 +156,12 @@ class AgentSlot:
     def write(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
               info: Mapping[str, Any]) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
+        self.write_values(row, action, obs_, reward, terminated, truncated, info)
+        self.active[row] = True
+
+    def write_values(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
+                     info: Mapping[str, Any]) -> None:
+        """`write` without marking the agent active (a single-agent buffer's rows always are)."""
         if self.mask is None:
             self._write_obs(row, obs_)
         else:
@@ -166,7 +172,6 @@ class AgentSlot:
         self.rewards[row] = reward
         self.terminated[row] = terminated
         self.truncated[row] = truncated
-        self.active[row] = True
 
 
 class LaneRecorder:
@@ -251,7 +256,7 @@ class LaneRecorder:
         row = self._claim()
         self.rows.append(row)  # one agent: it filled every row, so its step count is len(rows)
         try:
-            self._single.write(row, action, obs_, reward, terminated, truncated, info)
+            self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
             self.global_rewards[row] = reward  # type: ignore[index]
             if self._annotated:
                 self.annotations.write(row, 0)
