@@ -338,20 +338,31 @@ class FlexibleBuffer(Sampling):
         self._write_returns(self._lanes[lane], part, bootstrap, agent=agent)
         self._finished[lane].add(agent)
 
-    def clear_row(self, row: int, agents: list[int] | None = None) -> None:
+    def claim_cleared_row(self, lane: int = 0) -> int:
+        """`claim_row`, the row reset by `clear_row` (a row never written before needs less)."""
+        lane_ = self._lanes[lane]
+        fresh = lane_.dirty <= lane_.written < lane_.capacity  # the ring's first pass: allocated values
+        row = self.claim_row(lane)
+        self.clear_row(row, fresh=fresh)
+        return row
+
+    def clear_row(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
         """Reset ``row`` to "nothing happened": agents inactive, rewards 0, no legal actions.
 
         Args:
             agents: clear only these agents' per-agent fields (None: every field of the row).
+            fresh: the row was never written: only fields allocated with another value are set.
         """
         for name, array in self._storage:
             field = FIELDS[name]
             value = field.fill if name in _KEEP_FILL else 0
+            if fresh and value == field.fill and not (name == "active" and self.spec.n_agents == 1):
+                continue
             if field.per_agent:
                 array[slice(None) if agents is None else agents, row] = value
             elif agents is None:
                 array[row] = value
-        for chain in self._storage.chains.values():
+        for chain in [] if fresh else self._storage.chains.values():  # a fresh row reads slot 0
             if chain.per_agent:
                 chain.index[slice(None) if agents is None else agents, row] = 0
             elif agents is None:

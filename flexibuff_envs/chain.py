@@ -175,7 +175,7 @@ class Held:
         self._first, self._end = lane  # the lane's rows [first, end): its successor wraps there
         self.held, self.spare = (int(s) for s in chain.reserve())
         self.pending = -1  # the row whose next value is the held one (-1: none, e.g. after a reset)
-        self._before: tuple[int, bool] | None = None  # (pending, whether it was chained) before a write
+        self._before = -1  # the pending row before the last write (-1: none, or nothing to undo)
         chain.holders.add(self)
         self.bind()
 
@@ -214,12 +214,12 @@ class Held:
         held, spare, pending = self.held, self.spare, self.pending
         self._write(spare, value)  # may raise: then nothing has changed
         self.base[row] = self._views[held]
-        chained = pending >= 0 and row == (pending + 1 if pending + 1 < self._end else self._first)
-        if chained:
-            self.index[pending] = CHAINED
-        elif pending >= 0:
-            self._settle()
-        self._before = (pending, chained)
+        if pending >= 0:
+            if row == (pending + 1 if pending + 1 < self._end else self._first):
+                self.index[pending] = CHAINED
+            else:
+                self._settle()
+        self._before = pending
         self.index[row] = spare
         self.held, self.spare, self.pending = spare, held, row
 
@@ -230,11 +230,11 @@ class Held:
 
     def undo(self, row: int) -> None:
         """``row`` is given back (`LaneRecorder.abandon`): hold again what was held before it."""
-        if self.pending != row or self._before is None:
+        if self.pending != row:
             return
-        pending, chained = self._before
+        pending, self._before = self._before, -1
         self.held, self.spare = self.spare, self.held
+        chained = pending >= 0 and self.index[pending] == CHAINED
         if chained:  # the previous row reads its next value from the held slot again
             self.index[pending] = self.held
         self.pending = pending if chained else -1  # else that row kept a slot of its own
-        self._before = None

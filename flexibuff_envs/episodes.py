@@ -27,13 +27,14 @@ class Episode:
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("_bounds", "capacity", "ended", "live_start", "offset", "on_forget", "running", "written")
+    __slots__ = ("_bounds", "capacity", "dirty", "ended", "live_start", "offset", "on_forget", "running", "written")
 
     def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None]) -> None:
         self.on_forget = on_forget
         self.offset = offset
         self.capacity = capacity
         self.written = 0
+        self.dirty = 0  # positions below this may have been written, even if given back
         self.live_start = 0
         self.ended: deque[Episode] = deque()
         self.running: Episode | None = None
@@ -54,6 +55,7 @@ class Lane:
 
     def unclaim(self) -> None:
         """Give back the row of the last `claim` (its step could not be recorded)."""
+        self.dirty = max(self.dirty, self.written)
         self.written -= 1
         self.running.end = self.written  # type: ignore[union-attr]
 

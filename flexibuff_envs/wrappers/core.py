@@ -269,9 +269,7 @@ class LaneRecorder:
     def row(self, k: int) -> int:
         """The buffer row of the running episode's ``k``-th step, claimed and cleared if new."""
         while len(self.rows) <= k:
-            row = self._claim()
-            self.buffer.clear_row(row)
-            self.rows.append(row)
+            self.rows.append(self.buffer.claim_cleared_row(self.lane))
         return self.rows[k]
 
     def next_row(self) -> int:
