@@ -15,7 +15,7 @@ from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, NEXT, Storage, pack_mask
+from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, pack_mask
 
 #: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
 _KEEP_FILL = frozenset(name for name, field in FIELDS.items()
@@ -193,7 +193,8 @@ class FlexibleBuffer(Sampling):
         return self._storage.ensure(name, width=width)
 
     def next_chain(self, name: str) -> Chain:
-        """The chain of next-value field ``name`` (a recorder's; see `chain`)."""
+        """The chain a recorder writes next-value field ``name`` through (next values written out
+        by hand are compacted first)."""
         if self._packed:
             self._unpack()
         if name in self._storage.arrays:
@@ -231,7 +232,7 @@ class FlexibleBuffer(Sampling):
 
         storage = self._storage
         storage.arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
-        for name in ("action_mask", "action_mask_"):
+        for name in MASKS:
             if name in storage.arrays and storage.arrays[name].dtype == bool:  # formats 1-2
                 storage.arrays[name] = pack_mask(storage.arrays[name])
         parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
@@ -356,7 +357,7 @@ class FlexibleBuffer(Sampling):
         for name, array in self._storage:
             field = FIELDS[name]
             value = field.fill if name in _KEEP_FILL else 0
-            if fresh and value == field.fill and not (name == "active" and self.spec.n_agents == 1):
+            if fresh and value == self._storage.fill(name):
                 continue
             if field.per_agent:
                 array[slice(None) if agents is None else agents, row] = value

@@ -29,7 +29,7 @@ import numpy as np
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, NEXT, pack_mask
+from flexibuff_envs.storage import FIELDS, MASKS, NEXT, pack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
 VERSION = 3
 _ALIGN = 64
-MASKS = ("action_mask", "action_mask_")
 _PREFIX = struct.Struct("<8sIQ")
 _SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s"), 3: struct.Struct("<II8s")}
 

@@ -11,7 +11,7 @@ from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.chain import TakeMode
 from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import EmptyBufferError, positive_int
-from flexibuff_envs.storage import FIELDS, one_hot, unpack_mask
+from flexibuff_envs.storage import FIELDS, MASKS, one_hot, unpack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.spec import BufferSpec
@@ -144,7 +144,7 @@ class Sampling:
         if "action_mask" in out:
             cards = self.spec.discrete_action_cardinalities
             cuts = np.cumsum(cards)[:-1]
-            for name in ("action_mask", "action_mask_"):
+            for name in MASKS:
                 out[name] = np.split(unpack_mask(out[name], sum(cards)), cuts, axis=-1)
         if normalize_advantages:
             advantages = out.get("advantages")

@@ -55,6 +55,15 @@ FIELDS: dict[str, Field] = {
     "memory_weights": Field(False, "float32", 1.0),
 }
 
+#: the legal-action mask fields
+MASKS = ("action_mask", "action_mask_")
+
+
+def mask_bytes(width: int) -> int:
+    """Bytes a mask of ``width`` actions takes as bits."""
+    return -(-width // 8)
+
+
 def pack_mask(mask: np.ndarray) -> np.ndarray:
     """Legal-action flags (any nonzero is legal) as bits along the last axis, first action lowest."""
     return np.packbits(mask, axis=-1, bitorder="little")
@@ -92,7 +101,7 @@ class Storage:
             "state_size": spec.state_size or 0,
             "n_heads": len(spec.discrete_action_cardinalities),
             "continuous_action_dimension": spec.continuous_action_dimension,
-            "mask_bytes": -(-sum(spec.discrete_action_cardinalities) // 8),
+            "mask_bytes": mask_bytes(sum(spec.discrete_action_cardinalities)),
             "log_prob_continuous": log_prob_continuous,
         }
 
@@ -113,12 +122,16 @@ class Storage:
                              if self.spec.obs_categories else self.spec.obs_dtype)
             # zeros come from calloc: untouched rows of a huge buffer cost no memory
             array = np.zeros(self.shape(name), dtype=dtype)
-            # a lone agent acts at every step: its rows are active once written
-            fill = True if name == "active" and self.spec.n_agents == 1 else field.fill
+            fill = self.fill(name)
             if fill:
                 array.fill(fill)
             self.arrays[name] = array
         return array
+
+    def fill(self, name: str) -> float | bool:
+        """The value field ``name`` is allocated with."""
+        # a lone agent acts at every step: its rows are active once written
+        return True if name == "active" and self.spec.n_agents == 1 else FIELDS[name].fill
 
     def chain(self, name: str) -> Chain:
         """The chain of next-value field ``name``, made (with its base field) on first use."""

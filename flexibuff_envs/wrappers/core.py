@@ -18,7 +18,7 @@ from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import pack_mask
+from flexibuff_envs.storage import mask_bytes, pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
@@ -71,7 +71,7 @@ class MaskCodec:
 
     def __init__(self, own: tuple[int, ...], padded: tuple[int, ...]) -> None:
         width = sum(padded)
-        self.size = -(-width // 8)  # bytes
+        self.size = mask_bytes(width)
         offsets = np.cumsum((0, *padded[:-1])).astype(int)
         self._positions = None if own == padded else np.concatenate(
             [np.arange(o, o + c) for o, c in zip(offsets, own)])
