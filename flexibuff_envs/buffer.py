@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs import chunk
 from flexibuff_envs.chain import Chain
+from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
@@ -418,6 +420,28 @@ class FlexibleBuffer(Sampling):
                                                     self.gae_lambda, bootstrap)
             self.field("advantages")[agents, rows] = advantages
             self.field("returns")[agents, rows] = value_targets
+
+    # ------------------------------------------------------------------ moving episodes
+
+    def take_episodes(self) -> Chunk:
+        """Hand out every ended whole episode as a `Chunk` (plain numpy arrays, cheap to send to
+        another process) and forget all ended episodes here; a running episode goes on recording.
+        """
+        return chunk.take(self)
+
+    def extend(self, episodes: Chunk, lane: int = 0) -> int:
+        """Append the whole episodes of a `Chunk` (from `take_episodes`) to ``lane``, with the
+        ``G``, masks and annotations they were recorded with; returns how many were appended.
+
+        The lane's oldest episodes are forgotten to make room, as when recording; if the chunk
+        holds more than the lane, only its newest episodes that fit are appended. A lane a
+        recorder is writing cannot be extended.
+
+        Raises:
+            SpecMismatchError: the chunk's layout, ``gamma`` or ``gae_lambda`` differ from this
+                buffer's (the message names which). Nothing is changed then.
+        """
+        return chunk.extend(self, episodes, lane)
 
     # ------------------------------------------------------------------ sampling
 

@@ -131,6 +131,34 @@ class Chain:
 
     # ----------------------------------------------------------------- conversion
 
+    def extract(self, rows: np.ndarray, cut: np.ndarray | None = None,
+                cut_succ: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The next values of ``rows`` as a chain of their own: ``(index, tail)``.
+
+        A chained row reads the next of ``rows``; the slots the rows name are renumbered
+        ``1, 2, ...`` in a tail holding only those (slot 0: zeros). A chained row at a position in
+        ``cut`` (whose successor is not the next of ``rows``) gets a slot with its value, read
+        from the base at ``cut_succ``.
+        """
+        index = self.index.take(rows, axis=-1)
+        used = np.unique(index[index > 0])
+        index = np.where(index > 0, np.searchsorted(used, index) + 1, index).astype(np.int32)
+        tail = [self.tail[:1], self.tail[used]]
+        if cut is not None and cut.size:
+            # a global field is handled as one agent's
+            base, at = (self.base, index) if self.per_agent else (self.base[None], index[None])
+            agents, which = np.nonzero(at[:, cut] == CHAINED)
+            at[agents, cut[which]] = 1 + used.size + np.arange(which.size, dtype=np.int32)
+            tail.append(base[agents, np.asarray(cut_succ)[which]])
+        return index, np.concatenate(tail)
+
+    def insert(self, rows: np.ndarray | slice, index: np.ndarray, tail: np.ndarray) -> None:
+        """Store a chain `extract` made at ``rows`` (in order; chained rows must be followed by
+        their successors there): its slots get slots of this tail store."""
+        slots = np.concatenate([np.zeros(1, dtype=np.int32), self.alloc(len(tail) - 1)])
+        self.tail[slots[1:]] = tail[1:]
+        self.index[..., rows] = np.where(index >= 0, slots[np.maximum(index, 0)], CHAINED)
+
     def absorb(self, explicit: np.ndarray, live: np.ndarray, succ: np.ndarray, chainable: np.ndarray) -> None:
         """Take next values given row by row (a hand-filled or old file's ``obs_``): rows whose
         value equals, bit for bit, the base at their successor are chained, the rest get slots.

@@ -61,9 +61,7 @@ class Lane:
 
     def _forget_oldest(self) -> None:
         if self.ended:
-            oldest = self.ended.popleft()
-            self.live_start = oldest.end
-            self.on_forget(self, oldest)
+            self._forget_ended()
             return
         # The running episode alone fills the lane: drop its first step and remember that it is
         # no longer whole, so it is never handed out as an episode.
@@ -73,6 +71,33 @@ class Lane:
         running.start += 1
         running.whole = False
         self.live_start = running.start
+
+    def _forget_ended(self) -> None:
+        """Forget the oldest ended episode."""
+        oldest = self.ended.popleft()
+        self.live_start = oldest.end
+        self.on_forget(self, oldest)
+
+    def forget_ended(self) -> None:
+        """Forget every ended episode; a running one goes on."""
+        while self.ended:
+            self._forget_ended()
+
+    def append(self, lengths: np.ndarray) -> int:
+        """Room for ended episodes of ``lengths`` (adding up to at most ``capacity``) after the
+        newest row, forgetting the oldest episodes they overwrite; returns their first position.
+
+        A running episode must have no step yet: it then starts after them.
+        """
+        first = self.written
+        self.written = first + int(lengths.sum())
+        while self.ended and self.ended[0].start < self.written - self.capacity:
+            self._forget_ended()
+        ends = first + np.cumsum(lengths)
+        self.ended.extend(Episode(int(end - n), int(end)) for end, n in zip(ends, lengths))
+        if self.running is not None:
+            self.running.start = self.running.end = self.written
+        return first
 
     def clear(self) -> None:
         """Forget every row; a running episode goes on from here, no longer whole."""

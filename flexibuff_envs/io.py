@@ -28,12 +28,12 @@ import numpy as np
 
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
+from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, pack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
-    from flexibuff_envs.chain import Chain
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
 VERSION = 3
@@ -108,16 +108,6 @@ def _blocks(array: np.ndarray, per_agent: bool, segments: list[tuple[int, int]])
             yield array[lo:hi] if agent is None else array[agent, lo:hi]
 
 
-def _chain_parts(chain: Chain, segments: list[tuple[int, int]]) -> tuple[list[np.ndarray], np.ndarray]:
-    """A chain's index blocks (in file order) and tail, renumbered to the slots the rows name."""
-    blocks = list(_blocks(chain.index, chain.per_agent, segments))
-    named = np.concatenate([block.ravel() for block in blocks])
-    used = np.unique(named[named > 0])
-    renumbered = [np.where(block > 0, np.searchsorted(used, block) + 1, block).astype(np.int32)
-                  for block in blocks]
-    return renumbered, np.concatenate([chain.tail[:1], chain.tail[used]])
-
-
 def save(buffer: FlexibleBuffer, path: str) -> None:
     """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole.
 
@@ -144,9 +134,10 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
         per_agent = FIELDS[name].per_agent
         add({"name": name, "width": array.shape[-1] if array.ndim > 1 + per_agent else None},
             row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
+    live = live_rows(buffer._lanes)
     for name, chain in buffer._storage.chains.items():
-        index, tail = _chain_parts(chain, segments)
-        add({"name": name, "part": "index"}, row_shape(chain.index, chain.per_agent), chain.index, index)
+        index, tail = chain.extract(live)  # slots renumbered to the ones in use
+        add({"name": name, "part": "index"}, row_shape(chain.index, chain.per_agent), index, [index])
         add({"name": name, "part": "tail"}, list(tail.shape), tail, [tail])
     header["data_bytes"] = offset
     blob = json.dumps(header).encode()

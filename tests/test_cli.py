@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import flexibuff_envs as fe
-from flexibuff_envs import cli
-from flexibuff_envs.cli import rollout
+from flexibuff_envs import cli, rollout
 
 
 def run(argv: list[str]) -> int:

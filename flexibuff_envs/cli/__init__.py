@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
 from flexibuff_envs.cli.report import inspect_report, record_report
-from flexibuff_envs.cli.rollout import Budget, Progress, play
+from flexibuff_envs.rollout import Budget, Progress, play
 
 DEFAULT_EPISODES = 100
 DEFAULT_CAPACITY = 100_000

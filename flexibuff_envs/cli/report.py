@@ -9,7 +9,7 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.cli.envs import EnvChoice
-from flexibuff_envs.cli.rollout import Rollout
+from flexibuff_envs.rollout import Rollout
 from flexibuff_envs.spec import BufferSpec
 
 API_NAMES = {"gymnasium": "Gymnasium", "vector": "Gymnasium vector", "parallel": "PettingZoo parallel",

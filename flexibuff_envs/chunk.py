@@ -1,0 +1,178 @@
+"""Whole episodes moved between buffers as plain numpy arrays (a worker's to the learner's).
+
+`take` hands out a buffer's ended whole episodes as a `Chunk` and forgets them there; `extend`
+appends a chunk's episodes to a lane of another buffer, whole, with the ``G``, masks and
+annotations they were recorded with. Rows keep their stored form: next values stay chained
+(`Chain.extract`), masks stay bits, so a chunk is about one copy of what was recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from flexibuff_envs.chain import CHAINED, Chain
+from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import FIELDS, NEXT
+
+if TYPE_CHECKING:
+    from flexibuff_envs.buffer import FlexibleBuffer
+
+
+@dataclass(frozen=True, eq=False)
+class Chunk:
+    """Ended whole episodes, back to back, in a buffer's stored form.
+
+    Attributes:
+        spec: the layout of the buffer they were taken from.
+        gamma, gae_lambda: the discounts their ``G`` and GAE were computed with.
+        lengths: ``[episodes]`` steps of each episode, in order.
+        arrays: field name -> its rows (``[n_agents, rows, ...]`` or ``[rows, ...]``).
+        chains: next-value field -> ``(index, tail)`` (see `Chain.extract`).
+    """
+
+    spec: BufferSpec
+    gamma: float
+    gae_lambda: float
+    lengths: np.ndarray
+    arrays: dict[str, np.ndarray]
+    chains: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def rows(self) -> int:
+        """Rows (steps of all agents) in the chunk."""
+        return int(self.lengths.sum())
+
+    @property
+    def n_episodes(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its arrays: what it costs to send."""
+        return (self.lengths.nbytes + sum(a.nbytes for a in self.arrays.values())
+                + sum(i.nbytes + t.nbytes for i, t in self.chains.values()))
+
+    def __repr__(self) -> str:
+        return f"Chunk(episodes={self.n_episodes}, rows={self.rows}, nbytes={self.nbytes})"
+
+
+def take(buffer: FlexibleBuffer) -> Chunk:
+    """``buffer``'s ended whole episodes as a `Chunk`; every ended episode is then forgotten there
+    (running episodes go on recording)."""
+    if any(name in buffer._storage.arrays for name in NEXT):
+        buffer.compact()  # next values filled in by hand travel chained too
+    elif buffer._packed:
+        buffer._unpack()
+    episodes = [(lane, e) for lane in buffer._lanes for e in lane.ended if e.whole]
+    lengths = np.array([e.end - e.start for _, e in episodes], dtype=np.int64)
+    rows = np.concatenate([lane.rows(e) for lane, e in episodes]) if episodes else np.zeros(0, np.int64)
+    storage = buffer._storage
+    arrays = {name: array.take(rows, axis=1 if FIELDS[name].per_agent else 0) for name, array in storage}
+    last = np.cumsum(lengths) - 1  # each episode's last row, whose successor is not in the chunk
+    chains = {name: chain.extract(rows, last, buffer._successors(rows[last]))
+              for name, chain in storage.chains.items()}
+    for lane in buffer._lanes:
+        lane.forget_ended()
+    return Chunk(buffer.spec, buffer.gamma, buffer.gae_lambda, lengths, arrays, chains)
+
+
+def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
+    """Append ``chunk``'s episodes to ``buffer``'s ``lane``; returns how many were kept.
+
+    The oldest episodes of the lane are forgotten to make room, as when recording. When the chunk
+    holds more than the lane, its newest episodes that fit are kept.
+    """
+    _check(buffer, chunk, lane)
+    lane_ = buffer._lanes[lane]
+    fits = np.cumsum(chunk.lengths[::-1])[::-1] <= lane_.capacity  # the episodes from here on fit
+    skip = int(np.argmax(fits)) if fits.any() else len(fits)
+    lengths = chunk.lengths[skip:]
+    if not lengths.size:
+        return 0
+    if any(name in buffer._storage.arrays for name in NEXT):
+        buffer.compact()  # next values filled in by hand are chained first, like the chunk's
+    elif buffer._packed:
+        buffer._unpack()
+    if chunk.spec.action_mask and not buffer.spec.action_mask:
+        buffer.enable_action_mask()
+    for name, array in chunk.arrays.items():
+        buffer.field(name, width=array.shape[-1] if name == "continuous_log_probs" else None)
+    start = int(chunk.lengths[:skip].sum())
+    first = lane_.append(lengths)
+    # the ring rows written, as one or two slices, and where each starts in the chunk
+    head = lane_.offset + first % lane_.capacity
+    n = int(lengths.sum())
+    split = min(n, lane_.offset + lane_.capacity - head)
+    pieces = [(slice(head, head + split), slice(start, start + split)),
+              (slice(lane_.offset, lane_.offset + n - split), slice(start + split, start + n))]
+    storage = buffer._storage
+    for name, array in storage:
+        given = chunk.arrays.get(name)
+        per_agent = FIELDS[name].per_agent
+        for ring, part in pieces:
+            target = array[:, ring] if per_agent else array[ring]
+            if given is None:  # not recorded there: the value a fresh row has
+                target[...] = storage.fill(name)
+            else:
+                target[...] = given[:, part] if per_agent else given[part]
+    rows = np.concatenate([np.arange(ring.start, ring.stop) for ring, _ in pieces])
+    for name, chain in storage.chains.items():
+        index, tail = chunk.chains.get(name) or _filled(chain, storage.fill(NEXT[name]), lengths)
+        storage.chains[name].insert(rows, index[..., index.shape[-1] - n:], tail)
+    return len(lengths)
+
+
+def _filled(like: Chain, fill: float | bool, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(index, tail)`` of episodes of ``lengths`` whose next values all equal ``fill`` (a field
+    the chunk lacks): chained within episodes, a slot of its own at each episode's end."""
+    index = np.full((*like.index.shape[:-1], int(lengths.sum())), CHAINED, dtype=np.int32)
+    ends = np.cumsum(lengths) - 1
+    own = index[..., ends]
+    index[..., ends] = 1 + np.arange(own.size, dtype=np.int32).reshape(own.shape)
+    tail = np.full((1 + own.size, like.tail.shape[-1]), fill, dtype=like.tail.dtype)
+    tail[0] = 0
+    return index, tail
+
+
+def _check(buffer: FlexibleBuffer, chunk: Chunk, lane: int) -> None:
+    """Raise, naming what differs, unless ``chunk`` can be appended to ``lane`` as it is."""
+    if not isinstance(chunk, Chunk):
+        raise TypeError(f"extend: expected a Chunk (from FlexibleBuffer.take_episodes), got {type(chunk).__name__}")
+    if not 0 <= lane < len(buffer._lanes):
+        raise ValueError(f"extend: lane must be in [0, {len(buffer._lanes)}), got {lane!r}")
+    for name in BufferSpec.LAYOUT_FIELDS:
+        mine, theirs = getattr(buffer.spec, name), getattr(chunk.spec, name)
+        if name not in ("n_envs", "action_mask") and mine != theirs:
+            raise SpecMismatchError(f"extend: the chunk does not match the buffer: {name} is {theirs!r} "
+                                    f"in the chunk but {mine!r} in the buffer")
+    for name in ("gamma", "gae_lambda"):
+        if getattr(chunk, name) != getattr(buffer, name) and (name == "gamma" or "advantages" in chunk.arrays):
+            raise SpecMismatchError(f"extend: the chunk's returns were computed with {name}="
+                                    f"{getattr(chunk, name)!r} but the buffer's {name} is {getattr(buffer, name)!r}")
+    lengths = chunk.lengths
+    if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths < 1).any():
+        raise ValueError("extend: the chunk's lengths must be positive episode lengths")
+    rows, agents = chunk.rows, buffer.spec.n_agents
+    for name, array in chunk.arrays.items():
+        field = FIELDS.get(name)
+        if field is None or name in NEXT:
+            raise ValueError(f"extend: the chunk has an unknown field {name!r}")
+        lead = (agents, rows) if field.per_agent else (rows,)
+        mine = buffer._storage.arrays.get(name)
+        if array.shape[:len(lead)] != lead or (mine is not None and (
+                array.shape[len(lead):] != mine.shape[len(lead):] or array.dtype != mine.dtype)):
+            raise ValueError(f"extend: field {name!r} of the chunk has shape {array.shape} and dtype "
+                             f"{array.dtype}; the buffer needs {lead} rows"
+                             + ("" if mine is None else f" of {mine.shape[len(lead):]} {mine.dtype}"))
+    for name, (index, tail) in chunk.chains.items():
+        if name not in NEXT or index.shape[-1] != rows or tail.shape[1:] != buffer._storage.shape(NEXT[name])[-1:]:
+            raise ValueError(f"extend: next-value field {name!r} of the chunk does not fit the buffer "
+                             f"(index {index.shape} for {rows} rows, values {tail.shape[1:]})")
+    running = buffer._lanes[lane].running
+    if running is not None and running.end > running.start:
+        raise ValueError(f"extend: lane {lane} has a running episode (a recorder is writing it); "
+                         "append chunks to a lane no recorder writes")
