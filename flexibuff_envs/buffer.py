@@ -275,7 +275,13 @@ class FlexibleBuffer(Sampling):
     def enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
         self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
-        self._storage.chain("action_mask_")
+        chain = self._storage.chain("action_mask_")
+        for lane in self._lanes:  # rows recorded before: every action was legal, and is next
+            episodes = [*lane.ended, *([lane.running] if lane.running is not None else [])]
+            lengths = np.array([e.end - e.start for e in episodes if e.end > e.start], dtype=np.int64)
+            if lengths.size:
+                rows = np.concatenate([lane.rows(e) for e in episodes if e.end > e.start])
+                chain.fill(rows, np.cumsum(lengths) - 1, self._storage.fill("action_mask"))
 
     def begin_episode(self, lane: int = 0) -> None:
         """Start an episode in ``lane``.

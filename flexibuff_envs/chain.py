@@ -152,6 +152,16 @@ class Chain:
             tail.append(base[agents, np.asarray(cut_succ)[which]])
         return index, np.concatenate(tail)
 
+    def fill(self, rows: np.ndarray, ends: np.ndarray, value: Any) -> None:
+        """Every one of ``rows`` (episodes back to back, each in lane order) reads ``value`` as its
+        next value: chained within an episode, from a slot of its own at each end (positions
+        ``ends`` of ``rows``)."""
+        index = np.full((*self.index.shape[:-1], rows.size), CHAINED, dtype=np.int32)
+        slots = self.alloc(index[..., ends].size)
+        self.tail[slots] = value
+        index[..., ends] = slots.reshape(index[..., ends].shape)
+        self.index[..., rows] = index
+
     def insert(self, rows: np.ndarray | slice, index: np.ndarray, tail: np.ndarray) -> None:
         """Store a chain `extract` made at ``rows`` (in order; chained rows must be followed by
         their successors there): its slots get slots of this tail store."""

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED, Chain
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, NEXT
@@ -121,21 +120,12 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
                 target[...] = given[:, part] if per_agent else given[part]
     rows = np.concatenate([np.arange(ring.start, ring.stop) for ring, _ in pieces])
     for name, chain in storage.chains.items():
-        index, tail = chunk.chains.get(name) or _filled(chain, storage.fill(NEXT[name]), lengths)
-        storage.chains[name].insert(rows, index[..., index.shape[-1] - n:], tail)
+        if name in chunk.chains:
+            index, tail = chunk.chains[name]
+            chain.insert(rows, index[..., start:], tail)
+        else:  # not recorded there: the value a fresh row has
+            chain.fill(rows, np.cumsum(lengths) - 1, storage.fill(NEXT[name]))
     return len(lengths)
-
-
-def _filled(like: Chain, fill: float | bool, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(index, tail)`` of episodes of ``lengths`` whose next values all equal ``fill`` (a field
-    the chunk lacks): chained within episodes, a slot of its own at each episode's end."""
-    index = np.full((*like.index.shape[:-1], int(lengths.sum())), CHAINED, dtype=np.int32)
-    ends = np.cumsum(lengths) - 1
-    own = index[..., ends]
-    index[..., ends] = 1 + np.arange(own.size, dtype=np.int32).reshape(own.shape)
-    tail = np.full((1 + own.size, like.tail.shape[-1]), fill, dtype=like.tail.dtype)
-    tail[0] = 0
-    return index, tail
 
 
 def _check(buffer: FlexibleBuffer, chunk: Chunk, lane: int) -> None:

@@ -12,21 +12,13 @@ from gymnasium import spaces
 
 import flexibuff_envs as fe
 from flexibuff_envs.testing.reference import play
+from tests.batches import assert_same_batches
 from tests.envs import ToyEnv
 
 
 def recorder(capacity: int = 40) -> fe.GymRecorder:
     return fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11),
                             mask_info=True), num_steps=capacity, gamma=0.7)
-
-
-def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
-    for name in ("obs", "obs_", "discrete_actions", "individual_rewards", "global_rewards", "terminated",
-                 "truncated", "active", "G"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
-    assert (a.action_mask is None) == (b.action_mask is None)
-    for x, y in zip(a.action_mask or (), b.action_mask or ()):
-        np.testing.assert_array_equal(x, y)
 
 
 def test_round_trip_keeps_every_field_and_keeps_recording_and_sampling_as_before(tmp_path: Path) -> None:
