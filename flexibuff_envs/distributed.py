@@ -139,6 +139,8 @@ class RayCollector:
             ``chunk_steps + 10_000``) must hold a chunk plus the longest episode.
         worker_options: Ray actor options (default ``{"num_cpus": 1}``), e.g. ``runtime_env``.
         max_restarts: restarts of dead workers allowed in all, before giving up.
+        start_timeout: seconds to wait for the workers to start (Ray holds back actors the
+            cluster has no free CPUs for).
     """
 
     def __init__(
@@ -154,6 +156,7 @@ class RayCollector:
         recorder_options: Mapping[str, Any] | None = None,
         worker_options: Mapping[str, Any] | None = None,
         max_restarts: int = 10,
+        start_timeout: float = 120.0,
     ) -> None:
         ray = _ray()
         self._ray = ray
@@ -165,12 +168,24 @@ class RayCollector:
         self.weights_version = 0
         self._env_fn, self._policy = env_fn, policy
         self._options = {"num_steps": self.chunk_steps + 10_000, **(recorder_options or {})}
-        self._actor = ray.remote(_Worker).options(**{"num_cpus": 1, **(worker_options or {})})
+        options = {"num_cpus": 1, **(worker_options or {})}
+        self._actor = ray.remote(_Worker).options(**options)
         self._weights: Any = None  # the object ref of the last weights broadcast
         self._incarnations = [0] * self.n_workers
         self.workers = [self._start(i) for i in range(self.n_workers)]
-        # an env_fn that fails raises here, with the worker's traceback
-        spec, gamma, gae_lambda = ray.get([w.describe.remote() for w in self.workers])[0]
+        try:  # an env_fn that fails raises here, with the worker's traceback
+            spec, gamma, gae_lambda = ray.get([w.describe.remote() for w in self.workers],
+                                              timeout=start_timeout)[0]
+        except ray.exceptions.GetTimeoutError as exc:
+            self.close()
+            raise TimeoutError(
+                f"RayCollector: {self.n_workers} workers did not start within start_timeout={start_timeout} s; "
+                f"each asks for {options['num_cpus']} CPU, the cluster has {ray.cluster_resources().get('CPU', 0):g} "
+                "in all and other actors may hold some (pass fewer n_workers, close other collectors, or "
+                "set worker_options={'num_cpus': ...})") from exc
+        except BaseException:
+            self.close()
+            raise
         self.buffer = buffer if buffer is not None else FlexibleBuffer.from_spec(
             dataclasses.replace(spec, n_envs=1), num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
             seed=seed, global_reward=False, individual_reward=False)
