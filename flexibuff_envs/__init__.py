@@ -2,6 +2,7 @@
 
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.errors import (
     BufferFileError,
     EmptyBufferError,
@@ -18,6 +19,7 @@ from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
 __all__ = [
     "BufferFileError",
     "BufferSpec",
+    "Chunk",
     "EmptyBufferError",
     "FlexiBatch",
     "FlexibleBuffer",
