@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -65,3 +66,13 @@ def test_dqn_tictactoe_reports_win_rates_before_and_after(tmp_path: Path,
     out = capsys.readouterr().out
     assert "40 games in" in out and "moving first   before" in out and "after" in out
     assert png.stat().st_size > 1000
+
+
+def test_ray_collect_collects_and_trains_on_two_workers(capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the workers import the example's actor by its module name: let the Ray it starts find it
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLES), *sys.path]))
+    load("ray_collect").main(["--steps", "2000", "--chunks", "3", "--chunk-steps", "200", "--batch-size", "64"])
+    out = capsys.readouterr().out
+    assert "collected 2,000 steps (80 episodes)" in out and "on 2 workers" in out
+    assert "trained on 3 chunks" in out and "whole episodes" in out
