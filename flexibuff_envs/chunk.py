@@ -128,17 +128,22 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
     return len(lengths)
 
 
+def check_layout(mine: BufferSpec, theirs: BufferSpec, what: str) -> None:
+    """Raise `SpecMismatchError` unless rows of layout ``theirs`` fit a buffer of layout ``mine``
+    (any number of lanes; masks are switched on when they come)."""
+    for name in BufferSpec.LAYOUT_FIELDS:
+        if name not in ("n_envs", "action_mask") and getattr(mine, name) != getattr(theirs, name):
+            raise SpecMismatchError(f"{what} does not match the buffer: {name} is {getattr(theirs, name)!r} "
+                                    f"there but {getattr(mine, name)!r} in the buffer")
+
+
 def _check(buffer: FlexibleBuffer, chunk: Chunk, lane: int) -> None:
     """Raise, naming what differs, unless ``chunk`` can be appended to ``lane`` as it is."""
     if not isinstance(chunk, Chunk):
         raise TypeError(f"extend: expected a Chunk (from FlexibleBuffer.take_episodes), got {type(chunk).__name__}")
     if not 0 <= lane < len(buffer._lanes):
         raise ValueError(f"extend: lane must be in [0, {len(buffer._lanes)}), got {lane!r}")
-    for name in BufferSpec.LAYOUT_FIELDS:
-        mine, theirs = getattr(buffer.spec, name), getattr(chunk.spec, name)
-        if name not in ("n_envs", "action_mask") and mine != theirs:
-            raise SpecMismatchError(f"extend: the chunk does not match the buffer: {name} is {theirs!r} "
-                                    f"in the chunk but {mine!r} in the buffer")
+    check_layout(buffer.spec, chunk.spec, "extend: the chunk")
     for name in ("gamma", "gae_lambda"):
         if getattr(chunk, name) != getattr(buffer, name) and (name == "gamma" or "advantages" in chunk.arrays):
             raise SpecMismatchError(f"extend: the chunk's returns were computed with {name}="

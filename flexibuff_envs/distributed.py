@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.chunk import Chunk
+from flexibuff_envs.chunk import Chunk, check_layout
 from flexibuff_envs.errors import MissingExtraError, positive_int
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.rollout import Policy, steps
@@ -173,22 +173,28 @@ class RayCollector:
         self._weights: Any = None  # the object ref of the last weights broadcast
         self._incarnations = [0] * self.n_workers
         self.workers = [self._start(i) for i in range(self.n_workers)]
-        try:  # an env_fn that fails raises here, with the worker's traceback
-            spec, gamma, gae_lambda = ray.get([w.describe.remote() for w in self.workers],
-                                              timeout=start_timeout)[0]
-        except ray.exceptions.GetTimeoutError as exc:
-            self.close()
-            raise TimeoutError(
-                f"RayCollector: {self.n_workers} workers did not start within start_timeout={start_timeout} s; "
-                f"each asks for {options['num_cpus']} CPU, the cluster has {ray.cluster_resources().get('CPU', 0):g} "
-                "in all and other actors may hold some (pass fewer n_workers, close other collectors, or "
-                "set worker_options={'num_cpus': ...})") from exc
+        try:  # an env_fn that fails raises here, with the worker's traceback; no worker is left behind
+            spec, gamma, gae_lambda = self._describe(start_timeout, options["num_cpus"])
+            if buffer is not None:
+                check_layout(buffer.spec, spec, "RayCollector: the workers' env")
         except BaseException:
             self.close()
             raise
         self.buffer = buffer if buffer is not None else FlexibleBuffer.from_spec(
             dataclasses.replace(spec, n_envs=1), num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
             seed=seed, global_reward=False, individual_reward=False)
+
+    def _describe(self, timeout: float, cpus: float) -> tuple[BufferSpec, float, float]:
+        """Worker 0's layout and discounts, once every worker has started."""
+        ray = self._ray
+        try:
+            return ray.get([w.describe.remote() for w in self.workers], timeout=timeout)[0]
+        except ray.exceptions.GetTimeoutError as exc:
+            raise TimeoutError(
+                f"RayCollector: {self.n_workers} workers did not start within start_timeout={timeout:g} s; "
+                f"each asks for {cpus:g} CPU, the cluster has {ray.cluster_resources().get('CPU', 0):g} "
+                "in all and other actors may hold some (pass fewer n_workers, close other collectors, or "
+                "set worker_options={'num_cpus': ...})") from exc
 
     def _start(self, i: int) -> Any:
         seed = self.seed + i + self.n_workers * self._incarnations[i]
@@ -245,7 +251,8 @@ class RayCollector:
 
     def set_weights(self, weights: Any) -> int:
         """Send ``weights`` (a ``state_dict``) to every worker's policy, once through the object
-        store; each worker loads them before its next chunk. Returns the new weights version."""
+        store; returns the new weights version. Each worker loads them after the chunks it has
+        queued (at most 2 while streaming); `ChunkInfo.weights_version` says what a chunk used."""
         if not callable(getattr(self._policy, "load_state_dict", None)):
             raise TypeError(f"set_weights: the policy ({type(self._policy).__name__}) has no "
                             "load_state_dict; pass a torch.nn.Module as the policy")

@@ -192,7 +192,7 @@ def test_a_chunk_that_does_not_fit_is_refused_by_name_and_the_buffer_keeps_every
     other_gamma = fe.record(gym.make("CartPole-v1"), num_steps=500)
     play(other_gamma, 0, 60)()
     before = fingerprint(learner)
-    with pytest.raises(fe.SpecMismatchError, match="obs_size is 6 in the chunk but 4"):
+    with pytest.raises(fe.SpecMismatchError, match="the chunk does not match the buffer: obs_size is 6 there but 4"):
         learner.extend(acrobot.buffer.take_episodes())
     with pytest.raises(fe.SpecMismatchError, match="gamma=0.99 but the buffer's gamma is 0.9"):
         learner.extend(other_gamma.buffer.take_episodes())

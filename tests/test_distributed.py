@@ -205,6 +205,8 @@ def test_bad_setup_is_reported_before_any_collection(collector: Callable[..., Ra
 
     with pytest.raises(ray.exceptions.RayActorError, match="no such env: Nope-v0"):
         collector(broken, n_workers=1)
+    with pytest.raises(fe.SpecMismatchError, match="the workers' env does not match the buffer: obs_size is 4"):
+        collector(KINDS["cartpole"], n_workers=2, buffer=fe.FlexibleBuffer(10, obs_size=6))
     with pytest.raises(ValueError, match="n_workers must be a positive integer"):
         collector(KINDS["cartpole"], n_workers=0)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
