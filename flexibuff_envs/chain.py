@@ -140,17 +140,14 @@ class Chain:
         ``cut`` (whose successor is not the next of ``rows``) gets a slot with its value, read
         from the base at ``cut_succ``.
         """
-        index = self.index.take(rows, axis=-1)
-        used = np.unique(index[index > 0])
-        index = np.where(index > 0, np.searchsorted(used, index) + 1, index).astype(np.int32)
-        tail = [self.tail[:1], self.tail[used]]
+        index, tail = renumbered(self.index.take(rows, axis=-1), self.tail)
         if cut is not None and cut.size:
             # a global field is handled as one agent's
             base, at = (self.base, index) if self.per_agent else (self.base[None], index[None])
             agents, which = np.nonzero(at[:, cut] == CHAINED)
-            at[agents, cut[which]] = 1 + used.size + np.arange(which.size, dtype=np.int32)
-            tail.append(base[agents, np.asarray(cut_succ)[which]])
-        return index, np.concatenate(tail)
+            at[agents, cut[which]] = len(tail) + np.arange(which.size, dtype=np.int32)
+            tail = np.concatenate([tail, base[agents, np.asarray(cut_succ)[which]]])
+        return index, tail
 
     def fill(self, rows: np.ndarray, ends: np.ndarray, value: Any) -> None:
         """Every one of ``rows`` (episodes back to back, each in lane order) reads ``value`` as its
@@ -193,6 +190,14 @@ class Chain:
     def nbytes(self) -> int:
         """Bytes of the index and of the tail store."""
         return self.index.nbytes + self.tail.nbytes
+
+
+def renumbered(index: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index`` naming slots ``1, 2, ...`` of a new tail that holds only the slots of ``tail`` it
+    named (slot 0, zeros, first); chained rows stay chained."""
+    used = np.unique(index[index > 0])
+    return (np.where(index > 0, np.searchsorted(used, index) + 1, index).astype(np.int32),
+            np.concatenate([tail[:1], tail[used]]))
 
 
 class Held:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flexibuff_envs.chain import renumbered
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, NEXT
@@ -122,7 +123,7 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
     for name, chain in storage.chains.items():
         if name in chunk.chains:
             index, tail = chunk.chains[name]
-            chain.insert(rows, index[..., start:], tail)
+            chain.insert(rows, *renumbered(index[..., start:], tail) if start else (index, tail))
         else:  # not recorded there: the value a fresh row has
             chain.fill(rows, np.cumsum(lengths) - 1, storage.fill(NEXT[name]))
     return len(lengths)

@@ -92,6 +92,9 @@ def test_a_chunk_bigger_than_the_lane_appends_its_newest_episodes_that_fit() -> 
     for a, b in zip(whole_episodes(learner), recorded[1:]):
         assert_same_batches(a, b)
     assert len(learner) == 70
+    chain = learner._storage.chains["obs_"]  # the dropped episode took no slot of the next-value store
+    named = chain.index[chain.index > 0]
+    assert named.size == len(set(named.tolist())) == chain.fresh - 1 - chain._n_free == 2
 
 
 def test_annotations_gae_feedback_and_weights_travel_with_the_episode() -> None:
