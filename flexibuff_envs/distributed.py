@@ -217,9 +217,8 @@ class RayCollector:
     def collect(self, steps: int) -> Collected:
         """Step ``steps`` env steps in all (shared between the workers), merge every ended episode
         into `buffer`, and return. Episodes still running go on at the next call."""
-        left = [positive_int("steps", steps) // self.n_workers] * self.n_workers
-        for i in range(positive_int("steps", steps) % self.n_workers):
-            left[i] += 1
+        share, extra = divmod(positive_int("steps", steps), self.n_workers)
+        left = [share + (i < extra) for i in range(self.n_workers)]
         start, restarts, chunks = time.perf_counter(), self.restarts, []
         queue = _Queue(self, left)
         while queue.pending:
