@@ -12,7 +12,7 @@ import numpy as np
 from flexibuff_envs import chunk
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
-from flexibuff_envs.episodes import Episode, Lane
+from flexibuff_envs.episodes import Episode, Lane, episode_rows
 from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
@@ -276,12 +276,10 @@ class FlexibleBuffer(Sampling):
         """Record action masks from now on (a recorder calls this when masks first appear)."""
         self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
         chain = self._storage.chain("action_mask_")
-        for lane in self._lanes:  # rows recorded before: every action was legal, and is next
-            episodes = [*lane.ended, *([lane.running] if lane.running is not None else [])]
-            lengths = np.array([e.end - e.start for e in episodes if e.end > e.start], dtype=np.int64)
-            if lengths.size:
-                rows = np.concatenate([lane.rows(e) for e in episodes if e.end > e.start])
-                chain.fill(rows, np.cumsum(lengths) - 1, self._storage.fill("action_mask"))
+        # rows recorded before: every action was legal, and is next
+        chain.fill(*episode_rows([(lane, e) for lane in self._lanes
+                                  for e in [*lane.ended, *([lane.running] if lane.running is not None else [])]
+                                  if e.end > e.start]), self._storage.fill("action_mask"))
 
     def begin_episode(self, lane: int = 0) -> None:
         """Start an episode in ``lane``.

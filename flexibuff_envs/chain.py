@@ -159,7 +159,7 @@ class Chain:
         index[..., ends] = slots.reshape(index[..., ends].shape)
         self.index[..., rows] = index
 
-    def insert(self, rows: np.ndarray | slice, index: np.ndarray, tail: np.ndarray) -> None:
+    def insert(self, rows: np.ndarray, index: np.ndarray, tail: np.ndarray) -> None:
         """Store a chain `extract` made at ``rows`` (in order; chained rows must be followed by
         their successors there): its slots get slots of this tail store."""
         slots = np.concatenate([np.zeros(1, dtype=np.int32), self.alloc(len(tail) - 1)])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flexibuff_envs.chain import renumbered
+from flexibuff_envs.episodes import episode_rows
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, NEXT
@@ -67,17 +68,15 @@ def take(buffer: FlexibleBuffer) -> Chunk:
         buffer.compact()  # next values filled in by hand travel chained too
     elif buffer._packed:
         buffer._unpack()
-    episodes = [(lane, e) for lane in buffer._lanes for e in lane.ended if e.whole]
-    lengths = np.array([e.end - e.start for _, e in episodes], dtype=np.int64)
-    rows = np.concatenate([lane.rows(e) for lane, e in episodes]) if episodes else np.zeros(0, np.int64)
+    # each episode's last row is followed by a row that is not in the chunk
+    rows, last = episode_rows([(lane, e) for lane in buffer._lanes for e in lane.ended if e.whole])
     storage = buffer._storage
     arrays = {name: array.take(rows, axis=1 if FIELDS[name].per_agent else 0) for name, array in storage}
-    last = np.cumsum(lengths) - 1  # each episode's last row, whose successor is not in the chunk
     chains = {name: chain.extract(rows, last, buffer._successors(rows[last]))
               for name, chain in storage.chains.items()}
     for lane in buffer._lanes:
         lane.forget_ended()
-    return Chunk(buffer.spec, buffer.gamma, buffer.gae_lambda, lengths, arrays, chains)
+    return Chunk(buffer.spec, buffer.gamma, buffer.gae_lambda, np.diff(last, prepend=-1), arrays, chains)
 
 
 def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:

@@ -144,3 +144,11 @@ class Lane:
     def size(self) -> int:
         """Live rows in this lane."""
         return self.written - self.live_start
+
+
+def episode_rows(episodes: list[tuple[Lane, Episode]]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``episodes`` back to back, each in time order, and the position in them of
+    each episode's last row."""
+    lengths = np.array([e.end - e.start for _, e in episodes], dtype=np.int64)
+    rows = np.concatenate([lane.rows(e) for lane, e in episodes]) if episodes else np.zeros(0, np.int64)
+    return rows, np.cumsum(lengths) - 1
