@@ -17,7 +17,7 @@ from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, pack_mask
+from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, one_hot, pack_mask
 
 #: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
 _KEEP_FILL = frozenset(name for name, field in FIELDS.items()
@@ -115,12 +115,10 @@ class FlexibleBuffer(Sampling):
         self.rng = np.random.default_rng(seed)
         self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs,
                                 log_prob_continuous=int(log_prob_continuous))
-        self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget)
+        self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents)
                        for i in range(self.spec.n_envs)]
         # True while the arrays hold only the live rows, lane after lane (a file mapped by `load`)
         self._packed = False
-        # per lane: agents whose own episode already ended inside the running one (their G is final)
-        self._finished: list[set[int]] = [set() for _ in self._lanes]
         wanted = {
             "obs": True, "terminated": True, "truncated": True, "active": True,
             "G": True, "state": state_size is not None,
@@ -211,6 +209,11 @@ class FlexibleBuffer(Sampling):
             return (explicit[agent, row] if FIELDS[name].per_agent else explicit[row]).copy()
         return chain.value(row, int(self._successors(np.array(row))), agent if chain.per_agent else None)
 
+    def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
+        """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""
+        value = self.next_value("obs_", row, agent)
+        return one_hot(value, self.spec.obs_categories) if self.spec.obs_categories else value
+
     def compact(self) -> None:
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
@@ -295,7 +298,6 @@ class FlexibleBuffer(Sampling):
             self._storage.arrays["truncated"][:, last] |= self._storage.arrays["active"][:, last]
             self.end_episode(lane)
         self._lanes[lane].begin()
-        self._finished[lane].clear()
 
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
@@ -319,31 +321,38 @@ class FlexibleBuffer(Sampling):
         for chain in self._storage.chains.values():
             chain.forget(rows)
 
-    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None,
-                    write_returns: bool = True) -> None:
-        """Close ``lane``'s running episode and write its ``G``.
+    def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None) -> None:
+        """Close ``lane``'s running episode and write ``G`` of every agent still in it.
 
         Args:
-            bootstrap: ``V(obs_)`` after the last step per agent (None: 0, as after a termination).
-            write_returns: False when every agent's ``G`` was written already (`finish_agent`).
+            bootstrap: ``V(obs_)`` after each agent's last step, scalar or ``[n_agents]``
+                (None: 0, as after a termination).
         """
         lane_ = self._lanes[lane]
-        episode = lane_.end()
-        if episode is not None and write_returns:
-            self._write_returns(lane_, episode, bootstrap)
+        running = lane_.running
+        if running is not None and running.end > running.start:
+            self._write_returns(lane_, running, bootstrap)
+        lane_.end()
 
-    def finish_agent(self, lane: int, agent: int, steps: int, bootstrap: np.ndarray | None = None) -> None:
-        """Write agent ``agent``'s ``G`` over the first ``steps`` rows of ``lane``'s running episode.
-
-        Rows past ``steps`` are not part of the agent's episode (it ended there), so they do not
-        enter its discounting; rows where it was not active get NaN.
-        """
-        running = self._lanes[lane].running
-        if running is None or steps == 0:
+    def end_agent(self, lane: int, agent: int, bootstrap: float | None = None) -> None:
+        """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
+        its own rows (those where it is active since it joined), bootstrapped by ``bootstrap``.
+        Its ``G`` is final: `end_episode` and `finish_path` leave it alone."""
+        lane_ = self._lanes[lane]
+        if lane_.running is None:
             return
-        part = Episode(running.start, min(running.start + steps, running.end))
-        self._write_returns(self._lanes[lane], part, bootstrap, agent=agent)
-        self._finished[lane].add(agent)
+        values = None if bootstrap is None else np.zeros(self.spec.n_agents)
+        if values is not None:
+            values[agent] = bootstrap
+        self._write_returns(lane_, lane_.running, values, only=agent)
+        lane_.agent_start[agent] = -1
+
+    def rejoin_agent(self, lane: int, agent: int) -> None:
+        """Agent ``agent`` appears again in ``lane``'s running episode after its own ended: its
+        next episode starts with its next row."""
+        running = self._lanes[lane].running
+        if running is not None:
+            self._lanes[lane].agent_start[agent] = running.end
 
     def claim_cleared_row(self, lane: int = 0) -> int:
         """`claim_row`, the row reset by `clear_row` (a row never written before needs less)."""
@@ -389,36 +398,49 @@ class FlexibleBuffer(Sampling):
             (-1, 1) if np.ndim(last_values) == 1 and self.spec.n_envs > 1 else np.shape(last_values)
         ), (self.spec.n_envs, self.spec.n_agents))
         for i, lane in enumerate(self._lanes):
-            if lane.running is None or lane.running.end == lane.running.start:
-                continue
-            finished = self._finished[i]
-            if not finished:
+            if lane.running is not None and lane.running.end > lane.running.start:
                 self._write_returns(lane, lane.running, values[i])
-                continue
-            # agents that already ended keep their G: the cut's bootstrap is not theirs
-            for agent in range(self.spec.n_agents):
-                if agent not in finished:
-                    self._write_returns(lane, lane.running, values[i, agent:agent + 1], agent=agent)
 
     def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None,
-                       agent: int | None = None) -> None:
+                       only: int | None = None) -> None:
+        """``G`` (and GAE) of the agents still in ``episode`` (or of agent ``only``), each over its
+        own rows: those since it joined where it is active, discounted transition by transition."""
         first = lane.offset + episode.start % lane.capacity
         steps = episode.end - episode.start
         # an episode that does not wrap is a slice: no index array on the per-episode path
         rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
                                     else lane.rows(episode))
-        agents = slice(None) if agent is None else slice(agent, agent + 1)
+        arrays = self._storage.arrays
+        boot = None if bootstrap is None else np.broadcast_to(np.asarray(bootstrap, dtype=np.float64),
+                                                              (self.spec.n_agents,))
+        if self.spec.n_agents == 1:
+            self._store_returns(slice(None), rows, boot)
+            return
+        starts = np.maximum(lane.agent_start, episode.start)
+        starts[lane.agent_start < 0] = -1
+        active = arrays["active"][:, rows]
+        if only is None and (starts == episode.start).all() and active.all():
+            self._store_returns(slice(None), rows, boot)  # every agent acted at every step: one pass
+            return
+        positions = np.arange(episode.start, episode.end)
+        all_rows = lane.rows(episode)
+        for agent in [only] if only is not None else np.flatnonzero(starts >= 0).tolist():
+            own = all_rows[active[agent] & (positions >= starts[agent])]
+            if own.size:
+                self._store_returns(slice(agent, agent + 1), own, None if boot is None else boot[agent:agent + 1])
+
+    def _store_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None) -> None:
+        """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition
+        after the other, into the buffer."""
         arrays = self._storage.arrays
         if "individual_rewards" in arrays:
             rewards = arrays["individual_rewards"][agents, rows]
         elif "global_rewards" in arrays:  # a hand-made buffer holding the team reward only
-            rewards = np.broadcast_to(arrays["global_rewards"][rows], (self.spec.n_agents, steps))[agents]
+            team = arrays["global_rewards"][rows]
+            rewards = np.broadcast_to(team, (self.spec.n_agents, team.shape[0]))[agents]
         else:
             return
-        returns = episode_returns(rewards, self.gamma, bootstrap)
-        if self.spec.n_agents > 1:  # an agent that was not acting has no return at that row
-            returns = np.where(arrays["active"][agents, rows], returns, np.nan)
-        arrays["G"][agents, rows] = returns
+        arrays["G"][agents, rows] = episode_returns(rewards, self.gamma, bootstrap)
         if "values" in arrays:
             advantages, value_targets = episode_gae(rewards, arrays["values"][agents, rows], self.gamma,
                                                     self.gae_lambda, bootstrap)

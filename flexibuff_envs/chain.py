@@ -246,6 +246,14 @@ class Held:
         self._settle()
         self.held, self.spare, self.pending = self.spare, self.held, -1
 
+    def replace(self, value: Any) -> None:
+        """The held value becomes ``value``, and so does the pending row's next value: the row's
+        transition runs on (its agent sat a step out)."""
+        self._write(self.spare, value)  # may raise: then nothing has changed
+        if self.pending >= 0:
+            self.index[self.pending] = self.spare
+        self.held, self.spare, self._before = self.spare, self.held, -1
+
     def hold_missing(self) -> None:
         """Hold a value the env could not give: NaN (0 for integer dtypes)."""
         self._views[self.spare][...] = np.nan if self.tail.dtype.kind == "f" else 0

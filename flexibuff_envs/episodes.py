@@ -27,10 +27,15 @@ class Episode:
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("_bounds", "capacity", "dirty", "ended", "live_start", "offset", "on_forget", "running", "written")
+    __slots__ = ("_bounds", "agent_start", "capacity", "dirty", "ended", "live_start", "offset", "on_forget",
+                 "running", "written")
 
-    def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None]) -> None:
+    def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None],
+                 n_agents: int = 1) -> None:
         self.on_forget = on_forget
+        # per agent: the position its own episode began at inside the running one (-1: it ended
+        # there already, its G is final); its rows are the rows from there on where it is active
+        self.agent_start = np.zeros(n_agents, dtype=np.int64)
         self.offset = offset
         self.capacity = capacity
         self.written = 0
@@ -43,6 +48,7 @@ class Lane:
     def begin(self) -> None:
         """Start an episode at the next position (any running one must be ended first)."""
         self.running = Episode(self.written, self.written)
+        self.agent_start[:] = self.written
 
     def claim(self) -> int:
         """The row for the running episode's next step; forgets the oldest episode if it is there."""
@@ -97,6 +103,7 @@ class Lane:
         self.ended.extend(Episode(int(end - n), int(end)) for end, n in zip(ends, lengths))
         if self.running is not None:
             self.running.start = self.running.end = self.written
+            self.agent_start[self.agent_start >= 0] = self.written
         return first
 
     def clear(self) -> None:

@@ -47,3 +47,4 @@ class ToyEnv(gym.Env):
         reward = float(self.np_random.normal())
         return (self.observation_space.sample(), reward, done and not self.truncate,
                 done and self.truncate, self._info())
+

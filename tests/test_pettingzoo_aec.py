@@ -15,7 +15,7 @@ from flexibuff_envs.testing.pz_reference import play_aec, replay_aec
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
 from mpe2 import simple_speaker_listener_v4, simple_spread_v3
-from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, tictactoe_v3
+from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, texas_holdem_no_limit_v6, tictactoe_v3
 from pettingzoo.test import api_test
 
 GAMMA = 0.9
@@ -23,6 +23,7 @@ CASES: dict[str, tuple[Callable[[], Any], int]] = {  # make, episodes
     "tictactoe_v3": (tictactoe_v3.env, 6),
     "connect_four_v3": (connect_four_v3.env, 4),
     "leduc_holdem_v4": (leduc_holdem_v4.env, 8),
+    "texas_holdem_no_limit_v6": (texas_holdem_no_limit_v6.env, 12),
     "rps_v2": (lambda: rps_v2.env(num_actions=3, max_cycles=5), 3),
     "simple_speaker_listener_v4": (lambda: simple_speaker_listener_v4.env(max_cycles=6), 2),
 }
@@ -104,3 +105,39 @@ def test_api_test_passes_on_the_wrapped_env(make: Callable[[], Any]) -> None:
     env = fe.record(make(), num_steps=5000)
     api_test(env, num_cycles=200)
     assert len(env.buffer) > 0
+
+
+def test_no_reward_is_lost_rewards_before_a_first_turn_included() -> None:
+    """Poker: in some hands the opponent folds before a player ever acts; that player's winnings
+    (and any reward before a first turn) must still be in the buffer, summing per episode and
+    agent to what the bare loop's env.rewards summed to."""
+    hands, bare = 100, texas_holdem_no_limit_v6.env()
+    rng = np.random.default_rng(0)
+    totals, actions = [], []
+    for hand in range(hands):
+        bare.reset(seed=hand)
+        total = dict.fromkeys(bare.possible_agents, 0.0)
+        for agent in bare.agent_iter():
+            obs, _, terminated, truncated, _ = bare.last()
+            action = None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"])))
+            actions.append(action)
+            bare.step(action)
+            for a, r in bare.rewards.items():
+                total[a] += r
+        totals.append([total[a] for a in bare.possible_agents])
+    env = fe.record(texas_holdem_no_limit_v6.env(), num_steps=5000)
+    taken = iter(actions)
+    never_acted = 0
+    for hand in range(hands):
+        env.reset(seed=hand)
+        acted = set()
+        for agent in env.agent_iter():
+            action = next(taken)
+            acted.add(agent) if action is not None else None
+            env.step(action)
+        never_acted += len(acted) < 2
+    assert never_acted > 5  # the case this test is about happens
+    stats = env.buffer.episode_stats()
+    np.testing.assert_allclose(stats["returns"], totals, atol=1e-5)
+    (first,) = env.buffer.sample_episodes(n_episodes=1)
+    assert np.isnan(first.G[~first.active]).all()  # a reward kept without a turn is no transition

@@ -6,6 +6,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from gymnasium import spaces
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,7 @@ from mpe2 import (
 from pettingzoo.butterfly import knights_archers_zombies_v11, pistonball_v6
 from pettingzoo.sisl import multiwalker_v9
 from pettingzoo.test import parallel_api_test
+from pettingzoo.utils.env import ParallelEnv
 
 GAMMA = 0.9
 CASES: dict[str, tuple[Callable[[], Any], int, int]] = {  # make, seed, steps
@@ -235,3 +238,144 @@ def test_sequences_keep_the_agent_axis_first() -> None:
     assert batch.state.shape == (7, 4, 54) and batch.valid.shape == (7, 4)
     torch_batch = env.buffer.sample_sequences(7, 4, as_torch=True)
     assert tuple(torch_batch.valid.shape) == (7, 4)
+
+
+class ScriptedParallel(ParallelEnv):
+    """A PettingZoo parallel env whose agents come and go on a script (agents ``a`` and ``b``).
+
+    ``spawn[agent]`` is the step after which the agent first appears (0: at the reset);
+    ``end[agent]`` the step (counted from 1) at which it terminates, or truncates when
+    ``truncate``. Every agent present gets reward ``reward(step, agent)``; an agent may be given
+    no action (it sits the step out). Observations are ``[step, agent number]``.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": [], "name": "scripted_v0"}
+    possible_agents: ClassVar[list[str]] = ["a", "b"]
+
+    def __init__(self, spawn: dict[str, int], end: dict[str, int], truncate: bool = False) -> None:
+        self.spawn, self.end, self.truncate = spawn, end, truncate
+        self.agents: list[str] = []
+        self._t = 0
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return spaces.Box(0, 100, (2,), np.float32)
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return spaces.Discrete(3)
+
+    def _obs(self, agent: str) -> np.ndarray:
+        return np.array([self._t, self.possible_agents.index(agent)], dtype=np.float32)
+
+    @staticmethod
+    def reward(step: int, agent: str) -> float:
+        return float(step * 10 + (1 if agent == "a" else 2))
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        self._t = 0
+        self.agents = [a for a in self.possible_agents if self.spawn[a] == 0]
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict):
+        self._t += 1
+        present = list(self.agents)
+        obs = {a: self._obs(a) for a in present}
+        rewards = {a: self.reward(self._t, a) for a in present}
+        done = {a: self.end[a] == self._t for a in present}
+        terminations = {a: done[a] and not self.truncate for a in present}
+        truncations = {a: done[a] and self.truncate for a in present}
+        self.agents = [a for a in present if not done[a]]
+        for a in self.possible_agents:
+            if self.spawn[a] == self._t and a not in present:
+                self.agents.append(a)
+                obs[a], rewards[a], terminations[a], truncations[a] = self._obs(a), 0.5, False, False
+        infos = {a: {} for a in obs}
+        return obs, rewards, terminations, truncations, infos
+
+    def close(self) -> None:
+        pass
+
+
+def own_transitions(env: Any, plan: list[dict[str, int]]) -> dict[str, list[dict[str, Any]]]:
+    """A plain loop over the bare env: each agent's transitions, from an action to its next one.
+
+    A step an agent sits out (present, no action) adds its reward to its running transition and
+    gives that transition its next observation; a reward before its first action goes into its
+    first transition; one it receives without ever acting is listed apart, under ``"kept"``.
+    """
+    obs, _ = env.reset(seed=0)
+    out: dict[str, list[dict[str, Any]]] = {a: [] for a in env.possible_agents}
+    waiting = {a: 0.0 for a in env.possible_agents}
+    for planned in plan:
+        given = {a: action for a, action in planned.items() if a in env.agents}
+        following, rewards, terminations, truncations, _ = env.step(given)
+        for a, o in following.items():
+            end = {"terminated": terminations[a], "truncated": truncations[a], "obs_": o}
+            if a in given:
+                out[a].append({"obs": obs[a], "reward": rewards[a] + waiting[a], **end})
+                waiting[a] = 0.0
+            elif out[a]:
+                out[a][-1].update(end, reward=out[a][-1]["reward"] + rewards[a])
+            else:
+                waiting[a] += rewards[a]
+        obs = {**obs, **following}
+        if not env.agents:
+            break
+    for a, left in waiting.items():
+        if left:
+            out.setdefault("kept", []).append({"agent": a, "reward": left})
+    return out
+
+
+def plain_G(rewards: list[float], gamma: float, bootstrap: float = 0.0) -> list[float]:
+    g, out = bootstrap, []
+    for r in reversed(rewards):
+        g = r + gamma * g
+        out.append(g)
+    return out[::-1]
+
+
+SCRIPTS = {  # spawn, end, plan (agent -> action per step; an agent left out sits the step out)
+    "b sits out a step": ({"a": 0, "b": 0}, {"a": 5, "b": 3},
+                          [{"a": 0, "b": 1}, {"a": 0}, {"a": 0, "b": 2}, {"a": 1}, {"a": 1}]),
+    "b spawns late": ({"a": 0, "b": 1}, {"a": 5, "b": 3}, [{"a": 0}, {"a": 0, "b": 1}, {"a": 0, "b": 1},
+                                                            {"a": 1}, {"a": 1}]),
+    "b sits out its last step": ({"a": 0, "b": 0}, {"a": 4, "b": 3},
+                                 [{"a": 0, "b": 1}, {"a": 0, "b": 1}, {"a": 0}, {"a": 2}]),
+    "b never acts": ({"a": 0, "b": 1}, {"a": 4, "b": 3}, [{"a": 0}, {"a": 0}, {"a": 0}, {"a": 2}]),
+}
+
+
+@pytest.mark.parametrize("truncate", [False, True], ids=["terminated", "truncated"])
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_agents_that_sit_out_or_spawn_late_get_their_own_transitions_and_G(script: str, truncate: bool) -> None:
+    spawn, end, plan = SCRIPTS[script]
+    expected = own_transitions(ScriptedParallel(spawn, end, truncate), plan)
+    seen: list[tuple[np.ndarray, str]] = []
+    env = fe.record(ScriptedParallel(spawn, end, truncate), num_steps=50, gamma=0.5,
+                    bootstrap_fn=lambda obs_, agent: seen.append((obs_.copy(), agent)) or 10.0)
+    assert same(own_transitions(env, plan), expected)  # drop-in
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)
+    for i, agent in enumerate(env.possible_agents):
+        mine = expected[agent]
+        rows = np.flatnonzero(episode.active[i])
+        assert len(rows) == len(mine)
+        assert np.isnan(np.delete(episode.G[i], rows)).all()
+        if not mine:
+            continue
+        np.testing.assert_array_equal(episode.obs[i, rows], [t["obs"] for t in mine])
+        np.testing.assert_array_equal(episode.obs_[i, rows], [t["obs_"] for t in mine])
+        np.testing.assert_allclose(episode.individual_rewards[i, rows], [t["reward"] for t in mine])
+        assert (episode.terminated if not truncate else episode.truncated)[i, rows[-1]]
+        np.testing.assert_allclose(episode.G[i, rows], plain_G([t["reward"] for t in mine], 0.5,
+                                                               10.0 if truncate else 0.0))
+    # no reward is lost: per agent, the episode's rows add up to what the env handed out
+    given = {a: sum(t["reward"] for t in expected[a]) for a in env.possible_agents}
+    for kept in expected.get("kept", []):
+        given[kept["agent"]] += kept["reward"]
+    np.testing.assert_allclose(episode.individual_rewards.sum(axis=1), [given[a] for a in env.possible_agents])
+    np.testing.assert_allclose(episode.global_rewards.sum(), sum(given.values()))
+    if truncate:  # bootstrap_fn saw each agent's final observation, as the batch shows it
+        finals = {a: expected[a][-1]["obs_"] for a in env.possible_agents if expected[a]}
+        assert {agent for _, agent in seen} == set(finals)
+        for obs_, agent in seen:
+            np.testing.assert_array_equal(obs_, finals[agent])

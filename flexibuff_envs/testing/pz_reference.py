@@ -33,14 +33,14 @@ class Expected:
 
     def G(self, gamma: float) -> np.ndarray:
         out = np.full(self.rewards.shape, np.nan)
-        for e, (start, end) in enumerate(self.episodes):
+        for start, end in self.episodes:
             for a in range(self.rewards.shape[0]):
+                # the agent's own transitions, one after the other
                 rows = [r for r in range(start, end) if self.active[a, r]]
                 # an agent's G exists once its own episode ended (terminated or truncated)
                 if rows and (self.terminated[a, rows[-1]] or self.truncated[a, rows[-1]]):
-                    span = range(start, rows[-1] + 1)
-                    out[a, list(span)] = plain_returns([float(self.rewards[a, r]) for r in span], gamma)
-        return np.where(self.active, out, np.nan)
+                    out[a, rows] = plain_returns([float(self.rewards[a, r]) for r in rows], gamma)
+        return out
 
 
 class Table:
@@ -64,6 +64,12 @@ class Table:
         i = self.ids.index(agent)
         for name, value in values.items():
             self.row(k).setdefault(name, {})[i] = value
+
+    def add_reward(self, k: int, agent: str, reward: float) -> None:
+        """``reward`` added to what ``agent`` holds at row ``k`` (without making it active)."""
+        rewards = self.row(k).setdefault("reward", {})
+        i = self.ids.index(agent)
+        rewards[i] = rewards.get(i, 0.0) + reward
 
     def flat(self, agent: str, obs: Any) -> np.ndarray:
         value = flat_obs(self.obs_spaces[agent], obs)
@@ -182,23 +188,32 @@ def play_aec(env: Any, *, seed: int, episodes: int) -> Expected:
         env.reset(seed=seed + e)
         pending: dict[str, tuple[Any, Any, Any]] = {}
         turns = {a: 0 for a in table.ids}
+        before_first = {a: 0.0 for a in table.ids}  # received before its first turn
+        acted = set()
         for agent in env.agent_iter():
             obs, reward, term, trunc, info = env.last()
             if agent in pending:
                 before, mask, action = pending.pop(agent)
                 table.put(first_row + turns[agent], agent, obs=table.flat(agent, before), obs_=table.flat(agent, obs),
-                          reward=reward, terminated=term, truncated=trunc, active=True, mask=mask,
-                          mask_=table.mask(agent, obs, info), **_action_values(table.act_spaces[agent], action))
+                          reward=reward + before_first[agent], terminated=term, truncated=trunc, active=True,
+                          mask=mask, mask_=table.mask(agent, obs, info),
+                          **_action_values(table.act_spaces[agent], action))
+                before_first[agent] = 0.0
                 turns[agent] += 1
+            elif agent not in acted:
+                before_first[agent] += reward
             if term or trunc:
+                if agent not in acted and before_first[agent]:  # never acted: kept, inactive, in row 0
+                    table.add_reward(first_row, agent, before_first[agent])
                 action = None
             else:
                 legal = table.mask(agent, obs, info)[: table.act_spaces[agent].n].astype(np.int8)
                 action = env.action_space(agent).sample(legal)
                 pending[agent] = (obs, table.mask(agent, obs, info), action)
+                acted.add(agent)
             actions.append(action)
             env.step(action)
-        rows = max(turns.values())
+        rows = max(*turns.values(), 1 if first_row < len(table.rows) else 0)
         spans.append((first_row, first_row + rows))
         first_row += rows
     return table.build(actions, spans, {})

@@ -153,6 +153,15 @@ class AgentSlot:
                     f"discrete action heads have {self.own_width} actions in all")
             self.mask.hold(mask)
 
+    def replace(self, obs_: Any, info: Mapping[str, Any]) -> None:
+        """``obs_`` is held instead, and is the next observation of this agent's last row."""
+        if self.mask is None:
+            self.obs.replace(obs_)
+        else:
+            value, mask_ = self.split(obs_, info)
+            self.obs.replace(value)
+            self.mask.replace(mask_)
+
     def write(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
               info: Mapping[str, Any]) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
@@ -176,6 +185,11 @@ class AgentSlot:
 
 class LaneRecorder:
     """Records the episodes of one env lane (all its agents) into a buffer.
+
+    An agent's transition runs from its action to its next action (or its end): a step it sits
+    out adds its reward to that transition and its observation becomes the transition's ``obs_``.
+    A reward it receives before its first action goes into its first transition, and one it
+    receives without ever acting lands, inactive, in a row of the episode: no reward is lost.
 
     A step that cannot be recorded (the env returned something its spaces do not allow, or a
     user callback raised) goes through `abandon`: the buffer keeps the episode up to its last
@@ -207,9 +221,15 @@ class LaneRecorder:
         self._summing = global_reward == "sum"
         self.state = None if state is None else held(buffer, "state_", state, None, lane)
         self.running = False
-        self.open = [False] * len(self.slots)  # which agents are in the running episode
-        self.steps = [0] * len(self.slots)  # rows each agent has filled in the running episode
+        n = len(self.slots)
+        self.open = [False] * n  # which agents are in the running episode
+        self.steps = [0] * n  # transitions each agent has written in the running episode
+        self.last = [-1] * n  # the row of each agent's latest transition (-1: none yet)
+        self.carry = [0.0] * n  # reward received before the agent's first transition
         self.rows: list[int] = []  # the rows of the running episode, in order
+        # the episode ends when its last open agent does (AEC: when the env has no agents left,
+        # as agents that have not acted yet are not open)
+        self.end_with_last_agent = True
         self._claim = buffer.row_claimer(lane)
         if buffer.spec.action_mask:
             for slot in self.slots:
@@ -234,7 +254,8 @@ class LaneRecorder:
         self.buffer.begin_episode(self.lane)
         self.previous_rows = self.rows
         self.rows = []
-        self.steps = [0] * len(self.slots)
+        n = len(self.slots)
+        self.steps, self.last, self.carry = [0] * n, [-1] * n, [0.0] * n
         for index, obs, info in agents:
             self.join(index, obs, info)
         if self.state is not None:
@@ -244,17 +265,23 @@ class LaneRecorder:
                 self.state.hold(state)
         self.running = True
 
-    def join(self, index: int, obs: Any, info: Mapping[str, Any]) -> None:
-        """Agent ``index`` appears with its first observation (at a reset, or spawning later)."""
+    def join(self, index: int, obs: Any, info: Mapping[str, Any], reward: Any = 0.0) -> None:
+        """Agent ``index`` appears with its first observation (at a reset, or spawning later) and
+        the reward it received so far, which its first transition will carry."""
         self._discover_masks(info)
         self.slots[index].begin(obs, info)
+        if not self.open[index] and self.steps[index]:  # back after its own episode ended: a new one
+            self.buffer.rejoin_agent(self.lane, index)
+            self.steps[index], self.last[index] = 0, -1
+        self.carry[index] += float(reward)
         self.open[index] = True
 
     def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
                     info: Mapping[str, Any]) -> None:
         """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
         row = self._claim()
-        self.rows.append(row)  # one agent: it filled every row, so its step count is len(rows)
+        self.rows.append(row)  # one agent: it filled every row
+        self.last[0] = row
         try:
             self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
             self.global_rewards[row] = reward  # type: ignore[index]
@@ -281,19 +308,54 @@ class LaneRecorder:
         return row
 
     def clear_absent(self, row: int, written: list[int]) -> None:
-        """Clear the agents of ``row`` that `write` did not reach (dead, or not yet spawned)."""
+        """Clear the agents of ``row`` that `write` did not reach (dead, not yet spawned, or
+        sitting the step out)."""
         if len(written) < len(self.slots):
             self.buffer.clear_row(row, [i for i in range(len(self.slots)) if i not in written])
 
     def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
               truncated: Any, info: Mapping[str, Any]) -> None:
         """Agent ``index``'s transition into ``row``."""
+        if self.carry[index]:
+            reward, self.carry[index] = reward + self.carry[index], 0.0
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
         self.steps[index] += 1
+        self.last[index] = row
         if self._annotated:
             self.annotations.write(row, index)
         if self._summing:
             self.global_rewards[row] += reward  # type: ignore[index]
+
+    def sit_out(self, index: int, obs_: Any, reward: Any, terminated: Any, truncated: Any,
+                info: Mapping[str, Any]) -> None:
+        """Agent ``index`` is in a step without acting: its latest transition runs on (this
+        reward added, ``obs_`` its next observation, these end flags); before its first action,
+        ``obs_`` is what it will act on and the reward waits for its first transition."""
+        last = self.last[index]
+        if last < 0:
+            self.slots[index].begin(obs_, info)
+            self.carry[index] += float(reward)
+            return
+        slot = self.slots[index]
+        slot.replace(obs_, info)
+        slot.terminated[last] = terminated
+        slot.truncated[last] = truncated
+        self._add_reward(index, last, reward)
+
+    def _add_reward(self, index: int, row: int, reward: float) -> None:
+        self.slots[index].rewards[row] += reward
+        if self._summing:
+            self.global_rewards[row] += reward  # type: ignore[index]
+        else:
+            self.team_reward(row)
+
+    def unrewarded(self, index: int, reward: Any, row: int) -> None:
+        """Agent ``index`` leaves the episode without a transition: what it received (``reward``
+        and anything carried) is kept in ``row``, where it stays inactive."""
+        total = self.carry[index] + float(reward)
+        self.carry[index] = 0.0
+        if total:
+            self._add_reward(index, row, total)
 
     def team_reward(self, row: int) -> None:
         """The row's team reward, from its agents' rewards (after they are written)."""
@@ -310,56 +372,58 @@ class LaneRecorder:
             else:
                 self.state.write(row, state_)
 
+    def own_rows(self, index: int, rows: list[int]) -> np.ndarray:
+        """The rows among ``rows`` (in order) that hold a transition of agent ``index``."""
+        rows_ = np.asarray(rows, dtype=np.int64)
+        return rows_ if len(self.slots) == 1 else rows_[self.buffer.field("active")[index, rows_]]
+
     def feedback(self, index: int, value: float, step: int) -> None:
         """Add a human reward to agent ``index``'s ``step``-th transition of the running episode
         (negative: counted from its latest; with no step yet, of the episode before)."""
-        filled = self.filled(index)
-        rows = self.rows[:filled] if filled else self.previous_rows
+        rows = self.own_rows(index, self.rows)
+        if not len(rows):
+            rows = self.own_rows(index, self.previous_rows)
         if not -len(rows) <= step < len(rows):
             raise ValueError(f"add_feedback: step={step} is not a recorded step of agent "
                              f"{self.slots[index].name!r} ({len(rows)} in its current episode)")
-        add_feedback(self.buffer, rows[step], index, value)
-
-    def filled(self, index: int) -> int:
-        """Rows agent ``index`` has filled in the running episode."""
-        return len(self.rows) if len(self.slots) == 1 else self.steps[index]
+        add_feedback(self.buffer, int(rows[step]), index, value)
 
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
         """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""
-        values = None
-        if self.bootstrap_fn is not None and any(bootstrap):
-            values = np.zeros(len(indices))
-            for n, (index, boot) in enumerate(zip(indices, bootstrap)):
-                slot, steps = self.slots[index], self.filled(index)
-                if boot and steps:
-                    values[n] = self.bootstrap_fn(self.buffer.next_value("obs_", self.rows[steps - 1], index),
-                                                  slot.name)
-        if len(indices) == len(self.slots) and all(self.open):
-            # every agent ends here together: one pass writes all their returns
-            self.buffer.end_episode(self.lane, bootstrap=values)
-            self.open = [False] * len(self.slots)
+        values = np.zeros(len(self.slots))
+        for index, boot in zip(indices, bootstrap):
+            if self.last[index] < 0:  # it never acted: keep what it received
+                if self.carry[index]:
+                    self.unrewarded(index, 0.0, self.rows[-1] if self.rows else self.row(0))
+            elif boot and self.bootstrap_fn is not None:
+                values[index] = self.bootstrap_fn(self.buffer.next_obs(self.last[index], index),
+                                                  self.slots[index].name)
+            self.open[index] = False
+        if self.end_with_last_agent and not any(self.open):  # the episode ends with these agents
+            self.buffer.end_episode(self.lane, bootstrap=values if values.any() else None)
             self.running = False
             return
-        for n, index in enumerate(indices):
-            value = None if values is None or not values[n] else values[n:n + 1]
-            self.buffer.finish_agent(self.lane, index, self.filled(index), value)
-            self.open[index] = False
-        if not any(self.open):
-            self.buffer.end_episode(self.lane, write_returns=False)
-            self.running = False
+        for index in indices:
+            self.buffer.end_agent(self.lane, index, values[index] if values[index] else None)
 
     def abandon(self, rows: int, error: BaseException) -> None:
         """The step being recorded failed with ``error``: give back the rows it claimed (beyond
         the first ``rows`` of the episode), end the episode at its last whole step, and say so
         on ``error``."""
+        popped = set()
         while len(self.rows) > rows:
             row = self.rows.pop()
+            popped.add(row)
             for slot in self.slots:
                 slot.undo(row)
             if self.state is not None:
                 self.state.undo(row)
             self.buffer.unclaim_row(self.lane)
-        self.steps = [min(steps, len(self.rows)) for steps in self.steps]
+        for index in range(len(self.slots)):
+            if self.last[index] in popped:  # its latest transition is gone: the one before is latest
+                own = self.own_rows(index, self.rows)
+                self.last[index] = int(own[-1]) if len(own) else -1
+                self.steps[index] = max(self.steps[index] - 1, 0)
         if self.running:
             self.cut(bootstrap=False)
         add_note = getattr(error, "add_note", None)  # Python 3.11+
@@ -375,9 +439,9 @@ class LaneRecorder:
         """
         still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
-            if self.filled(index):
-                self.slots[index].truncated[self.rows[self.filled(index) - 1]] = True
+            if self.last[index] >= 0:
+                self.slots[index].truncated[self.last[index]] = True
         self.close(still, [bootstrap] * len(still))
         if self.running:  # no agent was open: close the episode itself
-            self.buffer.end_episode(self.lane, write_returns=False)
+            self.buffer.end_episode(self.lane)
             self.running = False

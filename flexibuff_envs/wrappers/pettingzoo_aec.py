@@ -21,7 +21,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     next appearance in ``agent_iter``: its next turn, or its dead step. It takes the reward
     ``last()`` reports then (everything the agent received since it acted), the observation and
     mask of that moment, and the agent's own terminated/truncated. Row ``k`` of an episode holds
-    each agent's ``k``-th turn. The ``None`` step of a finished agent closes its last transition
+    each agent's ``k``-th turn. A reward received before an agent's first turn goes into its
+    first transition; one received by an agent that never acts stays, inactive, in row 0. The ``None`` step of a finished agent closes its last transition
     and is not a transition itself. The global state of row ``k`` is taken when the row's first
     transition closes; ``state`` is the previous row's ``state_`` (the reset state for row 0).
 
@@ -33,6 +34,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
                  global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
         BaseWrapper.__init__(self, env)
         self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward, record_state)
+        self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         self._actions: list[Any] = [None] * len(self._index)
         self._seen: tuple[Any, tuple[Any, ...]] | None = None
 
@@ -90,8 +92,11 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
             seen[1] if seen is not None and seen[0] == self._raw.agent_selection else self.last())
         if recorder.open[i] and self._actions[i] is not None:
             self._close_turn(i, obs, reward, terminated, truncated, info)
-        elif action is not None:
-            recorder.join(i, obs, info)
+        elif action is not None:  # its first turn (what it received so far goes into this
+            # transition), or a retry after a step that raised (its reward went into the last one)
+            recorder.join(i, obs, info, 0.0 if recorder.open[i] else reward)
+        elif reward:  # it leaves without ever acting (a poker hand folded before its turn)
+            recorder.unrewarded(i, reward, recorder.row(recorder.steps[i]))
         self._actions[i] = None if action is None else np.array(action, copy=True) \
             if isinstance(action, np.ndarray) else action
 

@@ -16,9 +16,12 @@ from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
     """Records every step of a PettingZoo parallel env into ``self.buffer``; otherwise the bare env.
 
-    One row per ``step`` over ``possible_agents``. An agent absent from the step is inactive in
-    that row. Each agent's episode ends at its own termination or truncation, taken from the
-    dicts ``step`` returned, and its ``G`` is written then.
+    One row per ``step`` over ``possible_agents``. An agent that does not act in a step is
+    inactive in that row. An agent's transition runs from its action to its next one: a step it
+    sits out (present, given no action) adds its reward to that transition and gives it its
+    ``obs_``; a reward before its first action goes into its first transition. Each agent's
+    episode ends at its own termination or truncation, taken from the dicts ``step`` returned,
+    and its ``G`` is written then, over its own transitions.
 
     Args:
         env: the parallel env to record.
@@ -72,12 +75,18 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         for agent, o in obs.items():
             i = index[agent]
             info = infos.get(agent, {})
-            if not is_open[i] or agent not in actions:  # spawned, or sat this step out
-                recorder.join(i, o, info)
+            reward, terminated, truncated = rewards[agent], terminations[agent], truncations[agent]
+            if not is_open[i]:  # spawned: its first transition starts at its first action
+                recorder.join(i, o, info, reward)
+                if terminated or truncated:
+                    ended.append(i)
+                    bootstrap.append(False)
                 continue
-            terminated, truncated = terminations[agent], truncations[agent]
-            recorder.write(row, i, actions[agent], o, rewards[agent], terminated, truncated, info)
-            written.append(i)
+            if agent in actions:
+                recorder.write(row, i, actions[agent], o, reward, terminated, truncated, info)
+                written.append(i)
+            else:  # sat this step out: its transition runs on
+                recorder.sit_out(i, o, reward, terminated, truncated, info)
             if terminated or truncated:
                 ended.append(i)
                 bootstrap.append(bool(truncated and not terminated))
