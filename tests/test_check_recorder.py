@@ -17,6 +17,8 @@ from flexibuff_envs.testing import RecorderCheckError, check_recorder
 from tests.envs import ToyEnv
 
 warnings.filterwarnings("ignore", module="pettingzoo")
+pytest.importorskip("pettingzoo")
+pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3
 from pettingzoo.butterfly import knights_archers_zombies_v11
 from pettingzoo.classic import connect_four_v3, tictactoe_v3

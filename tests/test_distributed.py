@@ -12,8 +12,11 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-import ray
-import torch
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+pytest.importorskip("pettingzoo")
+pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3
 from pettingzoo.classic import connect_four_v3
 

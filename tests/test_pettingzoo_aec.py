@@ -17,6 +17,9 @@ warnings.filterwarnings("ignore", module="pettingzoo")
 from mpe2 import simple_speaker_listener_v4, simple_spread_v3
 from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, texas_holdem_no_limit_v6, tictactoe_v3
 from pettingzoo.test import api_test
+from pettingzoo.utils import BaseWrapper
+
+from flexibuff_envs.testing import same
 
 GAMMA = 0.9
 CASES: dict[str, tuple[Callable[[], Any], int]] = {  # make, episodes
@@ -141,3 +144,40 @@ def test_no_reward_is_lost_rewards_before_a_first_turn_included() -> None:
     np.testing.assert_allclose(stats["returns"], totals, atol=1e-5)
     (first,) = env.buffer.sample_episodes(n_episodes=1)
     assert np.isnan(first.G[~first.active]).all()  # a reward kept without a turn is no transition
+
+
+class TenfoldRewards(BaseWrapper):
+    """A user's inner wrapper whose last() changes the reward."""
+
+    def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = super().last(observe)
+        return obs, 10 * reward, terminated, truncated, info
+
+
+class NoInfos(BaseWrapper):
+    """A user's inner wrapper that hides the env's infos (last() reads them through it)."""
+
+    @property
+    def infos(self) -> dict:
+        return {agent: {"wrapped": True} for agent in self.env.possible_agents}
+
+
+@pytest.mark.parametrize("wrapper", [TenfoldRewards, NoInfos])
+def test_inner_wrappers_are_honoured(wrapper: type) -> None:
+    expected = play_aec(wrapper(tictactoe_v3.env()), seed=1, episodes=4)
+    env = fe.record(wrapper(tictactoe_v3.env()), num_steps=100, gamma=GAMMA)
+    bare = wrapper(tictactoe_v3.env())
+    taken, mirrored = iter(expected.actions), iter(expected.actions)
+    for episode in range(4):  # the recorded env's last() is the wrapped bare env's
+        env.reset(seed=1 + episode)
+        bare.reset(seed=1 + episode)
+        for agent, other in zip(env.agent_iter(), bare.agent_iter()):
+            assert agent == other
+            assert same(env.last(), bare.last())
+            env.step(next(taken))
+            bare.step(next(mirrored))
+    batch = env.buffer.sample_transitions(idx=np.arange(expected.rewards.shape[1]))
+    np.testing.assert_allclose(batch.individual_rewards, expected.rewards)
+    np.testing.assert_allclose(batch.G, expected.G(GAMMA), rtol=1e-5, atol=1e-6)
+    if wrapper is TenfoldRewards:
+        assert np.abs(batch.individual_rewards).max() == 10

@@ -14,6 +14,21 @@ from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 
 
+#: what ``AECEnv.last()`` reads; an inner wrapper that defines any of these may change it
+_LAST_READS = ("last", "agent_selection", "_cumulative_rewards", "rewards", "terminations", "truncations", "infos")
+
+
+def forwards_last(env: AECEnv) -> bool:
+    """Whether every wrapper around the raw env leaves what ``last()`` returns as the raw env has
+    it (then the recorder reads it there, saving a chain of forwarded lookups per turn)."""
+    while isinstance(env, BaseWrapper):
+        own = [vars(cls) for cls in type(env).__mro__ if cls not in (BaseWrapper, AECEnv, object)]
+        if any(name in space for space in [*own, vars(env)] for name in _LAST_READS):
+            return False
+        env = env.env
+    return True
+
+
 class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     """Records every turn of a PettingZoo AEC env into ``self.buffer``; otherwise the bare env.
 
@@ -35,6 +50,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         BaseWrapper.__init__(self, env)
         self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward, record_state)
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
+        # where last() and the agent to act are read: the raw env when the wrappers only forward them
+        self._source: AECEnv = self._raw if forwards_last(env) else env
         self._actions: list[Any] = [None] * len(self._index)
         self._seen: tuple[Any, tuple[Any, ...]] | None = None
 
@@ -53,11 +70,14 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if not self._recorder.running:
             return super().last(observe)
-        # after a reset these live on the raw env (wrappers only forward them), so read them there
-        raw = self._raw
-        agent = raw.agent_selection
-        result = (self.env.observe(agent) if observe else None, raw._cumulative_rewards[agent],
-                  raw.terminations[agent], raw.truncations[agent], raw.infos[agent])
+        source = self._source
+        if source is self._raw:  # the inner wrappers only forward these: read them on the raw env
+            agent = source.agent_selection
+            result = (self.env.observe(agent) if observe else None, source._cumulative_rewards[agent],
+                      source.terminations[agent], source.truncations[agent], source.infos[agent])
+        else:
+            agent = source.agent_selection
+            result = source.last(observe)
         if observe:  # the step that follows reuses this observation instead of observing again
             self._seen = (agent, result)
         return result
@@ -67,7 +87,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         recorder = self._recorder
         acting = None
         if recorder.running:
-            acting = self._index[self._raw.agent_selection]
+            acting = self._index[self._source.agent_selection]
             rows = len(recorder.rows)
             try:
                 self._record(acting, action)
@@ -81,7 +101,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
             if acting is not None:
                 self._actions[acting] = None  # the action did not happen: no transition starts
             raise
-        if recorder.running and not self._raw.agents:
+        if recorder.running and not self._source.agents:
             recorder.cut()  # the env ended the episode without a dead step for every agent
 
     def _record(self, i: int, action: Any) -> None:
@@ -89,7 +109,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         recorder = self._recorder
         seen = self._seen
         obs, reward, terminated, truncated, info = (
-            seen[1] if seen is not None and seen[0] == self._raw.agent_selection else self.last())
+            seen[1] if seen is not None and seen[0] == self._source.agent_selection else self.last())
         if recorder.open[i] and self._actions[i] is not None:
             self._close_turn(i, obs, reward, terminated, truncated, info)
         elif action is not None:  # its first turn (what it received so far goes into this
