@@ -27,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def record(games: int, seed: int) -> fe.FlexibleBuffer:
     """Play ``games`` games of uniformly random legal moves; every move lands in the buffer."""
-    env = fe.record(connect_four_v3.env(), num_steps=games * 21, gamma=0.99)  # <= 21 moves per player
+    env = fe.record(connect_four_v3.env(), num_steps=games * 21, gamma=0.99, seed=seed)  # <= 21 moves per player
     rng = np.random.default_rng(seed)
     for game in range(games):
         env.reset(seed=seed + game)
@@ -53,7 +53,6 @@ def main(argv: list[str] | None = None) -> None:
           f"obs {spec.obs_size} x {spec.obs_dtype}, moves {spec.discrete_action_cardinalities}, "
           f"masks {spec.action_mask}")
 
-    buffer.rng = np.random.default_rng(args.seed)
     batch = buffer.sample_transitions(args.batch_size)
     print(f"\nsample_transitions({args.batch_size}): per-agent fields are [agent, row, ...]")
     for name in ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "active"):

@@ -92,8 +92,7 @@ def train(args: argparse.Namespace) -> tuple[list[nn.Module], list[tuple[int, fl
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     rng = np.random.default_rng(args.seed)
-    env = fe.record(tictactoe_v3.env(), num_steps=50_000, gamma=args.gamma)
-    env.buffer.rng = np.random.default_rng(args.seed)
+    env = fe.record(tictactoe_v3.env(), num_steps=50_000, gamma=args.gamma, seed=args.seed)
     seats = list(env.possible_agents)
     qs, targets = [q_network() for _ in seats], [q_network() for _ in seats]
     optimizers = [torch.optim.Adam(q.parameters(), lr=args.lr) for q in qs]

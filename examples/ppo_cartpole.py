@@ -84,9 +84,8 @@ def train(args: Args) -> list[tuple[int, float]]:
         with torch.no_grad():
             return float(agent.value(torch.as_tensor(obs)))
 
-    envs = fe.record(vec, num_steps=args.num_steps, gamma=args.gamma, bootstrap_fn=critic)
-    envs.buffer.gae_lambda = args.gae_lambda
-    envs.buffer.rng = np.random.default_rng(args.seed)  # minibatch shuffling
+    envs = fe.record(vec, num_steps=args.num_steps, gamma=args.gamma, gae_lambda=args.gae_lambda,
+                     bootstrap_fn=critic, seed=args.seed)  # seed: minibatch shuffling
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     batch_size = args.num_envs * args.num_steps
     rollouts = args.total_timesteps // batch_size

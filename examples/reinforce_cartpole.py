@@ -40,8 +40,8 @@ def train(args: argparse.Namespace) -> list[float]:
     policy = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
     # one batch of episodes at a time: 8 episodes of at most 500 steps
-    env = fe.record(gym.make("CartPole-v1"), num_steps=args.batch_episodes * 500, gamma=args.gamma)
-    env.buffer.rng = np.random.default_rng(args.seed)
+    env = fe.record(gym.make("CartPole-v1"), num_steps=args.batch_episodes * 500, gamma=args.gamma,
+                    seed=args.seed)
     obs, _ = env.reset(seed=args.seed)
     returns: list[float] = []
     while len(returns) < args.episodes and not np.mean(returns[-50:] or [0]) >= args.target:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +118,8 @@ class FlexibleBuffer(Sampling):
                                 log_prob_continuous=int(log_prob_continuous))
         self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents)
                        for i in range(self.spec.n_envs)]
+        # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
+        self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
         # True while the arrays hold only the live rows, lane after lane (a file mapped by `load`)
         self._packed = False
         wanted = {
@@ -140,9 +143,11 @@ class FlexibleBuffer(Sampling):
 
     @classmethod
     def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:
-        """A buffer laid out as ``spec``, by default with both reward fields a recorder fills."""
+        """A buffer laid out as ``spec``, by default with both reward fields a recorder fills;
+        ``n_envs=`` gives it another number of lanes (one per recorder that shares it)."""
         options.setdefault("global_reward", True)
         options.setdefault("individual_reward", True)
+        spec = dataclasses.replace(spec, n_envs=options.pop("n_envs", spec.n_envs))
         buffer = cls(
             num_steps,
             spec.obs_size,
@@ -157,12 +162,15 @@ class FlexibleBuffer(Sampling):
             obs_categories=spec.obs_categories,
             **options,
         )
-        buffer.spec = spec
+        buffer.spec = buffer._storage.spec = spec
         return buffer
 
     def check_matches(self, spec: BufferSpec) -> None:
-        """Raise `SpecMismatchError` naming the first layout field where this buffer differs."""
+        """Raise `SpecMismatchError` naming the first layout field where this buffer differs (the
+        number of lanes aside: recorders claim lanes, see `claim_lanes`)."""
         for name in BufferSpec.LAYOUT_FIELDS:
+            if name == "n_envs":
+                continue
             mine, theirs = getattr(self.spec, name), getattr(spec, name)
             if name == "action_mask" and mine and not theirs and spec.discrete_action_cardinalities:
                 continue  # masks may still arrive through info["action_mask"]
@@ -171,6 +179,30 @@ class FlexibleBuffer(Sampling):
                                         f"buffer but the env needs {theirs!r}")
 
     # ------------------------------------------------------------------ recording (recorders)
+
+    def claim_lanes(self, n: int, writer: object) -> list[int]:
+        """``n`` lanes no other recorder writes, written by ``writer`` from now on (until it is
+        closed or dropped): several recorders can share a buffer, one lane each.
+
+        Raises:
+            SpecMismatchError: fewer than ``n`` lanes are free; the message says what to do.
+        """
+        free = [i for i, ref in enumerate(self._writers) if ref is None or ref() is None]
+        if len(free) < n:
+            taken = self.spec.n_envs - len(free)
+            raise SpecMismatchError(
+                f"this buffer has {self.spec.n_envs} lane(s), {taken} written by another recorder, and this "
+                f"recorder needs {n}: recorders that share a buffer write one lane each (one per sub-env). "
+                f"Make the buffer with a lane per recorder, fe.FlexibleBuffer.from_spec(spec, num_steps=..., "
+                f"n_envs=<recorders>), or record one vector env (gymnasium.vector.SyncVectorEnv) instead")
+        ref = weakref.ref(writer)
+        for lane in free[:n]:
+            self._writers[lane] = ref
+        return free[:n]
+
+    def release_lanes(self, writer: object) -> None:
+        """The lanes ``writer`` claimed are free again (its env was closed)."""
+        self._writers = [None if ref is not None and ref() is writer else ref for ref in self._writers]
 
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
         """The storage array of ``name``, allocated on first use.

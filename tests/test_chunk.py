@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
+
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3

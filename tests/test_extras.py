@@ -18,6 +18,7 @@ raise SystemExit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", 
 
 @pytest.mark.parametrize("missing", ["ray", "torch", "pettingzoo,mpe2", "matplotlib"])
 def test_the_suite_collects_without_an_extra(missing: str) -> None:
-    result = subprocess.run([sys.executable, "-c", BLOCKED, missing], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", BLOCKED, missing], capture_output=True, text=True, timeout=300,
+                            check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "error" not in result.stdout.lower().splitlines()[-1]

@@ -8,6 +8,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
+
 pytest.importorskip("pettingzoo")
 pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3

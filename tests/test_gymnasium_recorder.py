@@ -186,3 +186,72 @@ def test_user_buffer_must_match_the_env() -> None:
 def test_record_rejects_what_is_not_an_env() -> None:
     with pytest.raises(TypeError, match="gymnasium.Env"):
         fe.record(object())
+
+
+def plain_episodes(seed: int, actions: list[int]) -> list[tuple[int, list[float]]]:
+    """A plain loop over bare CartPole: (length, G) of each ended episode, gamma 0.99."""
+    env, out, rewards = gym.make("CartPole-v1"), [], []
+    env.reset(seed=seed)
+    for action in actions:
+        _, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(float(reward))
+        if terminated or truncated:
+            g, returns = 0.0, []
+            for r in reversed(rewards):
+                g = r + 0.99 * g
+                returns.append(g)
+            out.append((len(rewards), returns[::-1]))
+            rewards = []
+            env.reset()
+    return out
+
+
+def test_recorders_sharing_a_buffer_write_a_lane_each() -> None:
+    """The DummyVecEnv pattern: several fe.record(env_i, buffer=shared) stepped in turn."""
+    spec = fe.infer_spec(gym.make("CartPole-v1"))
+    shared = fe.FlexibleBuffer.from_spec(spec, num_steps=2000, n_envs=3)
+    envs = [fe.record(gym.make("CartPole-v1"), buffer=shared) for _ in range(3)]
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 2, size=(3, 400)).tolist()
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+    for t in range(400):
+        for i, env in enumerate(envs):
+            _, _, terminated, truncated, _ = env.step(actions[i][t])
+            if terminated or truncated:
+                env.reset()
+    expected = sorted((n, g) for i in range(3) for n, g in plain_episodes(i, actions[i]))
+    got = sorted(((len(e.G), e.G) for e in shared.sample_episodes(n_episodes=shared.n_episodes)),
+                 key=lambda episode: episode[0])
+    assert [n for n, _ in got] == [n for n, _ in expected] and len(shared) == 1200
+    for (_, g), (_, g_plain) in zip(got, expected):  # CartPole's G follows from the length
+        np.testing.assert_allclose(g, g_plain, rtol=1e-5)
+    with pytest.raises(fe.SpecMismatchError, match="n_envs"):  # every lane is written
+        fe.record(gym.make("CartPole-v1"), buffer=shared)
+    envs[1].close()  # frees its lane
+    assert fe.record(gym.make("CartPole-v1"), buffer=shared)._recorder.lane == 1
+    del envs[0]  # so does dropping a recorder
+    assert fe.record(gym.make("CartPole-v1"), buffer=shared)._recorder.lane == 0
+
+
+def test_record_spells_out_its_keywords() -> None:
+    import inspect
+
+    params = inspect.signature(fe.record).parameters
+    for name in ("num_steps", "gamma", "gae_lambda", "bootstrap_fn", "seed", "global_reward", "record_state"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+    with pytest.raises(TypeError, match="global_reward"):
+        fe.record(gym.make("CartPole-v1"), global_reward="mean")
+    with pytest.raises(ValueError, match="gae_lambda"):
+        fe.record(gym.make("CartPole-v1"), gae_lambda=1.5)
+    env = fe.record(gym.make("CartPole-v1"), gae_lambda=0.8, seed=3)
+    assert env.buffer.gae_lambda == 0.8
+    twin = fe.record(gym.make("CartPole-v1"), seed=3)
+    for e in (env, twin):
+        e.reset(seed=0)
+        for _ in range(50):
+            if any(e.step(0)[2:4]):
+                e.reset()
+    np.testing.assert_array_equal(env.buffer.sample_transitions(8).idx, twin.buffer.sample_transitions(8).idx)
+    with pytest.raises(fe.SpecMismatchError, match="gae_lambda"):
+        fe.record(gym.make("CartPole-v1"), buffer=env.buffer, gae_lambda=0.9)

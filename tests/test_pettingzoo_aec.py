@@ -15,7 +15,13 @@ from flexibuff_envs.testing.pz_reference import play_aec, replay_aec
 pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
 from mpe2 import simple_speaker_listener_v4, simple_spread_v3
-from pettingzoo.classic import connect_four_v3, leduc_holdem_v4, rps_v2, texas_holdem_no_limit_v6, tictactoe_v3
+from pettingzoo.classic import (
+    connect_four_v3,
+    leduc_holdem_v4,
+    rps_v2,
+    texas_holdem_no_limit_v6,
+    tictactoe_v3,
+)
 from pettingzoo.test import api_test
 from pettingzoo.utils import BaseWrapper
 

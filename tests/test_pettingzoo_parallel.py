@@ -6,10 +6,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from gymnasium import spaces
-
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 import flexibuff_envs as fe
 from flexibuff_envs.testing import same

@@ -2,35 +2,67 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
-import gymnasium as gym  # noqa: F401 - used by the doctest
+import gymnasium as gym
+from gymnasium.vector import VectorEnv
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import NotAnEnvError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
+from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
 from flexibuff_envs.wrappers.gymnasium_vector import VectorRecorder
 
 __all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "VectorRecorder", "record"]
 
 
-def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> Any:
+@overload
+def record(env: gym.Env, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
+           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+           seed: int | None = None) -> GymRecorder: ...
+
+
+@overload
+def record(env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
+           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+           seed: int | None = None) -> VectorRecorder: ...
+
+
+@overload
+def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
+           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+           seed: int | None = None, global_reward: GlobalReward = "sum", record_state: bool = True) -> Any: ...
+
+
+def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
+           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+           seed: int | None = None, global_reward: GlobalReward | None = None,
+           record_state: bool | None = None) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
     Args:
         env: a ``gymnasium.Env``, a ``gymnasium.vector.VectorEnv``, a PettingZoo ``ParallelEnv`` or a
             PettingZoo ``AECEnv``.
-        buffer: an existing buffer to fill (must match the env), else a new one.
-        **options: the recorder's keywords (``num_steps``, ``gamma``, ``bootstrap_fn``, and for
-            PettingZoo ``global_reward``).
+        buffer: an existing buffer to fill (must match the env), else a new one. Recorders that
+            share a buffer write a lane each: it needs a lane (``n_envs``) per recorder (sub-env).
+        num_steps: rows of a new buffer, per lane (ignored when ``buffer`` is given).
+        gamma: discount of ``G`` and GAE (default 0.99, or the given buffer's).
+        gae_lambda: GAE's lambda, used once values are annotated (default 0.95, or the buffer's).
+        bootstrap_fn: V at a truncation: ``bootstrap_fn(obs_)``, for PettingZoo
+            ``bootstrap_fn(obs_, agent_id)``; ``obs_`` is exactly what a batch shows as that row's.
+        seed: seed of the buffer's sampler (also reseeds a given buffer's).
+        global_reward: PettingZoo only: the team reward of a row, "sum" (default), "mean",
+            "none" or ``fn(rewards, active) -> float``.
+        record_state: PettingZoo only: record the env's global state where it has one (default).
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
 
     Raises:
         NotAnEnvError: ``env`` is none of the accepted kinds.
+        TypeError: a PettingZoo-only keyword for a Gymnasium env.
 
     >>> env = record(gym.make("CartPole-v1"), num_steps=1000)
     >>> _ = env.reset(seed=0); _ = env.step(0)
@@ -38,18 +70,25 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, **options: Any) -> An
     1
     """
     kind = env_kind(env)
-    if kind == "gymnasium":
-        return GymRecorder(env, buffer, **options)
-    if kind == "vector":
-        return VectorRecorder(env, buffer, **options)
+    common = {"num_steps": num_steps, "gamma": gamma, "gae_lambda": gae_lambda, "bootstrap_fn": bootstrap_fn,
+              "seed": seed}
+    if kind in ("gymnasium", "vector"):
+        extra = [name for name, value in (("global_reward", global_reward), ("record_state", record_state))
+                 if value is not None]
+        if extra:
+            raise TypeError(f"record(): {', '.join(extra)} apply to PettingZoo envs only, not to a "
+                            f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}")
+        return (GymRecorder if kind == "gymnasium" else VectorRecorder)(env, buffer, **common)
+    pettingzoo = {"global_reward": "sum" if global_reward is None else global_reward,
+                  "record_state": True if record_state is None else record_state}
     if kind == "parallel":
         from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder
 
-        return ParallelRecorder(env, buffer, **options)
+        return ParallelRecorder(env, buffer, **common, **pettingzoo)
     if kind == "aec":
         from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder
 
-        return AECRecorder(env, buffer, **options)
+        return AECRecorder(env, buffer, **common, **pettingzoo)
     raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {type(env).__module__}."
                         f"{type(env).__qualname__}")
 

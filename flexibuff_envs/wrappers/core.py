@@ -17,6 +17,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import mask_bytes, pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
@@ -46,14 +47,19 @@ def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], f
 
 
 def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
-                   global_reward: GlobalReward = "sum") -> FlexibleBuffer:
-    """A new buffer for ``spec``, or the user's, checked against it."""
+                   gae_lambda: float | None, seed: int | None, global_reward: GlobalReward = "sum") -> FlexibleBuffer:
+    """A new buffer for ``spec``, or the user's, checked against it (``seed`` reseeds its sampler)."""
     if buffer is None:
         return FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
+                                        gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
                                         global_reward=global_reward != "none")
     buffer.check_matches(spec)
-    if gamma is not None and gamma != buffer.gamma:
-        raise SpecMismatchError(f"gamma={gamma!r} differs from the given buffer's gamma={buffer.gamma!r}")
+    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+        if value is not None and check_gamma(value, name) != getattr(buffer, name):
+            raise SpecMismatchError(f"{name}={value!r} differs from the given buffer's "
+                                    f"{name}={getattr(buffer, name)!r}")
+    if seed is not None:
+        buffer.rng = np.random.default_rng(seed)
     return buffer
 
 

@@ -24,7 +24,14 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
         buffer: an existing buffer to fill; it must match the env's layout.
         num_steps: rows of the new buffer (ignored when ``buffer`` is given).
         gamma: discount of ``G`` (default 0.99, or the given buffer's).
-        bootstrap_fn: ``V(obs_)`` of the flat stored observation, used at truncation.
+        gae_lambda: GAE's lambda, used once values are annotated (default 0.95, or the given
+            buffer's).
+        bootstrap_fn: ``V(obs_)`` at a truncation; ``obs_`` is exactly what a batch shows as
+            that row's ``obs_`` (flat; one-hot float32 for categorical observations).
+        seed: seed of the buffer's sampler (also reseeds a given buffer's).
+
+    Several recorders can share one buffer, each writing a lane of its own: the buffer needs as
+    many lanes (``n_envs``) as recorders. A recorder frees its lane when closed or dropped.
     """
 
     def __init__(
@@ -34,15 +41,19 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
         *,
         num_steps: int = 100_000,
         gamma: float | None = None,
+        gae_lambda: float | None = None,
         bootstrap_fn: BootstrapFn | None = None,
+        seed: int | None = None,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
-            self, num_steps=num_steps, gamma=gamma, bootstrap_fn=bootstrap_fn
+            self, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn, seed=seed
         )
         gym.Wrapper.__init__(self, env)
-        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma)
+        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
+                                     gae_lambda=gae_lambda, seed=seed)
+        (lane,) = self.buffer.claim_lanes(1, self)
         self._recorder = LaneRecorder(
-            self.buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)],
+            self.buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)], lane=lane,
             bootstrap_fn=None if bootstrap_fn is None else lambda obs_, agent: bootstrap_fn(obs_),
         )
 
@@ -62,6 +73,11 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if recorder.running:
             recorder.step_single(action, *result)
         return result
+
+    def close(self) -> None:
+        """Close the env; the buffer's lane is free for another recorder."""
+        self.buffer.release_lanes(self)
+        super().close()
 
     def annotate(self, agent: None = None, **fields: Any) -> None:
         """What the agent knows about the step it is about to take, written into that step's row.

@@ -33,17 +33,20 @@ class VectorRecorder(VectorWrapper):
     ``info["final_obs"]``; under DISABLED, ``reset(options={"reset_mask": ...})`` starts new
     episodes in the masked sub-envs only.
 
-    Args: as `GymRecorder`; ``num_steps`` is per sub-env.
+    Args: as `GymRecorder`; ``num_steps`` is per sub-env, and a given buffer needs a free lane
+    per sub-env.
     """
 
     def __init__(self, env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, bootstrap_fn: BootstrapFn | None = None) -> None:
+                 gamma: float | None = None, gae_lambda: float | None = None,
+                 bootstrap_fn: BootstrapFn | None = None, seed: int | None = None) -> None:
         super().__init__(env)
-        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma)
+        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
+                                     gae_lambda=gae_lambda, seed=seed)
         obs, action = obs_codec(env.single_observation_space), action_codec(env.single_action_space)
         single_bootstrap = None if bootstrap_fn is None else (lambda obs_, agent: bootstrap_fn(obs_))
-        self._lanes = [LaneRecorder(self.buffer, [obs], [action], lane=i, bootstrap_fn=single_bootstrap)
-                       for i in range(env.num_envs)]
+        self._lanes = [LaneRecorder(self.buffer, [obs], [action], lane=lane, bootstrap_fn=single_bootstrap)
+                       for lane in self.buffer.claim_lanes(env.num_envs, self)]
         self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._resetting = np.zeros(env.num_envs, dtype=bool)  # NEXT_STEP: the next step is a reset
 
@@ -82,6 +85,11 @@ class VectorRecorder(VectorWrapper):
             if done and self._mode == AutoresetMode.NEXT_STEP:
                 self._resetting[i] = True
         return result
+
+    def close(self, **kwargs: Any) -> None:
+        """Close the envs; the buffer's lanes are free for another recorder."""
+        self.buffer.release_lanes(self)
+        super().close(**kwargs)
 
     def annotate(self, agent: None = None, **fields: Any) -> None:
         """Per sub-env annotations of the step about to be taken: each field has a leading

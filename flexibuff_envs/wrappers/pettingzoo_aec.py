@@ -13,7 +13,6 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 
-
 #: what ``AECEnv.last()`` reads; an inner wrapper that defines any of these may change it
 _LAST_READS = ("last", "agent_selection", "_cumulative_rewards", "rewards", "terminations", "truncations", "infos")
 
@@ -45,10 +44,12 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     """
 
     def __init__(self, env: AECEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+                 gamma: float | None = None, gae_lambda: float | None = None,
+                 bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
                  global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
         BaseWrapper.__init__(self, env)
-        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward, record_state)
+        self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
+                    seed=seed, global_reward=global_reward, record_state=record_state)
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward them
         self._source: AECEnv = self._raw if forwards_last(env) else env

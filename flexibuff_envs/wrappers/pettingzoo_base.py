@@ -27,15 +27,18 @@ class PettingZooRecorderMixin:
 
     buffer: FlexibleBuffer
 
-    def _setup(self, env: Any, buffer: FlexibleBuffer | None, num_steps: int, gamma: float | None,
-               bootstrap_fn: BootstrapFn | None, global_reward: GlobalReward, record_state: bool) -> None:
+    def _setup(self, env: Any, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
+               gae_lambda: float | None, bootstrap_fn: BootstrapFn | None, seed: int | None,
+               global_reward: GlobalReward, record_state: bool) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
         spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
-        self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, global_reward=global_reward)
+        self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
+                                     seed=seed, global_reward=global_reward)
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
-        self._recorder = LaneRecorder(self.buffer, obs, actions, bootstrap_fn=bootstrap_fn,
+        (lane,) = self.buffer.claim_lanes(1, self)
+        self._recorder = LaneRecorder(self.buffer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn,
                                       global_reward=global_reward, state=state)
         self._raw = env.unwrapped
         # the raw env's state(): the wrappers around it only check that reset came first
@@ -58,6 +61,11 @@ class PettingZooRecorderMixin:
                 warnings.warn(f"state() of {self._env_name} raised {exc!r}; such steps record the "
                               "state as missing (NaN)", RuntimeWarning, stacklevel=3)
             return None
+
+    def close(self) -> None:
+        """Close the env; the buffer's lane is free for another recorder."""
+        self.buffer.release_lanes(self)
+        self.env.close()
 
     @property
     def buffer_spec(self) -> BufferSpec:

@@ -28,17 +28,22 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         buffer: an existing buffer to fill; it must match the env's layout.
         num_steps: rows of the new buffer (ignored when ``buffer`` is given).
         gamma: discount of ``G`` (default 0.99, or the given buffer's).
-        bootstrap_fn: ``bootstrap_fn(obs_, agent_id)`` -> V at a truncation.
+        gae_lambda: GAE's lambda (default 0.95, or the given buffer's).
+        bootstrap_fn: ``bootstrap_fn(obs_, agent_id)`` -> V at a truncation; ``obs_`` is what a
+            batch shows as that agent's ``obs_`` in the row.
+        seed: seed of the buffer's sampler (also reseeds a given buffer's).
         global_reward: "sum" (default), "mean", "none" or ``fn(rewards, active) -> float``.
         record_state: record the global state where the env has one (default). Each step then
             calls the env's ``state()``, which on mpe2 costs about as much as recording itself.
     """
 
     def __init__(self, env: ParallelEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, bootstrap_fn: BootstrapFn | None = None,
+                 gamma: float | None = None, gae_lambda: float | None = None,
+                 bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
                  global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
         BaseParallelWrapper.__init__(self, env)
-        self._setup(env, buffer, num_steps, gamma, bootstrap_fn, global_reward, record_state)
+        self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
+                    seed=seed, global_reward=global_reward, record_state=record_state)
 
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
