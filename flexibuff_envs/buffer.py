@@ -120,8 +120,6 @@ class FlexibleBuffer(Sampling):
                        for i in range(self.spec.n_envs)]
         # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
         self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
-        # True while the arrays hold only the live rows, lane after lane (a file mapped by `load`)
-        self._packed = False
         wanted = {
             "obs": True, "terminated": True, "truncated": True, "active": True,
             "G": True, "state": state_size is not None,
@@ -211,8 +209,6 @@ class FlexibleBuffer(Sampling):
         of its base field; asking for its array writes every row's value out (to fill a buffer by
         hand), until `compact` or a recorder stores it once again.
         """
-        if self._packed:
-            self._unpack()
         chain = self._storage.chains.get(name)
         if chain is not None:
             if len(chain.holders):
@@ -227,8 +223,6 @@ class FlexibleBuffer(Sampling):
     def next_chain(self, name: str) -> Chain:
         """The chain a recorder writes next-value field ``name`` through (next values written out
         by hand are compacted first)."""
-        if self._packed:
-            self._unpack()
         if name in self._storage.arrays:
             self.compact()
         return self._storage.chain(name)
@@ -250,19 +244,15 @@ class FlexibleBuffer(Sampling):
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
-        if self._packed:
-            self._unpack()
         live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
         newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in self._lanes if lane.size])
         for name in [name for name in NEXT if name in self._storage.arrays]:
             explicit = self._storage.arrays.pop(name)
             self._storage.chain(name).absorb(explicit, live, self._successors(live), ~np.isin(live, newest))
 
-    def _map(self, path: str, start: int, fields: list[dict[str, Any]], sizes: list[int]) -> None:
-        """Use the arrays of a buffer file in place (copy-on-write memory maps; `io.load`)."""
-        rows = sum(sizes)
-        if rows == 0:
-            return  # nothing to map: the fresh ring is what an empty file describes
+    def _map(self, path: str, start: int, fields: list[dict[str, Any]]) -> None:
+        """Use the arrays of a buffer file in place (copy-on-write memory maps; `io.load`). The
+        file holds every row of every lane, in ring order."""
         def mapped(meta: dict[str, Any]) -> np.ndarray:
             return np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
                                         offset=start + meta["offset"], shape=tuple(meta["shape"])))
@@ -276,36 +266,6 @@ class FlexibleBuffer(Sampling):
         storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
                                       index=index, tail=parts[name, "tail"])
                           for (name, part), index in parts.items() if part == "index"}
-        storage.rows = rows
-        self._packed = any(size < self.num_steps for size in sizes)
-        for lane, offset in zip(self._lanes, np.cumsum([0, *sizes[:-1]])):
-            lane.offset = int(offset)
-
-    def _unpack(self) -> None:
-        """Spread packed lanes over the full ring, so each has room to record (reads their rows)."""
-        storage = self._storage
-        packed, chains = storage.arrays, storage.chains
-        storage.arrays, storage.chains, storage.rows = {}, {}, self.num_steps * self.spec.n_envs
-
-        def spread(array: np.ndarray, ring: np.ndarray, per_agent: bool) -> None:
-            for i, lane in enumerate(self._lanes):
-                source = slice(lane.offset, lane.offset + lane.size)
-                target = slice(i * self.num_steps, i * self.num_steps + lane.size)
-                if per_agent:
-                    ring[:, target] = array[:, source]
-                else:
-                    ring[target] = array[source]
-
-        for name, array in packed.items():
-            spread(array, storage.ensure(name), FIELDS[name].per_agent)
-        for name, old in chains.items():
-            chain = storage.chain(name)
-            spread(old.index, chain.index, old.per_agent)
-            chain.alloc(old.fresh - 1)
-            chain.tail[:old.fresh] = old.tail[:old.fresh]
-        for i, lane in enumerate(self._lanes):
-            lane.offset = i * self.num_steps
-        self._packed = False
 
     def enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
@@ -322,8 +282,6 @@ class FlexibleBuffer(Sampling):
         An episode still running there (say, in a loaded file) is closed first as truncated:
         its last row's active agents get ``truncated=True`` and ``G`` without a bootstrap.
         """
-        if self._packed:
-            self._unpack()
         running = self._lanes[lane].running
         if running is not None and running.end > running.start:
             last = self._lanes[lane].offset + (running.end - 1) % self.num_steps
@@ -333,8 +291,6 @@ class FlexibleBuffer(Sampling):
 
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
-        if self._packed:
-            self._unpack()
         return self._lanes[lane].claim()
 
     def unclaim_row(self, lane: int = 0) -> None:
@@ -343,8 +299,6 @@ class FlexibleBuffer(Sampling):
 
     def row_claimer(self, lane: int = 0) -> Callable[[], int]:
         """`claim_row` bound to one lane, for a recorder's per-step path."""
-        if self._packed:
-            self._unpack()
         return self._lanes[lane].claim
 
     def _forget(self, lane: Lane, episode: Episode) -> None:

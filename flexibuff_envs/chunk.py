@@ -66,8 +66,6 @@ def take(buffer: FlexibleBuffer) -> Chunk:
     (running episodes go on recording)."""
     if any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # next values filled in by hand travel chained too
-    elif buffer._packed:
-        buffer._unpack()
     # each episode's last row is followed by a row that is not in the chunk
     rows, last = episode_rows([(lane, e) for lane in buffer._lanes for e in lane.ended if e.whole])
     storage = buffer._storage
@@ -94,8 +92,6 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
         return 0
     if any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # next values filled in by hand are chained first, like the chunk's
-    elif buffer._packed:
-        buffer._unpack()
     if chunk.spec.action_mask and not buffer.spec.action_mask:
         buffer.enable_action_mask()
     for name, array in chunk.arrays.items():

@@ -5,12 +5,14 @@ Layout (little endian)::
     b"FLEXIBUF" | u32 version | u64 header length | JSON header | pad to 64
     | arrays, each 64-byte aligned | u32 crc32 of the header part | u32 crc32 of the arrays | b"FBUF-END"
 
-The header names each array's dtype, shape and offset. An array holds the live rows of each lane
-in time order (oldest first), lane after lane, per agent for per-agent fields; so a file holds
-what was recorded, not the empty part of the ring. A next-value field (``obs_``) is stored once,
+The header names each array's dtype, shape and offset. An array holds the rows of each lane that
+hold recorded steps, in ring order (one range per lane: the whole lane when its live rows wrap
+around), lane after lane, per agent for per-agent fields; so a file holds what was recorded, not
+the empty part of the ring, and every row keeps its number. Episode positions are written as
+they are in memory (format 4; formats 1-3 renumbered them from each lane's oldest row). A next-value field (``obs_``) is stored once,
 as in memory (`flexibuff_envs.chain`): a per-row ``index`` part and the ``tail`` slots it names,
-renumbered to the slots in use; masks are bits. Formats 1 (one checksum over everything) and 2
-(next values written out row by row, a bool per action) are still read.
+renumbered to the slots in use; masks are bits. Formats 1 (one checksum over everything), 2
+(next values written out row by row, a bool per action) and 3 are still read.
 """
 
 from __future__ import annotations
@@ -26,9 +28,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from flexibuff_envs.episodes import Episode
+from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, pack_mask
 
@@ -36,10 +37,10 @@ if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
-VERSION = 3
+VERSION = 4
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIQ")
-_SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s"), 3: struct.Struct("<II8s")}
+_SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s"), 3: struct.Struct("<II8s"), 4: struct.Struct("<II8s")}
 
 
 def _padding(position: int) -> int:
@@ -77,15 +78,26 @@ class _Checksum:
         return self.value
 
 
+def stored_range(lane: Lane) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` of ``lane`` (counted from its first row) a file holds: the live ones
+    as one range in ring order, the whole lane when they wrap around its end."""
+    if lane.size == 0:
+        return 0, 0
+    first = lane.live_start % lane.capacity
+    return (first, first + lane.size) if first + lane.size <= lane.capacity else (0, lane.capacity)
+
+
 def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
     lanes = []
     for lane in buffer._lanes:
-        shift = lane.live_start  # positions are renumbered so each lane's oldest live row is 0
+        lo, hi = stored_range(lane)
         lanes.append({
-            "size": lane.size,
-            "ended": [[e.start - shift, e.end - shift, e.whole] for e in lane.ended],
-            "running": None if lane.running is None else
-            [lane.running.start - shift, lane.running.end - shift, lane.running.whole],
+            "written": lane.written,
+            "live_start": lane.live_start,
+            "rows": [lo, hi],
+            "ended": [[e.start, e.end, e.whole] for e in lane.ended],
+            "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
+            "agent_start": lane.agent_start.tolist(),
         })
     return {
         "format": "flexibuff_envs buffer",
@@ -111,9 +123,10 @@ def _blocks(array: np.ndarray, per_agent: bool, segments: list[tuple[int, int]])
 def save(buffer: FlexibleBuffer, path: str) -> None:
     """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole.
 
-    Live rows go from the ring to the file slice by slice: no copy of the buffer is made.
+    Rows go from the ring to the file slice by slice, in ring order (so row numbers stay as they
+    are): no copy of the buffer is made.
     """
-    segments = [segment for lane in buffer._lanes for segment in lane.segments()]
+    segments = [(lane.offset + lo, lane.offset + hi) for lane in buffer._lanes for lo, hi in [stored_range(lane)]]
     rows = sum(hi - lo for lo, hi in segments)
     header = _header(buffer)
     fields: list[list[np.ndarray] | Iterator[np.ndarray]] = []
@@ -134,9 +147,9 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
         per_agent = FIELDS[name].per_agent
         add({"name": name, "width": array.shape[-1] if array.ndim > 1 + per_agent else None},
             row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
-    live = live_rows(buffer._lanes)
+    stored = np.concatenate([np.arange(lo, hi) for lo, hi in segments]) if rows else np.zeros(0, np.int64)
     for name, chain in buffer._storage.chains.items():
-        index, tail = chain.extract(live)  # slots renumbered to the ones in use
+        index, tail = chain.extract(stored)  # slots renumbered to the ones in use
         add({"name": name, "part": "index"}, row_shape(chain.index, chain.per_agent), index, [index])
         add({"name": name, "part": "tail"}, list(tail.shape), tail, [tail])
     header["data_bytes"] = offset
@@ -234,13 +247,23 @@ class _File:
         raise BufferFileError(f"{self.path}: {problem}")
 
 
+def _lanes_of(header: dict[str, Any], version: int) -> list[dict[str, Any]]:
+    """Each lane's positions, episodes and stored rows, as format 4 writes them. Formats 1-3
+    held the live rows oldest first, their positions counted from the oldest."""
+    if version >= 4:
+        return header["lanes"]
+    return [{"written": info["size"], "live_start": 0, "rows": [0, info["size"]], "ended": info["ended"],
+             "running": info["running"], "agent_start": None} for info in header["lanes"]]
+
+
 def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
-    """Read a buffer file written by `save`.
+    """Read a buffer file written by `save`; rows keep their numbers (``batch.idx``).
 
     Args:
         mmap: map the arrays from the file instead of reading them (copy-on-write: the buffer can
             be changed and recorded into, the file never is). Only the header is read and checked;
-            the data checksum is not, as that would read the whole file.
+            the data checksum is not, as that would read the whole file. A file whose lanes do
+            not all span their whole ring is read instead: the ring needs its full size.
     """
     from flexibuff_envs.buffer import FlexibleBuffer
 
@@ -254,26 +277,34 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
                                       individual_reward=False)
     buffer.path, buffer.name = header["path"], header["name"]
     buffer.rng.bit_generator.state = header["rng"]
-    sizes = [info["size"] for info in header["lanes"]]
+    lanes = _lanes_of(header, file.version)
     try:
-        if mmap:
-            buffer._map(file.path, file.data_start, fields, sizes)
+        if mmap and all(info["rows"] == [0, buffer.num_steps] for info in lanes):
+            buffer._map(file.path, file.data_start, fields)
         else:
-            _read_into(buffer, file, fields, sizes)
+            segments = [(lane.offset + info["rows"][0], lane.offset + info["rows"][1])
+                        for lane, info in zip(buffer._lanes, lanes)]
+            _read_into(buffer, file, fields, segments)
     finally:
         file.handle.close()
-    for lane, info in zip(buffer._lanes, header["lanes"]):
-        lane.written = info["size"]
+    for lane, info in zip(buffer._lanes, lanes):
+        lane.written = lane.dirty = info["written"]
+        lane.live_start = info["live_start"]
         lane.ended.extend(Episode(s, e, w) for s, e, w in info["ended"])
         lane.running = None if info["running"] is None else Episode(*info["running"])
+        if info["agent_start"] is not None:
+            lane.agent_start[:] = info["agent_start"]
+        elif lane.running is not None:
+            lane.agent_start[:] = lane.running.start
     if not mmap and any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # an older file's next values, written out row by row: keep them once
     return buffer
 
 
-def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]], sizes: list[int]) -> None:
-    """Read each field's rows from ``file`` straight into the buffer's ring, checking the CRC."""
-    segments = [(lane.offset, lane.offset + size) for lane, size in zip(buffer._lanes, sizes)]
+def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]],
+               segments: list[tuple[int, int]]) -> None:
+    """Read each field's rows from ``file`` straight into the buffer's ring rows ``segments``
+    (one range per lane), checking the CRC."""
     handle, checksum = file.handle, _Checksum(file.crc_seed)
     handle.seek(file.data_start)
     try:

@@ -98,13 +98,10 @@ class Sampling:
     num_steps: int
     _storage: Storage
     _lanes: list[Lane]
-    _packed: bool
 
     def _succ(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
         """Each row's successor in its lane (where a chained next value is read), as indices and
         the ``take`` mode that makes them rows."""
-        if self._packed:  # lanes lie oldest first, so chained rows never wrap: clip the last
-            return rows + 1, "clip"
         if len(self._lanes) == 1:  # one lane is the whole ring
             return rows + 1, "wrap"
         following = rows + 1

@@ -125,17 +125,19 @@ def test_files_of_format_1_still_load(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mmap", [False, True])
-def test_files_of_format_2_still_load(mmap: bool) -> None:
-    # format 2 wrote obs_ and state_ row by row; tests/data/format2.npz holds that release's batch
-    # of every row (simple_spread, 3 agents, a ring of 16 rows that had wrapped)
+@pytest.mark.parametrize("version", [2, 3])
+def test_files_of_formats_2_and_3_still_load(mmap: bool, version: int) -> None:
+    # format 2 wrote obs_ and state_ row by row, format 3 renumbered rows oldest first;
+    # tests/data/format<N>.npz holds that release's batch of every row (simple_spread, 3 agents,
+    # a ring of 16 rows that had wrapped)
     data = Path(__file__).parent / "data"
-    buffer = fe.FlexibleBuffer.load(data / "format2.fbuf", mmap=mmap)
-    expected = np.load(data / "format2.npz")
+    buffer = fe.FlexibleBuffer.load(data / f"format{version}.fbuf", mmap=mmap)
+    expected = np.load(data / f"format{version}.npz")
     batch = next(buffer.minibatches(len(buffer), shuffle=False))
     for name in expected.files:
         if name != "idx":
             np.testing.assert_array_equal(getattr(batch, name), expected[name], err_msg=name)
-    assert ("obs_" in buffer._storage.chains) is not mmap  # a full load stores next values once
+    assert ("obs_" in buffer._storage.chains) is (version == 3 or not mmap)  # a full load stores them once
 
 
 @pytest.mark.parametrize("failure", ["write", "fsync"])
@@ -246,3 +248,25 @@ def test_save_and_load_never_touch_pickle(tmp_path: Path, monkeypatch: pytest.Mo
     path = env.buffer.save(tmp_path / "run.fbuf")
     assert len(fe.FlexibleBuffer.load(path)) == 20
     assert Path(path).read_bytes()[:8] == b"FLEXIBUF"
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+@pytest.mark.parametrize("case", ["wrapped", "partly-filled", "after-take", "vector"])
+def test_row_numbers_stay_the_same_across_save_and_load(tmp_path: Path, case: str, mmap: bool) -> None:
+    """Prioritized replay keeps batch.idx across a checkpoint: the same idx give the same rows."""
+    if case == "vector":
+        env = vector_recorder(200, (4, 9))
+        step_vector(env, 30, seed=0)
+    else:
+        env = recorder(capacity=40 if case == "wrapped" else 500)
+        play(env, seed=0, steps=95 if case != "partly-filled" else 30)
+        if case == "after-take":
+            env.buffer.take_episodes()  # the live rows now start inside the ring
+            play(env, seed=2, steps=20)
+    buffer = env.buffer
+    batch = buffer.sample_transitions(100)
+    loaded = fe.FlexibleBuffer.load(buffer.save(tmp_path / "run.fbuf"), mmap=mmap)
+    assert_same_batches(loaded.sample_transitions(idx=batch.idx), batch)
+    assert_same_batches(loaded.sample_transitions(50), buffer.sample_transitions(50))  # same draws, too
+    saved = loaded.save(tmp_path / "again.fbuf")  # and once more
+    assert_same_batches(fe.FlexibleBuffer.load(saved, mmap=mmap).sample_transitions(idx=batch.idx), batch)
