@@ -23,6 +23,9 @@ import numpy as np
 
 #: ``index`` value of a row whose next value is the base field at the lane's next row
 CHAINED = -1
+#: bytes a new tail store starts with (it doubles when full): 64 slots of small values, at least 4
+#: of large ones (a 720x1280x3 float32 state is 11 MB a slot)
+_TAIL_BYTES = 1 << 20
 #: how ``numpy.take`` brings successor indices into range
 TakeMode = Literal["raise", "wrap", "clip"]
 
@@ -37,7 +40,8 @@ class Chain:
         self.per_agent = per_agent
         # calloc: every row reads slot 0 (zeros) until written
         self.index = np.zeros(base.shape[:-1], dtype=np.int32) if index is None else index
-        self.tail = np.zeros((64, base.shape[-1]), dtype=base.dtype) if tail is None else tail
+        slots = max(4, min(64, _TAIL_BYTES // max(1, base.shape[-1] * base.itemsize)))
+        self.tail = np.zeros((slots, base.shape[-1]), dtype=base.dtype) if tail is None else tail
         self.reserved = np.zeros(len(self.tail), dtype=bool)
         self._free = np.empty(len(self.tail), dtype=np.int32)  # a stack of free slots
         self._n_free = 0

@@ -115,7 +115,10 @@ def test_default_capacity_fits_the_memory_budget(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(cli, "MEMORY_BUDGET", 40 * 1024)
     assert run(["record", "CartPole-v1", "--episodes", "2", "--out", "m.fbuf"]) == 0
     buffer = fe.FlexibleBuffer.load("m.fbuf")
-    assert buffer.num_steps == 40 * 1024 // buffer.nbytes_per_row < 1000
+    def reserved(rows: int) -> int:  # bytes a fresh buffer of this layout takes for this many rows
+        return fe.FlexibleBuffer.from_spec(buffer.spec, num_steps=rows).nbytes
+
+    assert reserved(buffer.num_steps) <= 40 * 1024 < reserved(buffer.num_steps + 1)  # the most that fit
 
 
 def test_ctrl_c_stops_early_and_keeps_what_was_recorded(monkeypatch: pytest.MonkeyPatch,
@@ -206,9 +209,9 @@ def test_unreadable_or_foreign_files_are_one_line(capsys: pytest.CaptureFixture[
     assert run(["inspect", "notes.fbuf"]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("flexibuff-envs inspect: notes.fbuf: ")
-    assert run(["record", "CartPole-v1", "--episodes", "1", "--capacity", "5", "--out", "short.fbuf"]) == 0
+    assert run(["record", "CartPole-v1", "--steps", "3", "--out", "short.fbuf"]) == 0
     capsys.readouterr()
-    assert run(["plot", "short.fbuf"]) == 1  # the one episode was longer than the ring
+    assert run(["plot", "short.fbuf"]) == 1  # its one episode is still running
     assert capsys.readouterr().err.startswith("flexibuff-envs plot: short.fbuf: no episode has ended whole")
 
 
@@ -259,3 +262,25 @@ def test_a_reader_that_leaves_early_gets_no_traceback(in_tmp: Path) -> None:
                                cwd=in_tmp)
     inspect.stdout.close()  # like `| head -0`
     assert inspect.wait() == 141 and inspect.stderr.read() == b""
+
+
+def test_a_ring_too_small_for_any_whole_episode_is_said_and_nothing_is_saved(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "CartPole-v1", "--capacity", "5", "--episodes", "3", "--out", "c.fbuf"]) == 1
+    err = capsys.readouterr().err
+    assert "note: the buffer holds 5 rows per sub-env, but an episode of CartPole-v1 may last 500 rows" in err
+    assert "--capacity 500" in err  # said before recording
+    assert "none of the 3 episodes fit whole" in err and "nothing was saved" in err
+    assert not Path("c.fbuf").exists()
+
+
+def test_the_default_capacity_keeps_what_the_buffer_reserves_within_the_budget() -> None:
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.butterfly import knights_archers_zombies_v11
+
+    env = knights_archers_zombies_v11.parallel_env(obs_method="image")  # 3 MB observations, an 11 MB state
+    spec = fe.infer_spec(env)
+    capacity = cli._default_capacity(spec, None)
+    buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity)
+    assert capacity > 100 and buffer.nbytes <= cli.MEMORY_BUDGET
+    assert cli._longest_episode(env) == 900 > capacity  # so record says so before it starts

@@ -1,7 +1,7 @@
-"""``flexibuff-envs``: record any Gymnasium or PettingZoo env, then inspect or plot what was kept.
+"""flexibuff-envs: record any Gymnasium or PettingZoo env, then inspect or plot what was kept.
 
-``flexibuff-envs record [ENV]`` plays ENV with random legal actions through its recorder and saves
-the buffer; ``inspect FILE`` describes a saved buffer; ``plot FILE`` draws its episodes. Bad input
+"flexibuff-envs record [ENV]" plays ENV with random legal actions through its recorder and saves
+the buffer; "inspect FILE" describes a saved buffer; "plot FILE" draws its episodes. Bad input
 is one line on stderr and a non-zero exit.
 """
 
@@ -47,6 +47,11 @@ def cmd_record(args: argparse.Namespace) -> int:
     budget = Budget(steps=args.steps) if args.steps else Budget(episodes=args.episodes or DEFAULT_EPISODES)
     spec = fe.infer_spec(env)
     capacity = args.capacity or _default_capacity(spec, args.steps)
+    longest = _longest_episode(env)
+    if longest is not None and longest > capacity:
+        print(f"flexibuff-envs record: note: the buffer holds {capacity:,} rows per sub-env, but an episode "
+              f"of {choice.label} may last {longest:,} rows; longer episodes are not kept whole. "
+              f"Pass --capacity {longest} to keep them", file=sys.stderr)
     try:  # seeded, so that the same command writes the same file
         buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity, gamma=args.gamma, seed=args.seed)
     except MemoryError as exc:
@@ -59,6 +64,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         recorder.close()
+    if rollout.episodes and not recorder.buffer.n_episodes:
+        raise fe.FlexibuffError(f"none of the {rollout.episodes:,} episodes fit whole in the buffer's "
+                                f"{capacity:,} rows per sub-env, so nothing was saved; pass a larger "
+                                f"--capacity (the longest episode's rows or more)")
     path = recorder.buffer.save(out)
     print(record_report(choice, rollout, recorder.buffer, path))
     return 130 if rollout.interrupted else 0
@@ -77,11 +86,22 @@ def _writable(out: str) -> str:
 
 
 def _default_capacity(spec: fe.BufferSpec, steps: int | None) -> int:
-    """Rows per lane: all of ``steps``, else as many as fit in MEMORY_BUDGET (at most 100,000)."""
+    """Rows per lane: all of ``steps``, else as many as fit in MEMORY_BUDGET with what a buffer
+    reserves besides its rows (at most 100,000)."""
     if steps:
         return math.ceil(steps / spec.n_envs)
-    per_row = fe.FlexibleBuffer.from_spec(spec, num_steps=1).nbytes_per_row
-    return max(1, min(DEFAULT_CAPACITY, MEMORY_BUDGET // per_row))
+    probe = fe.FlexibleBuffer.from_spec(spec, num_steps=1)
+    per_row = probe.nbytes_per_row * spec.n_envs
+    return max(1, min(DEFAULT_CAPACITY, (MEMORY_BUDGET - (probe.nbytes - per_row)) // per_row))
+
+
+def _longest_episode(env: Any) -> int | None:
+    """The most rows an episode of ``env`` can take, where the env says (a Gymnasium time limit,
+    a PettingZoo env's ``max_cycles``), else None."""
+    spec = getattr(env, "spec", None)
+    limit = getattr(spec, "max_episode_steps", None) if spec is not None and not callable(spec) else None
+    unwrapped = getattr(env, "unwrapped", env)
+    return limit if isinstance(limit, int) else getattr(unwrapped, "max_cycles", None)
 
 
 def _progress_bar(budget: Budget, label: str) -> tuple[Any, Progress]:
@@ -156,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     budget = rec.add_mutually_exclusive_group()
     budget.add_argument("--episodes", type=_positive, help=f"episodes to record (default {DEFAULT_EPISODES})")
     budget.add_argument("--steps", type=_positive, help="env steps to record instead (all sub-envs count)")
-    rec.add_argument("--out", help="file to save the buffer to (default ./<env name>.fbuf)")
+    rec.add_argument("--out", help="file to save the buffer to (default ./<env name>.fbuf); missing "
+                                   "directories on its path are created")
     rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")
     rec.add_argument("--num-envs", type=_positive, default=1,
                      help="Gymnasium sub-envs stepped together through a vector env (default 1)")
