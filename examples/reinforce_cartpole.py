@@ -69,7 +69,7 @@ def train(args: argparse.Namespace) -> list[float]:
     return returns
 
 
-def plot(returns: list[float], path: str) -> None:
+def plot(returns: list[float], path: str, target: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,7 +81,7 @@ def plot(returns: list[float], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(episodes, returns, alpha=0.3, linewidth=0.8, label="episode return")
     ax.plot(episodes[window - 1:], smooth, label=f"mean of last {window}")
-    ax.axhline(450, color="grey", linestyle="--", linewidth=0.8)
+    ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
     ax.set(xlabel="episode", ylabel="return", title="REINFORCE on CartPole-v1 from recorded G")
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(returns)} episodes in {time.perf_counter() - start:.0f} s; mean return of the last 50: "
           f"{np.mean(returns[-50:]):.1f} (first 50: {np.mean(returns[:50]):.1f})")
     if args.plot:
-        plot(returns, args.plot)
+        plot(returns, args.plot, args.target)
         print(f"learning curve: {args.plot}")
 
 

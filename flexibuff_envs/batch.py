@@ -20,7 +20,8 @@ class FlexiBatch:
     Sequences (`FlexibleBuffer.sample_sequences`) put ``seq_len`` after ``batch``.
 
     numpy batches keep the stored dtypes (bool flags and masks, int64 actions, uint8 images).
-    torch batches follow FlexiBuff: discrete actions int64, everything else float32.
+    torch batches follow FlexiBuff: discrete actions int64, uint8 observations stay uint8 (scale
+    them in the network), everything else float32.
     """
 
     obs: Any = None

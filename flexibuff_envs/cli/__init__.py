@@ -65,8 +65,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         bar.close()
         recorder.close()
     if rollout.episodes and not recorder.buffer.n_episodes:
-        raise fe.FlexibuffError(f"none of the {rollout.episodes:,} episodes fit whole in the buffer's "
-                                f"{capacity:,} rows per sub-env, so nothing was saved; pass a larger "
+        raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
+                                f"({rollout.episodes:,} ended), so nothing was saved; pass a larger "
                                 f"--capacity (the longest episode's rows or more)")
     path = recorder.buffer.save(out)
     print(record_report(choice, rollout, recorder.buffer, path))

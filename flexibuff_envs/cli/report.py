@@ -59,7 +59,8 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     lines.append(_line("masks", _masks(spec)))
     lines.append(_line("state", _state(spec)))
     lines.append(_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"))
-    lines.append(_line("rows", f"{len(buffer):,} held, {buffer.n_episodes:,} whole episodes"))
+    whole = buffer.n_episodes
+    lines.append(_line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"))
     lines += _episode_lines(buffer)
     lines.append(_line("fields", ", ".join(buffer.fields)))
     return "\n".join(lines)
