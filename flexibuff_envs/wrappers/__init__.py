@@ -70,25 +70,24 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
     1
     """
     kind = env_kind(env)
-    common = {"num_steps": num_steps, "gamma": gamma, "gae_lambda": gae_lambda, "bootstrap_fn": bootstrap_fn,
-              "seed": seed}
     if kind in ("gymnasium", "vector"):
         extra = [name for name, value in (("global_reward", global_reward), ("record_state", record_state))
                  if value is not None]
         if extra:
             raise TypeError(f"record(): {', '.join(extra)} apply to PettingZoo envs only, not to a "
                             f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}")
-        return (GymRecorder if kind == "gymnasium" else VectorRecorder)(env, buffer, **common)
-    pettingzoo = {"global_reward": "sum" if global_reward is None else global_reward,
-                  "record_state": True if record_state is None else record_state}
-    if kind == "parallel":
-        from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder
-
-        return ParallelRecorder(env, buffer, **common, **pettingzoo)
-    if kind == "aec":
-        from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder
-
-        return AECRecorder(env, buffer, **common, **pettingzoo)
+        gymnasium = GymRecorder if kind == "gymnasium" else VectorRecorder
+        return gymnasium(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
+                         bootstrap_fn=bootstrap_fn, seed=seed)
+    if kind in ("parallel", "aec"):
+        if kind == "parallel":
+            from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder as recorder
+        else:
+            from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder as recorder
+        return recorder(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
+                        bootstrap_fn=bootstrap_fn, seed=seed,
+                        global_reward="sum" if global_reward is None else global_reward,
+                        record_state=True if record_state is None else record_state)
     raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {type(env).__module__}."
                         f"{type(env).__qualname__}")
 

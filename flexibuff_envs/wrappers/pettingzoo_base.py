@@ -26,6 +26,7 @@ class PettingZooRecorderMixin:
     """What both PettingZoo recorders share: construction from the env and the public surface."""
 
     buffer: FlexibleBuffer
+    env: Any
 
     def _setup(self, env: Any, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
                gae_lambda: float | None, bootstrap_fn: BootstrapFn | None, seed: int | None,
