@@ -402,18 +402,27 @@ class FlexibleBuffer(Sampling):
         if self.spec.n_agents == 1:
             self._store_returns(slice(None), rows, boot)
             return
-        starts = np.maximum(lane.agent_start, episode.start)
-        starts[lane.agent_start < 0] = -1
+        starts = lane.agent_start.tolist()
+        agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
+        if not agents:
+            return
         active = arrays["active"][:, rows]
-        if only is None and (starts == episode.start).all() and active.all():
+        if len(agents) == len(starts) and max(starts) <= episode.start and active.all():
             self._store_returns(slice(None), rows, boot)  # every agent acted at every step: one pass
             return
-        positions = np.arange(episode.start, episode.end)
-        all_rows = lane.rows(episode)
-        for agent in [only] if only is not None else np.flatnonzero(starts >= 0).tolist():
-            own = all_rows[active[agent] & (positions >= starts[agent])]
-            if own.size:
-                self._store_returns(slice(agent, agent + 1), own, None if boot is None else boot[agent:agent + 1])
+        all_rows = None
+        for agent in agents:
+            mine = active[agent, max(starts[agent] - episode.start, 0):]
+            skipped = steps - mine.size
+            acted = int(np.count_nonzero(mine))
+            boot_ = None if boot is None else boot[agent:agent + 1]
+            if isinstance(rows, slice) and mine[:acted].all():  # its rows are one run (AEC turns): a slice
+                own: slice | np.ndarray = slice(first + skipped, first + skipped + acted)
+            else:
+                all_rows = lane.rows(episode) if all_rows is None else all_rows
+                own = all_rows[skipped:][mine]
+            if acted:
+                self._store_returns(slice(agent, agent + 1), own, boot_)
 
     def _store_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None) -> None:
         """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition

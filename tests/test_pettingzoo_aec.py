@@ -17,6 +17,7 @@ warnings.filterwarnings("ignore", module="pettingzoo")
 from mpe2 import simple_speaker_listener_v4, simple_spread_v3
 from pettingzoo.classic import (
     connect_four_v3,
+    hanabi_v5,
     leduc_holdem_v4,
     rps_v2,
     texas_holdem_no_limit_v6,
@@ -116,40 +117,47 @@ def test_api_test_passes_on_the_wrapped_env(make: Callable[[], Any]) -> None:
     assert len(env.buffer) > 0
 
 
-def test_no_reward_is_lost_rewards_before_a_first_turn_included() -> None:
-    """Poker: in some hands the opponent folds before a player ever acts; that player's winnings
-    (and any reward before a first turn) must still be in the buffer, summing per episode and
-    agent to what the bare loop's env.rewards summed to."""
-    hands, bare = 100, texas_holdem_no_limit_v6.env()
-    rng = np.random.default_rng(0)
-    totals, actions = [], []
-    for hand in range(hands):
-        bare.reset(seed=hand)
+def bare_totals(make: Callable[[], Any], episodes: int) -> tuple[np.ndarray, list[Any], int]:
+    """A plain loop: per episode and agent, the sum of env.rewards after every step; the actions
+    taken (random legal ones); and how many agents were rewarded before their first turn."""
+    bare, rng = make(), np.random.default_rng(0)
+    totals, actions, early = [], [], 0
+    for episode in range(episodes):
+        bare.reset(seed=episode)
         total = dict.fromkeys(bare.possible_agents, 0.0)
+        acted: set[str] = set()
         for agent in bare.agent_iter():
             obs, _, terminated, truncated, _ = bare.last()
+            early += agent not in acted and total[agent] != 0.0
             action = None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"])))
+            if action is not None:
+                acted.add(agent)
             actions.append(action)
             bare.step(action)
             for a, r in bare.rewards.items():
                 total[a] += r
         totals.append([total[a] for a in bare.possible_agents])
-    env = fe.record(texas_holdem_no_limit_v6.env(), num_steps=5000)
-    taken = iter(actions)
-    never_acted = 0
-    for hand in range(hands):
-        env.reset(seed=hand)
-        acted = set()
-        for agent in env.agent_iter():
-            action = next(taken)
-            acted.add(agent) if action is not None else None
-            env.step(action)
-        never_acted += len(acted) < 2
-    assert never_acted > 5  # the case this test is about happens
-    stats = env.buffer.episode_stats()
-    np.testing.assert_allclose(stats["returns"], totals, atol=1e-5)
-    (first,) = env.buffer.sample_episodes(n_episodes=1)
-    assert np.isnan(first.G[~first.active]).all()  # a reward kept without a turn is no transition
+    return np.array(totals), actions, early
+
+
+@pytest.mark.parametrize(("make", "episodes"), [(texas_holdem_no_limit_v6.env, 100),
+                                                (lambda: hanabi_v5.env(players=2), 30)],
+                         ids=["texas_holdem_no_limit_v6", "hanabi_v5"])
+def test_no_reward_is_lost_rewards_before_a_first_turn_included(make: Callable[[], Any], episodes: int) -> None:
+    """Poker: some hands are folded before a player ever acts, and its winnings must still be in
+    the buffer. Hanabi: a teammate's successful play lands before one's first turn. Per episode
+    and agent, the recorded rewards sum to what the bare loop's env.rewards summed to."""
+    totals, actions, early = bare_totals(make, episodes)
+    assert early > 0  # the case this test is about happens
+    env = fe.record(make(), num_steps=20_000)
+    replay_aec(env, 0, episodes, actions)
+    np.testing.assert_allclose(env.buffer.episode_stats()["returns"], totals, atol=1e-5)
+    for episode in env.buffer.sample_episodes(n_episodes=episodes):
+        assert np.isnan(episode.G[~episode.active]).all()  # a reward kept without a turn is no transition
+        first = episode.G[:, 0]  # G from each agent's first turn includes what came before it
+        plain = [sum(r * 0.99**k for k, r in enumerate(rewards[active]))
+                 for rewards, active in zip(episode.individual_rewards, episode.active)]
+        np.testing.assert_allclose(first[episode.active[:, 0]], np.array(plain)[episode.active[:, 0]], rtol=1e-5)
 
 
 class TenfoldRewards(BaseWrapper):

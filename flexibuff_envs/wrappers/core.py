@@ -396,21 +396,22 @@ class LaneRecorder:
 
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
         """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""
-        values = np.zeros(len(self.slots))
+        values: np.ndarray | None = None  # V(obs_) of the truncated ones, when bootstrapped
         for index, boot in zip(indices, bootstrap):
             if self.last[index] < 0:  # it never acted: keep what it received
                 if self.carry[index]:
                     self.unrewarded(index, 0.0, self.rows[-1] if self.rows else self.row(0))
             elif boot and self.bootstrap_fn is not None:
+                values = np.zeros(len(self.slots)) if values is None else values
                 values[index] = self.bootstrap_fn(self.buffer.next_obs(self.last[index], index),
                                                   self.slots[index].name)
             self.open[index] = False
         if self.end_with_last_agent and not any(self.open):  # the episode ends with these agents
-            self.buffer.end_episode(self.lane, bootstrap=values if values.any() else None)
+            self.buffer.end_episode(self.lane, bootstrap=values)
             self.running = False
             return
         for index in indices:
-            self.buffer.end_agent(self.lane, index, values[index] if values[index] else None)
+            self.buffer.end_agent(self.lane, index, None if values is None else values[index])
 
     def abandon(self, rows: int, error: BaseException) -> None:
         """The step being recorded failed with ``error``: give back the rows it claimed (beyond
