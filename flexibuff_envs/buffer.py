@@ -316,7 +316,7 @@ class FlexibleBuffer(Sampling):
         """
         lane_ = self._lanes[lane]
         running = lane_.running
-        if running is not None and running.end > running.start:
+        if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
             self._write_returns(lane_, running, bootstrap)
         lane_.end()
 
@@ -402,7 +402,7 @@ class FlexibleBuffer(Sampling):
         if self.spec.n_agents == 1:
             self._store_returns(slice(None), rows, boot)
             return
-        starts = lane.agent_start.tolist()
+        starts = lane.agent_start
         agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
         if not agents:
             return

@@ -35,7 +35,7 @@ class Lane:
         self.on_forget = on_forget
         # per agent: the position its own episode began at inside the running one (-1: it ended
         # there already, its G is final); its rows are the rows from there on where it is active
-        self.agent_start = np.zeros(n_agents, dtype=np.int64)
+        self.agent_start = [0] * n_agents
         self.offset = offset
         self.capacity = capacity
         self.written = 0
@@ -48,7 +48,7 @@ class Lane:
     def begin(self) -> None:
         """Start an episode at the next position (any running one must be ended first)."""
         self.running = Episode(self.written, self.written)
-        self.agent_start[:] = self.written
+        self.agent_start = [self.written] * len(self.agent_start)
 
     def claim(self) -> int:
         """The row for the running episode's next step; forgets the oldest episode if it is there."""
@@ -103,7 +103,7 @@ class Lane:
         self.ended.extend(Episode(int(end - n), int(end)) for end, n in zip(ends, lengths))
         if self.running is not None:
             self.running.start = self.running.end = self.written
-            self.agent_start[self.agent_start >= 0] = self.written
+            self.agent_start = [self.written if s >= 0 else s for s in self.agent_start]
         return first
 
     def clear(self) -> None:

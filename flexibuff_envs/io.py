@@ -97,7 +97,7 @@ def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
             "rows": [lo, hi],
             "ended": [[e.start, e.end, e.whole] for e in lane.ended],
             "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
-            "agent_start": lane.agent_start.tolist(),
+            "agent_start": list(lane.agent_start),
         })
     return {
         "format": "flexibuff_envs buffer",
@@ -293,9 +293,9 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
         lane.ended.extend(Episode(s, e, w) for s, e, w in info["ended"])
         lane.running = None if info["running"] is None else Episode(*info["running"])
         if info["agent_start"] is not None:
-            lane.agent_start[:] = info["agent_start"]
+            lane.agent_start = list(info["agent_start"])
         elif lane.running is not None:
-            lane.agent_start[:] = lane.running.start
+            lane.agent_start = [lane.running.start] * len(lane.agent_start)
     if not mmap and any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # an older file's next values, written out row by row: keep them once
     return buffer
