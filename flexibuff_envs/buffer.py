@@ -20,10 +20,6 @@ from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, one_hot, pack_mask
 
-#: fields whose cleared value is their fill (NaN: not given; weight 1) rather than 0
-_KEEP_FILL = frozenset(name for name, field in FIELDS.items()
-                       if isinstance(field.fill, float) and (np.isnan(field.fill) or name == "memory_weights"))
-
 
 class FlexibleBuffer(Sampling):
     """A ring of ``num_steps`` rows per env lane; a row is one timestep of all agents.
@@ -217,7 +213,7 @@ class FlexibleBuffer(Sampling):
             rows = np.arange(self._storage.rows)
             explicit = chain.gather(rows, *self._succ(rows))
             del self._storage.chains[name]
-            self._storage.arrays[name] = explicit
+            self._storage.put(name, explicit)
         return self._storage.ensure(name, width=width)
 
     def next_chain(self, name: str) -> Chain:
@@ -247,7 +243,7 @@ class FlexibleBuffer(Sampling):
         live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
         newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in self._lanes if lane.size])
         for name in [name for name in NEXT if name in self._storage.arrays]:
-            explicit = self._storage.arrays.pop(name)
+            explicit = self._storage.pop(name)
             self._storage.chain(name).absorb(explicit, live, self._successors(live), ~np.isin(live, newest))
 
     def _map(self, path: str, start: int, fields: list[dict[str, Any]]) -> None:
@@ -258,10 +254,11 @@ class FlexibleBuffer(Sampling):
                                         offset=start + meta["offset"], shape=tuple(meta["shape"])))
 
         storage = self._storage
-        storage.arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
+        arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
         for name in MASKS:
-            if name in storage.arrays and storage.arrays[name].dtype == bool:  # formats 1-2
-                storage.arrays[name] = pack_mask(storage.arrays[name])
+            if name in arrays and arrays[name].dtype == bool:  # formats 1-2
+                arrays[name] = pack_mask(arrays[name])
+        storage.replace(arrays)
         parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
         storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
                                       index=index, tail=parts[name, "tail"])
@@ -355,13 +352,10 @@ class FlexibleBuffer(Sampling):
             agents: clear only these agents' per-agent fields (None: every field of the row).
             fresh: the row was never written: only fields allocated with another value are set.
         """
-        for name, array in self._storage:
-            field = FIELDS[name]
-            value = field.fill if name in _KEEP_FILL else 0
-            if fresh and value == self._storage.fill(name):
-                continue
-            if field.per_agent:
-                array[slice(None) if agents is None else agents, row] = value
+        who = slice(None) if agents is None else agents
+        for array, value, per_agent in self._storage.clearing(fresh):
+            if per_agent:
+                array[who, row] = value
             elif agents is None:
                 array[row] = value
         for chain in [] if fresh else self._storage.chains.values():  # a fresh row reads slot 0

@@ -96,6 +96,8 @@ class Storage:
         self.rows = rows
         self.arrays: dict[str, np.ndarray] = {}
         self.chains: dict[str, Chain] = {}
+        # (fresh?) -> what clearing a row writes: (array, value, per agent); None once arrays change
+        self._clearing: dict[bool, list[tuple[np.ndarray, float | bool, bool]]] = {}
         self._widths = {
             "obs_size": len(spec.obs_categories) or spec.obs_size,
             "state_size": spec.state_size or 0,
@@ -125,8 +127,38 @@ class Storage:
             fill = self.fill(name)
             if fill:
                 array.fill(fill)
-            self.arrays[name] = array
+            self.put(name, array)
         return array
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        """Hold ``array`` as field ``name``."""
+        self.arrays[name] = array
+        self._clearing.clear()
+
+    def pop(self, name: str) -> np.ndarray:
+        """Field ``name``'s array, no longer held."""
+        self._clearing.clear()
+        return self.arrays.pop(name)
+
+    def replace(self, arrays: dict[str, np.ndarray]) -> None:
+        """Hold ``arrays`` instead of every current field (a mapped file's)."""
+        self.arrays = arrays
+        self._clearing.clear()
+
+    def clearing(self, fresh: bool) -> list[tuple[np.ndarray, float | bool, bool]]:
+        """What clearing a row writes, ``(array, value, per agent)`` for each field: its "nothing
+        happened" value (NaN for values not given, weight 1, else 0). A ``fresh`` row (never
+        written) holds its allocated value already: only fields allocated otherwise are listed."""
+        plan = self._clearing.get(fresh)
+        if plan is None:
+            plan = []
+            for name, array in self.arrays.items():
+                fill = FIELDS[name].fill
+                value = fill if isinstance(fill, float) and (np.isnan(fill) or name == "memory_weights") else 0
+                if not (fresh and value == self.fill(name)):
+                    plan.append((array, value, FIELDS[name].per_agent))
+            self._clearing[fresh] = plan
+        return plan
 
     def fill(self, name: str) -> float | bool:
         """The value field ``name`` is allocated with."""

@@ -35,9 +35,9 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     next appearance in ``agent_iter``: its next turn, or its dead step. It takes the reward
     ``last()`` reports then (everything the agent received since it acted), the observation and
     mask of that moment, and the agent's own terminated/truncated. Row ``k`` of an episode holds
-    each agent's ``k``-th turn. A reward received before an agent's first turn goes into its
-    first transition; one received by an agent that never acts stays, inactive, in row 0. The ``None`` step of a finished agent closes its last transition
-    and is not a transition itself. The global state of row ``k`` is taken when the row's first
+    each agent's ``k``-th turn. The ``None`` step of a finished agent closes its last transition
+    and is not a transition itself. A reward received before an agent's first turn goes into its
+    first transition; one received by an agent that never acts stays, inactive, in row 0. The global state of row ``k`` is taken when the row's first
     transition closes; ``state`` is the previous row's ``state_`` (the reset state for row 0).
 
     Args: as `ParallelRecorder`.
@@ -51,8 +51,10 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
                     seed=seed, global_reward=global_reward, record_state=record_state)
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
-        # where last() and the agent to act are read: the raw env when the wrappers only forward them
-        self._source: AECEnv = self._raw if forwards_last(env) else env
+        # where last() and the agent to act are read: the raw env when the wrappers only forward
+        # them (_direct, saving each wrapper's forwarding), else through the wrappers
+        self._direct: AECEnv | None = self._raw if forwards_last(env) else None
+        self._source: AECEnv = self._raw if self._direct is not None else env
         self._actions: list[Any] = [None] * len(self._index)
         self._seen: tuple[Any, tuple[Any, ...]] | None = None
 
@@ -71,14 +73,14 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     def last(self, observe: bool = True) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         if not self._recorder.running:
             return super().last(observe)
-        source = self._source
-        if source is self._raw:  # the inner wrappers only forward these: read them on the raw env
-            agent = source.agent_selection
-            result = (self.env.observe(agent) if observe else None, source._cumulative_rewards[agent],
-                      source.terminations[agent], source.truncations[agent], source.infos[agent])
+        raw = self._direct
+        if raw is not None:  # the inner wrappers only forward these: read them on the raw env
+            agent = raw.agent_selection
+            result = (self.env.observe(agent) if observe else None, raw._cumulative_rewards[agent],
+                      raw.terminations[agent], raw.truncations[agent], raw.infos[agent])
         else:
-            agent = source.agent_selection
-            result = source.last(observe)
+            agent = self.env.agent_selection
+            result = self.env.last(observe)
         if observe:  # the step that follows reuses this observation instead of observing again
             self._seen = (agent, result)
         return result
