@@ -13,12 +13,16 @@ import numpy as np
 from flexibuff_envs import chunk
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
-from flexibuff_envs.episodes import Episode, Lane, episode_rows
+from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows
 from flexibuff_envs.errors import SpecMismatchError, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, one_hot, pack_mask
+
+
+#: rows of a lane given their allocated values at a time, as recording reaches them
+_OPEN_ROWS = 1024
 
 
 class FlexibleBuffer(Sampling):
@@ -110,9 +114,9 @@ class FlexibleBuffer(Sampling):
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
         self.rng = np.random.default_rng(seed)
-        self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs,
+        self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs, lanes=self.spec.n_envs,
                                 log_prob_continuous=int(log_prob_continuous))
-        self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents)
+        self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents, self._open)
                        for i in range(self.spec.n_envs)]
         # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
         self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
@@ -297,6 +301,13 @@ class FlexibleBuffer(Sampling):
     def row_claimer(self, lane: int = 0) -> Callable[[], int]:
         """`claim_row` bound to one lane, for a recorder's per-step path."""
         return self._lanes[lane].claim
+
+    def _open(self, lane: Lane, needed: int) -> None:
+        """Give the rows of ``lane`` up to position ``needed`` (and a block more) their fields'
+        allocated values: a ring is filled as it is first used, not when it is made."""
+        upto = min(lane.capacity, needed + _OPEN_ROWS)
+        self._storage.open(lane.offset // self.num_steps, upto)
+        lane.opened = upto if upto < lane.capacity else ALL
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
         rows = lane.rows(episode)
@@ -489,11 +500,12 @@ class FlexibleBuffer(Sampling):
         An episode still running goes on recording; its steps before the clear are gone, so it
         will not be handed out by `sample_episodes`, but its ``G`` and GAE cover what is kept.
         """
+        live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
         for lane in self._lanes:
             lane.clear()
-        self._storage.arrays["G"][:] = np.nan
+        self._storage.arrays["G"][:, live] = np.nan  # only rows that were recorded were touched
         for chain in self._storage.chains.values():
-            chain.reset()
+            chain.reset(live)
 
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""

@@ -98,11 +98,12 @@ class Chain:
             self.release(self.index[rows])
             self.index[rows] = 0
 
-    def reset(self) -> None:
-        """Every row forgotten (`FlexibleBuffer.clear`); the holders keep their slots."""
+    def reset(self, rows: np.ndarray) -> None:
+        """Every row forgotten (`FlexibleBuffer.clear`; ``rows``: those recorded); the holders
+        keep their slots."""
         for holder in self.holders:
             holder.release()
-        self.index[...] = 0
+        self.index[..., rows] = 0
         free = np.flatnonzero(~self.reserved[1:self.fresh]).astype(np.int32) + 1
         self._free[:free.size] = free
         self._n_free = free.size

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 
+#: `Lane.opened` once every row of the lane's ring is open
+ALL = 1 << 62
+
+
 @dataclass
 class Episode:
     """One episode of a lane: positions ``[start, end)``; ``whole`` is False once clipped."""
@@ -28,11 +32,15 @@ class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
     __slots__ = ("_bounds", "agent_start", "capacity", "dirty", "ended", "live_start", "offset", "on_forget",
-                 "running", "written")
+                 "on_open", "opened", "running", "written")
 
     def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None],
-                 n_agents: int = 1) -> None:
+                 n_agents: int = 1, on_open: Callable[[Lane, int], None] | None = None) -> None:
         self.on_forget = on_forget
+        # on the ring's first pass, rows below position ``opened`` hold their fields' allocated
+        # values; claiming past it calls ``on_open(lane, position)`` (ALL: every row is open)
+        self.on_open = on_open
+        self.opened = 0 if on_open is not None else ALL
         # per agent: the position its own episode began at inside the running one (-1: it ended
         # there already, its G is final); its rows are the rows from there on where it is active
         self.agent_start = [0] * n_agents
@@ -54,6 +62,8 @@ class Lane:
         """The row for the running episode's next step; forgets the oldest episode if it is there."""
         if self.written - self.capacity >= self.live_start:
             self._forget_oldest()
+        if self.written >= self.opened:
+            self.on_open(self, self.written + 1)  # type: ignore[misc]
         row = self.offset + self.written % self.capacity
         self.written += 1
         self.running.end = self.written  # type: ignore[union-attr]
@@ -97,6 +107,8 @@ class Lane:
         """
         first = self.written
         self.written = first + int(lengths.sum())
+        if self.written > self.opened:
+            self.on_open(self, self.written)  # type: ignore[misc]
         while self.ended and self.ended[0].start < self.written - self.capacity:
             self._forget_ended()
         ends = first + np.cumsum(lengths)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-from flexibuff_envs.episodes import Episode, Lane
+from flexibuff_envs.episodes import ALL, Episode, Lane
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, pack_mask
@@ -287,8 +287,11 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
             _read_into(buffer, file, fields, segments)
     finally:
         file.handle.close()
-    for lane, info in zip(buffer._lanes, lanes):
+    for i, (lane, info) in enumerate(zip(buffer._lanes, lanes)):
         lane.written = lane.dirty = info["written"]
+        # rows below written hold the file's values (or are not live): the rest opens as recorded
+        lane.opened = info["written"] if info["written"] < lane.capacity else ALL
+        buffer._storage.opened[i] = min(info["written"], lane.capacity)
         lane.live_start = info["live_start"]
         lane.ended.extend(Episode(s, e, w) for s, e, w in info["ended"])
         lane.running = None if info["running"] is None else Episode(*info["running"])

@@ -91,9 +91,13 @@ NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
 class Storage:
     """The arrays of one buffer: ``rows`` rows of every allocated field."""
 
-    def __init__(self, spec: BufferSpec, rows: int, *, log_prob_continuous: int = 0) -> None:
+    def __init__(self, spec: BufferSpec, rows: int, *, lanes: int = 1, log_prob_continuous: int = 0) -> None:
         self.spec = spec
         self.rows = rows
+        self.lane_rows = rows // lanes
+        # per lane: rows (from its first) that hold their fields' allocated values; the others are
+        # still calloc's zeros, so a huge ring costs memory only as it is used (`open`)
+        self.opened = [0] * lanes
         self.arrays: dict[str, np.ndarray] = {}
         self.chains: dict[str, Chain] = {}
         # (fresh?) -> what clearing a row writes: (array, value, per agent); None once arrays change
@@ -120,15 +124,38 @@ class Storage:
             field = FIELDS[name]
             if width is not None:
                 self._widths[field.width] = width
-            dtype = np.dtype(field.dtype if field.dtype != "obs" else index_dtype(self.spec.obs_categories)
-                             if self.spec.obs_categories else self.spec.obs_dtype)
             # zeros come from calloc: untouched rows of a huge buffer cost no memory
-            array = np.zeros(self.shape(name), dtype=dtype)
+            array = np.zeros(self.shape(name), dtype=self.dtype(name))
             fill = self.fill(name)
             if fill:
-                array.fill(fill)
+                for lane, opened in enumerate(self.opened):
+                    first = lane * self.lane_rows
+                    self._fill(array, name, first, first + opened)
             self.put(name, array)
         return array
+
+    def dtype(self, name: str) -> np.dtype:
+        """The dtype field ``name`` is stored in."""
+        field = FIELDS[name]
+        if field.dtype != "obs":
+            return np.dtype(field.dtype)
+        return index_dtype(self.spec.obs_categories) if self.spec.obs_categories else np.dtype(self.spec.obs_dtype)
+
+    def _fill(self, array: np.ndarray, name: str, lo: int, hi: int) -> None:
+        if FIELDS[name].per_agent:
+            array[:, lo:hi] = self.fill(name)
+        else:
+            array[lo:hi] = self.fill(name)
+
+    def open(self, lane: int, upto: int) -> None:
+        """Rows of ``lane`` up to ``upto`` (from its first) get their fields' allocated values."""
+        first = lane * self.lane_rows
+        lo, hi = first + self.opened[lane], first + upto
+        if hi > lo:
+            for name, array in self.arrays.items():
+                if self.fill(name):
+                    self._fill(array, name, lo, hi)
+            self.opened[lane] = upto
 
     def put(self, name: str, array: np.ndarray) -> None:
         """Hold ``array`` as field ``name``."""
