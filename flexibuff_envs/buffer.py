@@ -14,12 +14,11 @@ from flexibuff_envs import chunk
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows
-from flexibuff_envs.errors import SpecMismatchError, positive_int
+from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, one_hot, pack_mask
-
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
@@ -94,7 +93,7 @@ class FlexibleBuffer(Sampling):
             raise ValueError(f"agent_ids has {len(ids)} names but n_agents is {n_agents}")
         self.spec = BufferSpec(
             obs_size=positive_int("obs_size", obs_size),
-            obs_dtype=np.dtype(obs_dtype).name,
+            obs_dtype=plain_dtype("obs_dtype", obs_dtype).name,
             discrete_action_cardinalities=cards,
             continuous_action_dimension=int(continuous_action_dimension or continious_action_dimension or 0),
             action_mask=bool(any(action_mask) if isinstance(action_mask, (list, tuple)) else action_mask)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 #: `Lane.opened` once every row of the lane's ring is open
 ALL = 1 << 62
 

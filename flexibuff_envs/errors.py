@@ -40,6 +40,20 @@ def positive_int(name: str, value: object) -> int:
     return int(value)
 
 
+def plain_dtype(name: str, value: object) -> np.dtype:
+    """``value`` as a numpy dtype, or ValueError naming ``name`` unless it is a plain bool,
+    integer or float dtype of at most 8 bytes: a buffer holds numbers, never Python objects."""
+    try:
+        dtype = np.dtype(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None \
+            or dtype.itemsize > 8:
+        raise ValueError(f"{name} must be a bool, integer or float dtype (bool, int8-int64, uint8-uint64, "
+                         f"float16-float64), got {value!r}")
+    return dtype
+
+
 def require_torch():
     """Import torch lazily, naming the extra to install when it is absent."""
     try:

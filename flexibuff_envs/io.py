@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import tempfile
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 import numpy as np
 
+from flexibuff_envs.chain import CHAINED, Chain
 from flexibuff_envs.episodes import ALL, Episode, Lane
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.header import BadHeader, Truncated, parse, stored_range
+from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, pack_mask
 
 if TYPE_CHECKING:
@@ -78,19 +81,10 @@ class _Checksum:
         return self.value
 
 
-def stored_range(lane: Lane) -> tuple[int, int]:
-    """The rows ``[lo, hi)`` of ``lane`` (counted from its first row) a file holds: the live ones
-    as one range in ring order, the whole lane when they wrap around its end."""
-    if lane.size == 0:
-        return 0, 0
-    first = lane.live_start % lane.capacity
-    return (first, first + lane.size) if first + lane.size <= lane.capacity else (0, lane.capacity)
-
-
 def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
     lanes = []
     for lane in buffer._lanes:
-        lo, hi = stored_range(lane)
+        lo, hi = stored_range(lane.live_start, lane.written, lane.capacity)
         lanes.append({
             "written": lane.written,
             "live_start": lane.live_start,
@@ -126,7 +120,8 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
     Rows go from the ring to the file slice by slice, in ring order (so row numbers stay as they
     are): no copy of the buffer is made.
     """
-    segments = [(lane.offset + lo, lane.offset + hi) for lane in buffer._lanes for lo, hi in [stored_range(lane)]]
+    segments = [(lane.offset + lo, lane.offset + hi) 
+                for lane in buffer._lanes for lo, hi in [stored_range(lane.live_start, lane.written, lane.capacity)]]
     rows = sum(hi - lo for lo, hi in segments)
     header = _header(buffer)
     fields: list[list[np.ndarray] | Iterator[np.ndarray]] = []
@@ -197,67 +192,88 @@ def _umask() -> int:
     return mask
 
 
+def _open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading, if it is (or links to) a regular file: a FIFO would block,
+    a device or a directory is no buffer file."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError as exc:
+        raise BufferFileError(f"{path}: no such buffer file") from exc
+    except OSError as exc:
+        raise BufferFileError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise BufferFileError(f"{path}: not a regular file; a buffer file is one")
+    try:  # non-blocking: a FIFO put there since the check must not hang the open
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise BufferFileError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BufferFileError(f"{path}: not a regular file; a buffer file is one")
+    return os.fdopen(fd, "rb")
+
+
 class _File:
-    """An opened buffer file whose header, size and end marker were checked."""
+    """An opened regular buffer file whose size, end marker, checksum and header were checked."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.handle = _open_regular(path)
         try:
-            self.handle: BinaryIO = open(path, "rb")  # noqa: SIM115 (closed by load)
-        except FileNotFoundError as exc:
-            raise BufferFileError(f"{path}: no such buffer file") from exc
+            self._check()
         except OSError as exc:
-            raise BufferFileError(f"{path}: cannot be read ({exc.strerror})") from exc
+            self.fail(f"cannot be read ({exc.strerror or exc})")
+
+    def _check(self) -> None:
         self.size = os.fstat(self.handle.fileno()).st_size
+        if self.size < _PREFIX.size:
+            self.fail(f"too short to be a buffer file ({self.size} bytes)")
         head = self.handle.read(_PREFIX.size)
         if len(head) < _PREFIX.size:
-            self.fail(f"too short to be a buffer file ({self.size} bytes)")
+            self.fail(f"too short to be a buffer file ({len(head)} bytes could be read)")
         magic, self.version, length = _PREFIX.unpack(head)
         if magic != MAGIC:
             self.fail("not a flexibuff_envs buffer file (bad magic bytes)")
         if self.version > VERSION:
             self.fail(f"written by a newer flexibuff_envs (format {self.version}, this one reads up to "
                       f"{VERSION}); upgrade flexibuff-envs")
+        if self.version < 1:
+            self.fail(f"corrupt header (format {self.version} does not exist)")
         suffix = _SUFFIX[self.version]
         blob = self.handle.read(length) if _PREFIX.size + length + suffix.size <= self.size else b""
         if len(blob) < length:
             self.fail(f"truncated or corrupt: the header runs past the end of the file ({self.size} bytes)")
         self.data_start = _PREFIX.size + length + _padding(_PREFIX.size + length)
-        self.handle.seek(self.size - suffix.size)
+        self.data_end = self.size - suffix.size
+        if self.data_start > self.data_end:
+            self.fail(f"truncated (no room for the arrays and the end marker in {self.size} bytes)")
+        self.handle.seek(self.data_end)
         *self.crcs, end = suffix.unpack(self.handle.read(suffix.size))
         if end != END:
-            self.fail(f"truncated (no end marker at byte {self.size - suffix.size}); the save did not finish")
+            self.fail(f"truncated (no end marker at byte {self.data_end}); the save did not finish")
         head_part = head + blob + b"\0" * (self.data_start - _PREFIX.size - length)
         if self.version > 1 and zlib.crc32(head_part) != self.crcs[0]:
             self.fail(f"corrupt header (checksum mismatch in bytes 0-{self.data_start})")
+        data_bytes = self.data_end - self.data_start
         try:
-            self.header = json.loads(blob)
-        except ValueError as exc:
-            self.fail(f"corrupt header: {exc}")
-        expected = self.data_start + self.header.get("data_bytes", self.size) + suffix.size
-        if self.version > 1 and expected != self.size:
-            self.fail(f"truncated: the header describes {expected} bytes but the file has {self.size}")
+            self.header = parse(blob, self.version, data_bytes)
+        except BadHeader as exc:
+            self.fail(str(exc) if isinstance(exc, Truncated) else f"corrupt header: {exc}")
         # format 1 has one checksum over everything; its running value starts with the header part
         self.data_crc = self.crcs[-1]
         self.crc_seed = zlib.crc32(head_part) if self.version == 1 else 0
-        self.data_end = self.size - suffix.size
 
-    def fail(self, problem: str) -> None:
+    def fail(self, problem: str) -> NoReturn:
         self.handle.close()
         raise BufferFileError(f"{self.path}: {problem}")
 
 
-def _lanes_of(header: dict[str, Any], version: int) -> list[dict[str, Any]]:
-    """Each lane's positions, episodes and stored rows, as format 4 writes them. Formats 1-3
-    held the live rows oldest first, their positions counted from the oldest."""
-    if version >= 4:
-        return header["lanes"]
-    return [{"written": info["size"], "live_start": 0, "rows": [0, info["size"]], "ended": info["ended"],
-             "running": info["running"], "agent_start": None} for info in header["lanes"]]
-
-
 def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
     """Read a buffer file written by `save`; rows keep their numbers (``batch.idx``).
+
+    Any file either loads, using memory in proportion to its size, or raises `BufferFileError`:
+    the header is checked whole (`header.parse`) before anything is allocated or mapped, and
+    the next-value indices once read.
 
     Args:
         mmap: map the arrays from the file instead of reading them (copy-on-write: the buffer can
@@ -269,39 +285,59 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
 
     file = _File(path)
     header = file.header
-    fields = header["fields"]
-    log_probs = next((f["width"] for f in fields if f["name"] == "continuous_log_probs"), 0) or 0
-    buffer = FlexibleBuffer.from_spec(BufferSpec.from_dict(header["spec"]), num_steps=header["num_steps"],
-                                      gamma=header["gamma"], gae_lambda=header.get("gae_lambda", 0.95),
-                                      log_prob_continuous=log_probs, global_reward=False,
-                                      individual_reward=False)
-    buffer.path, buffer.name = header["path"], header["name"]
-    buffer.rng.bit_generator.state = header["rng"]
-    lanes = _lanes_of(header, file.version)
     try:
-        if mmap and all(info["rows"] == [0, buffer.num_steps] for info in lanes):
-            buffer._map(file.path, file.data_start, fields)
+        try:
+            buffer = FlexibleBuffer.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
+                                              gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
+                                              global_reward=False, individual_reward=False)
+        except MemoryError:
+            file.fail(f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
+                      "on this machine")
+        buffer.path, buffer.name = header.path, header.name
+        buffer.rng.bit_generator.state = header.rng
+        if mmap and all((lane.lo, lane.hi) == (0, header.num_steps) for lane in header.lanes):
+            buffer._map(file.path, file.data_start, header.fields)
         else:
-            segments = [(lane.offset + info["rows"][0], lane.offset + info["rows"][1])
-                        for lane, info in zip(buffer._lanes, lanes)]
-            _read_into(buffer, file, fields, segments)
+            _read_into(buffer, file, header.fields, [(lane.offset + info.lo, lane.offset + info.hi)
+                                                     for lane, info in zip(buffer._lanes, header.lanes)])
+        for i, (lane, info) in enumerate(zip(buffer._lanes, header.lanes)):
+            lane.written = lane.dirty = info.written
+            lane.live_start = info.live_start
+            # rows below written hold the file's values (or are not live): the rest opens as recorded
+            lane.opened = info.written if info.written < lane.capacity else ALL
+            buffer._storage.opened[i] = min(info.written, lane.capacity)
+            lane.ended.extend(Episode(*episode) for episode in info.ended)
+            lane.running = None if info.running is None else Episode(*info.running)
+            lane.agent_start = (list(info.agent_start) if info.agent_start is not None else
+                                [info.running[0] if info.running else 0] * buffer.spec.n_agents)
+        for name, chain in buffer._storage.chains.items():
+            problem = chain_problem(chain, buffer._lanes)
+            if problem:
+                file.fail(f"corrupt: {name} {problem}")
     finally:
         file.handle.close()
-    for i, (lane, info) in enumerate(zip(buffer._lanes, lanes)):
-        lane.written = lane.dirty = info["written"]
-        # rows below written hold the file's values (or are not live): the rest opens as recorded
-        lane.opened = info["written"] if info["written"] < lane.capacity else ALL
-        buffer._storage.opened[i] = min(info["written"], lane.capacity)
-        lane.live_start = info["live_start"]
-        lane.ended.extend(Episode(s, e, w) for s, e, w in info["ended"])
-        lane.running = None if info["running"] is None else Episode(*info["running"])
-        if info["agent_start"] is not None:
-            lane.agent_start = list(info["agent_start"])
-        elif lane.running is not None:
-            lane.agent_start = [lane.running.start] * len(lane.agent_start)
     if not mmap and any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # an older file's next values, written out row by row: keep them once
     return buffer
+
+
+def chain_problem(chain: Chain, lanes: list[Lane]) -> str | None:
+    """What is wrong with the next-value index a file gave ``chain``, or None: every live row
+    names a slot of the tail store or is chained, no two live rows share a slot, and no lane's
+    newest row is chained (its successor is not recorded)."""
+    if not any(lane.size for lane in lanes):
+        return None
+    live = live_rows(lanes)
+    index = np.asarray(chain.index.take(live, axis=-1))
+    if ((index < CHAINED) | (index >= len(chain.tail))).any():
+        return f"names a slot outside its {len(chain.tail)} stored ones"
+    slots = index[index > 0]
+    if np.unique(slots).size != slots.size:
+        return "gives two rows one stored slot"
+    newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size])
+    if (chain.index.take(newest, axis=-1) == CHAINED).any():
+        return "chains a lane's newest row to a row not recorded"
+    return None
 
 
 def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]],
@@ -314,12 +350,13 @@ def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]]
         for meta in fields:
             checksum.add(handle.read(file.data_start + meta["offset"] - handle.tell()))  # padding
             part = meta.get("part")
+            if part is None and meta["name"] in NEXT:  # formats 1-2: next values written out row by row
+                buffer._storage.chains.pop(meta["name"], None)
             if meta["name"] in MASKS and meta["dtype"] == "|b1":  # formats 1-2: a bool per action
-                packed = buffer.field(meta["name"])
-                target = np.ones((*packed.shape[:-1], meta["width"]), dtype=bool)
-                blocks = _blocks(target, True, segments)
+                target = np.ones(meta["shape"], dtype=bool)  # the stored rows, packed into the ring below
+                blocks = iter([target])
             elif part is None:
-                target = buffer.field(meta["name"], width=meta["width"])
+                target = buffer._storage.ensure(meta["name"])
                 blocks = _blocks(target, FIELDS[meta["name"]].per_agent, segments)
             elif part == "index":
                 chain = buffer._storage.chain(meta["name"])
@@ -338,7 +375,10 @@ def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]]
                     if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
                         file.fail(f"truncated inside field {meta['name']!r}")
             if target.dtype == bool and meta["name"] in MASKS:
-                packed[...] = pack_mask(target)
+                packed, at = buffer._storage.ensure(meta["name"]), 0
+                for lo, hi in segments:
+                    packed[:, lo:hi] = pack_mask(target[:, at:at + hi - lo])
+                    at += hi - lo
         checksum.add(handle.read(file.data_end - handle.tell()))
     finally:
         crc = checksum.result()

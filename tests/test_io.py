@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -103,8 +104,11 @@ def test_mmap_load_reads_only_the_header(tmp_path: Path) -> None:
     env = recorder()
     play(env, seed=0, steps=40)
     path = env.buffer.save(tmp_path / "run.fbuf")
-    raw = bytearray(path.read_bytes() if isinstance(path, Path) else Path(path).read_bytes())
-    raw[-200] ^= 0xFF  # inside the arrays: only a full read can notice
+    raw = bytearray(Path(path).read_bytes())
+    length = int.from_bytes(raw[12:20], "little")
+    header = json.loads(raw[20:20 + length])
+    obs = next(f for f in header["fields"] if f["name"] == "obs")
+    raw[20 + length + -(20 + length) % 64 + obs["offset"] + 5] ^= 0xFF  # an observation: only a full read notices
     Path(path).write_bytes(raw)
     assert len(fe.FlexibleBuffer.load(path, mmap=True)) == 40
     with pytest.raises(fe.BufferFileError, match="data checksum"):

@@ -1,0 +1,335 @@
+"""The header of a buffer file, checked whole before anything is allocated or mapped.
+
+A file is data from anyone. `parse` turns its JSON header into a `Header` only when every key,
+type, size, position and array extent agrees with the format and with the bytes the file holds;
+otherwise it raises `BadHeader` saying what is wrong (`io` adds the path). What a file can make the
+loader allocate then follows from the file: arrays are exactly the extents checked here, and the
+ring is allocated as zeros the system hands out only as they are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.errors import plain_dtype
+from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage
+
+#: bounds no real buffer comes near; a header past them is refused before any arithmetic
+MAX_ROWS = 1 << 40
+MAX_WIDTH = 1 << 31
+MAX_AGENTS = 1 << 16
+MAX_POSITION = 1 << 62
+#: JSON nesting deeper than any header has (a deeper one would exhaust the parser's stack)
+MAX_DEPTH = 8
+#: fields every buffer allocates when made, so every file holds them
+REQUIRED = ("obs", "terminated", "truncated", "active", "G")
+
+
+class BadHeader(Exception):
+    """What is wrong with a header (without the file's path)."""
+
+
+class Truncated(BadHeader):
+    """The header describes more (or fewer) bytes of arrays than the file holds."""
+
+
+@dataclass(frozen=True)
+class LaneInfo:
+    """One lane as a file describes it: positions, the ring rows ``[lo, hi)`` it stores, episodes."""
+
+    written: int
+    live_start: int
+    lo: int
+    hi: int
+    ended: list[tuple[int, int, bool]]
+    running: tuple[int, int, bool] | None
+    agent_start: list[int] | None
+
+
+@dataclass(frozen=True)
+class Header:
+    """A checked header."""
+
+    spec: BufferSpec
+    num_steps: int
+    gamma: float
+    gae_lambda: float
+    path: str
+    name: str
+    rng: dict[str, Any]
+    lanes: list[LaneInfo]
+    fields: list[dict[str, Any]]
+    log_prob_width: int
+
+    @property
+    def stored_rows(self) -> int:
+        return sum(lane.hi - lane.lo for lane in self.lanes)
+
+
+def stored_range(live_start: int, written: int, capacity: int) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` of a lane (counted from its first) a file holds: the live ones as
+    one range in ring order, the whole lane when they wrap around its end."""
+    size = written - live_start
+    if size == 0:
+        return 0, 0
+    first = live_start % capacity
+    return (first, first + size) if first + size <= capacity else (0, capacity)
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _int(value: Any, what: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadHeader(f"{what} must be an integer in [{lo}, {hi}], got {_show(value)}")
+    return value
+
+
+def _fraction(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise BadHeader(f"{what} must be a number in [0, 1], got {_show(value)}")
+    return float(value)
+
+
+def _of(value: Any, kind: type, what: str) -> Any:
+    if not isinstance(value, kind):
+        raise BadHeader(f"{what} must be a JSON {kind.__name__}, got {_show(value)}")
+    return value
+
+
+def _keys(value: Any, what: str, required: set[str], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
+    data = _of(value, dict, what)
+    missing, unknown = required - data.keys(), data.keys() - required - optional
+    if missing or unknown:
+        raise BadHeader(f"{what} " + "; ".join(
+            [f"lacks {sorted(missing)}"] * bool(missing) + [f"has unknown keys {sorted(unknown)}"] * bool(unknown)))
+    return data
+
+
+def _ints(value: Any, what: str, lo: int, hi: int, length: int | None = None) -> tuple[int, ...]:
+    items = _of(value, list, what)
+    if length is not None and len(items) != length:
+        raise BadHeader(f"{what} must have {length} entries, got {len(items)}")
+    if len(items) > MAX_AGENTS:
+        raise BadHeader(f"{what} has {len(items)} entries, more than {MAX_AGENTS}")
+    return tuple(_int(v, f"{what}[{i}]", lo, hi) for i, v in enumerate(items))
+
+
+def _dtype(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise BadHeader(f"{what} must be a dtype name, got {_show(value)}")
+    try:
+        return plain_dtype(what, value).name
+    except ValueError as exc:
+        raise BadHeader(str(exc)) from None
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return max((_depth(child, level + 1) for child in children), default=level)
+
+
+# ----------------------------------------------------------------------------- parts
+
+
+_SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(BufferSpec))
+
+
+def _spec(value: Any) -> BufferSpec:
+    data = _keys(value, "spec", {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
+                 _SPEC_KEYS - {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"})
+    n_agents = _int(data["n_agents"], "spec n_agents", 1, MAX_AGENTS)
+    ids = _of(data["agent_ids"], list, "spec agent_ids")
+    if len(ids) != n_agents or not all(isinstance(a, str) for a in ids):
+        raise BadHeader(f"spec agent_ids must be {n_agents} names, got {_show(ids)}")
+    cards = _ints(data.get("discrete_action_cardinalities", []), "spec discrete_action_cardinalities", 1, MAX_WIDTH)
+    state = data.get("state_size")
+    categories = _ints(data.get("obs_categories", []), "spec obs_categories", 1, MAX_WIDTH)
+    obs_size = _int(data["obs_size"], "spec obs_size", 1, MAX_WIDTH)
+    if categories and sum(categories) != obs_size:
+        raise BadHeader(f"spec obs_categories add up to {sum(categories)}, not obs_size {obs_size}")
+    spec = BufferSpec(
+        obs_size=obs_size,
+        obs_dtype=_dtype(data["obs_dtype"], "spec obs_dtype"),
+        discrete_action_cardinalities=cards,
+        continuous_action_dimension=_int(data.get("continuous_action_dimension", 0),
+                                         "spec continuous_action_dimension", 0, MAX_WIDTH),
+        action_mask=_of(data.get("action_mask", False), bool, "spec action_mask") and bool(cards),
+        n_agents=n_agents,
+        agent_ids=tuple(ids),
+        state_size=None if state is None else _int(state, "spec state_size", 1, MAX_WIDTH),
+        n_envs=_int(data["n_envs"], "spec n_envs", 1, MAX_AGENTS),
+        discrete_action_starts=_ints(data.get("discrete_action_starts", [0] * len(cards)),
+                                     "spec discrete_action_starts", -MAX_POSITION, MAX_POSITION, len(cards)),
+        obs_shape=_ints(data.get("obs_shape", [obs_size]), "spec obs_shape", 0, MAX_WIDTH),
+        state_dtype=_dtype(data.get("state_dtype", "float32"), "spec state_dtype"),
+        agent_obs_sizes=_ints(data.get("agent_obs_sizes", []), "spec agent_obs_sizes", 1, obs_size),
+        agent_discrete_action_cardinalities=tuple(
+            _ints(c, f"spec agent_discrete_action_cardinalities[{i}]", 1, MAX_WIDTH)
+            for i, c in enumerate(_of(data.get("agent_discrete_action_cardinalities", []), list,
+                                      "spec agent_discrete_action_cardinalities")[:MAX_AGENTS])),
+        agent_continuous_action_dimensions=_ints(data.get("agent_continuous_action_dimensions", []),
+                                                 "spec agent_continuous_action_dimensions", 0, MAX_WIDTH),
+        obs_categories=categories,
+    )
+    if spec.agent_obs_sizes and len(spec.agent_obs_sizes) != n_agents:
+        raise BadHeader(f"spec agent_obs_sizes must have {n_agents} entries")
+    return spec
+
+
+def _rng(value: Any) -> dict[str, Any]:
+    data = _keys(value, "rng", {"bit_generator", "state", "has_uint32", "uinteger"})
+    if data["bit_generator"] != "PCG64":
+        raise BadHeader(f"rng bit_generator must be 'PCG64', got {_show(data['bit_generator'])}")
+    state = _keys(data["state"], "rng state", {"state", "inc"})
+    for key in ("state", "inc"):
+        _int(state[key], f"rng state {key}", 0, (1 << 128) - 1)
+    _int(data["has_uint32"], "rng has_uint32", 0, 1)
+    _int(data["uinteger"], "rng uinteger", 0, (1 << 32) - 1)
+    return data
+
+
+def _episode(value: Any, what: str) -> tuple[int, int, bool]:
+    items = _of(value, list, what)
+    if len(items) != 3 or not isinstance(items[2], bool):
+        raise BadHeader(f"{what} must be [start, end, whole], got {_show(items)}")
+    return _int(items[0], f"{what} start", 0, MAX_POSITION), _int(items[1], f"{what} end", 0, MAX_POSITION), items[2]
+
+
+def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> LaneInfo:
+    what = f"lane {i}"
+    if version >= 4:
+        data = _keys(value, what, {"written", "live_start", "rows", "ended", "running", "agent_start"})
+        written = _int(data["written"], f"{what} written", 0, MAX_POSITION)
+        live_start = _int(data["live_start"], f"{what} live_start", max(0, written - capacity), written)
+        lo, hi = _ints(data["rows"], f"{what} rows", 0, capacity, 2)
+        if (lo, hi) != stored_range(live_start, written, capacity):
+            raise BadHeader(f"{what} rows [{lo}, {hi}) are not where positions {live_start}-{written} of a "
+                            f"{capacity}-row lane lie")
+        starts = data["agent_start"]
+        agent_start = None if starts is None else list(_ints(starts, f"{what} agent_start", -1, written, n_agents))
+    else:
+        data = _keys(value, what, {"size", "ended", "running"})
+        written = _int(data["size"], f"{what} size", 0, capacity)
+        live_start, lo, hi, agent_start = 0, 0, written, None
+    ended = [_episode(e, f"{what} episode {k}") for k, e in enumerate(_of(data["ended"], list, f"{what} ended"))]
+    running = None if data["running"] is None else _episode(data["running"], f"{what} running episode")
+    previous = live_start
+    for k, (start, end, _) in enumerate(ended):
+        if not previous <= start < end <= written:
+            raise BadHeader(f"{what} episode {k} [{start}, {end}) is empty, overlaps the one before or lies "
+                            f"outside the recorded positions [{live_start}, {written})")
+        previous = end
+    if running is not None and not previous <= running[0] <= running[1] == written:
+        raise BadHeader(f"{what} running episode [{running[0]}, {running[1]}) does not end at the newest "
+                        f"position {written} after the ended ones")
+    return LaneInfo(written, live_start, lo, hi, ended, running, agent_start)
+
+
+def _field_meta(value: Any, k: int, version: int) -> dict[str, Any]:
+    meta = _keys(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
+    name = meta["name"]
+    if name not in FIELDS:
+        raise BadHeader(f"field {k} has an unknown name {_show(name)}")
+    part = meta.get("part")
+    if part is not None and (part not in ("index", "tail") or name not in NEXT or version < 3):
+        raise BadHeader(f"field {k} ({name}) has an unknown part {_show(part)}")
+    return meta
+
+
+def _expected(storage: Storage, meta: dict[str, Any], version: int) -> tuple[np.dtype, tuple[int, ...] | None]:
+    """The dtype and shape field ``meta`` must have (None: a tail, checked apart)."""
+    name, part = meta["name"], meta.get("part")
+    if part == "index":
+        return np.dtype(np.int32), storage.shape(name)[:-1] if FIELDS[name].width else storage.shape(name)
+    base = NEXT.get(name, name) if part == "tail" else name
+    if part == "tail":
+        return storage.dtype(base), None
+    if name in MASKS and version <= 2:  # a bool per action
+        shape = storage.shape(name)[:-1] + (sum(storage.spec.discrete_action_cardinalities),)
+        return np.dtype(bool), shape
+    return storage.dtype(name), storage.shape(name)
+
+
+def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: int) -> tuple[list[dict[str, Any]], int]:
+    metas = [_field_meta(v, k, version) for k, v in enumerate(_of(value, list, "fields"))]
+    seen = {(m["name"], m.get("part")) for m in metas}
+    if len(seen) != len(metas):
+        raise BadHeader("fields name one array twice")
+    for name in REQUIRED:
+        if (name, None) not in seen:
+            raise BadHeader(f"fields lack {name!r}, which every buffer holds")
+    for name in NEXT:
+        parts = {part for n, part in seen if n == name}
+        if parts and parts not in ({None}, {"index", "tail"}) or parts and (NEXT[name], None) not in seen:
+            raise BadHeader(f"fields hold {name!r} without both its parts and its base {NEXT[name]!r}")
+    log_prob = next((m for m in metas if m["name"] == "continuous_log_probs"), None)
+    width = 0 if log_prob is None else _int(log_prob.get("width"), "continuous_log_probs width", 1, MAX_WIDTH)
+    storage = Storage(spec, rows, log_prob_continuous=width)
+    end = 0
+    metas.sort(key=lambda m: m["offset"] if isinstance(m["offset"], int) and not isinstance(m["offset"], bool)
+               else -1)  # file order
+    for meta in metas:
+        what = f"field {meta['name']!r}" + (f" ({meta['part']})" if meta.get("part") else "")
+        dtype, shape = _expected(storage, meta, version)
+        if meta["dtype"] != dtype.str:
+            raise BadHeader(f"{what} has dtype {_show(meta['dtype'])}; this buffer's layout stores {dtype.str}")
+        given = _ints(meta["shape"], f"{what} shape", 0, MAX_ROWS)
+        if shape is None:  # a tail store: its slots (slot 0 first) of the base's width
+            shape = (given[0] if given and given[0] >= 1 else -1, storage.shape(NEXT[meta["name"]])[-1])
+        if given != shape:
+            raise BadHeader(f"{what} has shape {list(given)}; {rows} stored rows of this layout need {list(shape)}")
+        offset = _int(meta["offset"], f"{what} offset", end, data_bytes)
+        end = offset + math.prod(shape) * dtype.itemsize
+        if end > data_bytes:
+            raise BadHeader(f"{what} runs to byte {end} of the data, which has {data_bytes}")
+    return metas, width
+
+
+# ----------------------------------------------------------------------------- whole
+
+
+_TOP = {"format", "spec", "num_steps", "gamma", "path", "name", "rng", "lanes", "fields"}
+
+
+def parse(blob: bytes, version: int, data_bytes: int) -> Header:
+    """The header in ``blob`` (format ``version``), checked against the ``data_bytes`` of arrays
+    the file holds, or `BadHeader`."""
+    try:
+        data = json.loads(blob)
+    except (ValueError, RecursionError) as exc:
+        raise BadHeader(f"not JSON ({type(exc).__name__})") from None
+    if _depth(data) > MAX_DEPTH:
+        raise BadHeader(f"nested deeper than {MAX_DEPTH} levels")
+    data = _keys(data, "the header", _TOP | ({"data_bytes"} if version >= 2 else set()), frozenset({"gae_lambda"}))
+    if version >= 2 and data["data_bytes"] != data_bytes:
+        raise Truncated(f"truncated: the header describes {_show(data['data_bytes'])} bytes of arrays but the file "
+                        f"holds {data_bytes}")
+    if data["format"] != "flexibuff_envs buffer":
+        raise BadHeader(f"format is {_show(data['format'])}, not 'flexibuff_envs buffer'")
+    spec = _spec(data["spec"])
+    num_steps = _int(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
+    lanes = [_lane(v, i, version, num_steps, spec.n_agents) for i, v in
+             enumerate(_of(data["lanes"], list, "lanes"))]
+    if len(lanes) != spec.n_envs:
+        raise BadHeader(f"lanes lists {len(lanes)} lanes but the spec has n_envs {spec.n_envs}")
+    rows = sum(lane.hi - lane.lo for lane in lanes)
+    fields, width = _fields(data["fields"], spec, rows, version, data_bytes)
+    return Header(spec=spec, num_steps=num_steps, gamma=_fraction(data["gamma"], "gamma"),
+                  gae_lambda=_fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
+                  path=_of(data["path"], str, "path"), name=_of(data["name"], str, "name"),
+                  rng=_rng(data["rng"]), lanes=lanes, fields=fields, log_prob_width=width)
