@@ -1,0 +1,233 @@
+"""Buffer files from anyone: crafted headers, memory bombs, odd paths. Each either loads, with
+memory in proportion to the file, or raises one BufferFileError naming the path and the problem."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import flexibuff_envs as fe
+from flexibuff_envs.testing.reference import play
+from tests.envs import ToyEnv
+
+Header = dict[str, Any]
+
+
+def saved(tmp_path: Path, capacity: int = 3000, steps: int = 60) -> Path:
+    env = fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5), mask_info=True),
+                    num_steps=capacity)
+    play(env, seed=0, steps=steps)
+    return Path(env.buffer.save(tmp_path / "good.fbuf"))
+
+
+def parts(raw: bytes) -> tuple[int, Header, bytes, int]:
+    """(version, header, arrays, data crc) of a format-4 file."""
+    _, version, length = struct.unpack("<8sIQ", raw[:20])
+    start = 20 + length + -(20 + length) % 64
+    _, data_crc, _ = struct.unpack("<II8s", raw[-16:])
+    return version, json.loads(raw[20:20 + length]), raw[start:-16], data_crc
+
+
+NULL = object()  # a change that makes the header JSON null
+NESTED = "[" * 5000 + "]" * 5000  # deeper than Python's JSON parser can go
+
+
+def build(header: Header | Any, data: bytes, *, version: int = 4, data_crc: int | None = None) -> bytes:
+    """A file with this header and arrays, its checksums right (the header's data_bytes too)."""
+    if isinstance(header, dict) and "data_bytes" in header:
+        header["data_bytes"] = len(data)
+    blob = json.dumps(None if header is NULL else header).replace('"NESTED"', NESTED).encode()
+    prefix = struct.pack("<8sIQ", b"FLEXIBUF", version, len(blob)) + blob
+    prefix += b"\0" * (-len(prefix) % 64)
+    crc = zlib.crc32(data) if data_crc is None else data_crc
+    return prefix + data + struct.pack("<II8s", zlib.crc32(prefix), crc, b"FBUF-END")
+
+
+def crafted(tmp_path: Path, change: Callable[[Header], Any], **options: Any) -> Path:
+    _, header, data, _ = parts(saved(tmp_path, **options).read_bytes())
+    header = change(header) or header
+    path = tmp_path / "crafted.fbuf"
+    path.write_bytes(build(header, data))
+    return path
+
+
+def field(header: Header, name: str, part: str | None = None) -> Header:
+    return next(f for f in header["fields"] if f["name"] == name and f.get("part") == part)
+
+
+def lane(header: Header) -> Header:
+    return header["lanes"][0]
+
+
+CRAFTED: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the error says
+    "object obs dtype in the spec": (lambda h: h["spec"].update(obs_dtype="object"), "obs_dtype"),
+    "object field dtype": (lambda h: field(h, "obs").update(dtype="|O"), "dtype"),
+    "wider float field dtype": (lambda h: field(h, "obs").update(dtype="<f8"), "dtype"),
+    "null header": (lambda h: NULL, "JSON dict"),
+    "list header": (lambda h: [1, 2], "JSON dict"),
+    "unknown key": (lambda h: h.update(extra=1), "unknown keys"),
+    "missing key": (lambda h: h.pop("rng"), "lacks"),
+    "negative offset": (lambda h: field(h, "G").update(offset=-64), "offset"),
+    "overlapping arrays": (lambda h: field(h, "G").update(offset=0), "offset"),
+    "negative written": (lambda h: lane(h).update(written=-5), "written"),
+    "deep nesting": (lambda h: h.update(path="NESTED"), "JSON|nested"),
+    "bad rng state": (lambda h: h["rng"]["state"].update(state="x"), "rng"),
+    "huge rng state": (lambda h: h["rng"]["state"].update(state=1 << 200), "rng"),
+    "lane larger than num_steps": (lambda h: h.update(num_steps=10), "live_start|rows"),
+    "reversed episode": (lambda h: lane(h)["ended"][0].reverse(), "episode|whole"),
+    "overlapping episodes": (lambda h: lane(h)["ended"][1].__setitem__(0, lane(h)["ended"][0][0]), "overlaps"),
+    "negative episode": (lambda h: lane(h)["ended"][0].__setitem__(0, -3), "episode 0 start"),
+    "episode past the rows": (lambda h: lane(h)["ended"].append([0, 10**9, True]), "episode"),
+    "many episodes in few rows": (lambda h: lane(h).update(ended=[[i, i + 1, True] for i in range(20_000)]),
+                                  "episode"),
+    "rows not where the positions lie": (lambda h: lane(h).update(rows=[5, 65]), "rows"),
+    "field of another shape": (lambda h: field(h, "obs").update(shape=[1, 61, 4]), "shape"),
+    "tail of no slot": (lambda h: field(h, "obs_", "tail").update(shape=[0, 4]), "shape"),
+    "unknown field": (lambda h: field(h, "G").update(name="weights"), "unknown name"),
+    "field missing": (lambda h: h["fields"].remove(field(h, "active")), "active"),
+    "spec of other agents": (lambda h: h["spec"].update(n_agents=2), "agent_ids"),
+    "gamma out of range": (lambda h: h.update(gamma=1.5), "gamma"),
+    "version 0": (lambda h: None, "format 0"),
+}
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+@pytest.mark.parametrize("case", list(CRAFTED))
+def test_a_crafted_header_is_one_buffer_file_error(tmp_path: Path, case: str, mmap: bool) -> None:
+    change, says = CRAFTED[case]
+    path = crafted(tmp_path, change)
+    if case == "version 0":
+        raw = bytearray(path.read_bytes())
+        raw[8:12] = struct.pack("<I", 0)
+        path.write_bytes(raw)
+    with pytest.raises(fe.BufferFileError, match=f"^{path}: .*({says})"):
+        fe.FlexibleBuffer.load(path, mmap=mmap)
+
+
+def test_inspect_prints_one_line_for_a_crafted_file(tmp_path: Path) -> None:
+    path = crafted(tmp_path, lambda h: lane(h)["ended"].append([0, 10**9, True]))
+    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", str(path)], capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 1 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"flexibuff-envs inspect: {path}: ")
+
+
+def test_next_value_indices_are_checked_once_read(tmp_path: Path) -> None:
+    good = saved(tmp_path)
+    _, header, data, _ = parts(good.read_bytes())
+    index = field(header, "obs_", "index")
+    values = np.frombuffer(data, dtype="<i4", count=int(np.prod(index["shape"])), offset=index["offset"]).copy()
+    for bad, says in ((10**6, "outside"), (int(values.max()), "two rows one stored slot")):
+        spoiled = values.copy()
+        spoiled[0] = bad if bad != values.max() else values[values > 0][0] if values[0] != values[values > 0][0] \
+            else values[values > 0][1]
+        raw = bytearray(data)
+        raw[index["offset"]:index["offset"] + spoiled.nbytes] = spoiled.tobytes()
+        path = tmp_path / "spoiled.fbuf"
+        path.write_bytes(build(header, bytes(raw)))
+        for mmap in (False, True):
+            with pytest.raises(fe.BufferFileError, match=f"obs_ .*({says})"):
+                fe.FlexibleBuffer.load(path, mmap=mmap)
+
+
+PROBE = """
+import resource, sys
+import flexibuff_envs as fe
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    buffer = fe.FlexibleBuffer.load(sys.argv[1], mmap=sys.argv[2] == "mmap")
+    outcome = f"loaded {len(buffer)} rows"
+    if len(buffer):
+        buffer.sample_transitions(16)
+        buffer.episode_stats()
+except fe.BufferFileError as exc:
+    outcome = f"refused: {exc}"
+print(outcome)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def probe(path: Path, mmap: bool) -> tuple[str, int]:
+    """(what loading ``path`` in a fresh process did, the bytes its peak memory grew by)."""
+    result = subprocess.run([sys.executable, "-c", PROBE, str(path), "mmap" if mmap else "read"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"killed or failed ({result.returncode}): {result.stderr[-1500:]}"
+    outcome, grew = result.stdout.splitlines()[-2:]
+    return outcome, int(grew)
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+@pytest.mark.parametrize("claim", ["a billion-row ring", "a 400 GiB ring"])
+def test_a_huge_ring_claimed_by_a_small_file_costs_no_memory(tmp_path: Path, claim: str, mmap: bool) -> None:
+    def huge(header: Header) -> None:  # an empty buffer's file, its ring claimed huge
+        header["num_steps"] = 10**9 if claim == "a billion-row ring" else 10**11
+        header["lanes"] = [{"written": 0, "live_start": 0, "rows": [0, 0], "ended": [], "running": None,
+                            "agent_start": [0]}]
+        for meta in header["fields"]:
+            meta["shape"] = [0 if n == 60 else n for n in meta["shape"]]
+            meta["offset"] = 0
+            if meta.get("part") == "tail":
+                meta["shape"] = [1, meta["shape"][1]]
+
+    _, header, _, _ = parts(saved(tmp_path).read_bytes())
+    huge(header)
+    tails = [meta for meta in header["fields"] if meta.get("part") == "tail"]
+    data = b""
+    for meta in tails:  # each tail keeps its zero slot
+        meta["offset"] = len(data)
+        data += bytes(meta["shape"][1] * (4 if meta["name"] == "obs_" else 1)) + bytes(-len(data) % 64)
+    path = tmp_path / "bomb.fbuf"
+    path.write_bytes(build(header, data))
+    assert path.stat().st_size < 4000
+    outcome, grew = probe(path, mmap)
+    assert outcome.startswith(("loaded 0 rows", "refused: ")), outcome
+    assert grew < 100 * 2**20, f"{outcome}: peak memory grew by {grew / 2**20:.0f} MiB"
+
+
+def test_a_fresh_huge_buffer_costs_memory_only_as_it_records() -> None:
+    result = subprocess.run([sys.executable, "-c", """
+import resource
+import numpy as np
+import flexibuff_envs as fe
+buffer = fe.FlexibleBuffer(2 * 10**8, 4, [2], n_agents=2, memory_weights=True, values=True, action_mask=True)
+buffer.begin_episode()
+for _ in range(5000):
+    buffer.claim_cleared_row()
+buffer.end_episode()
+assert np.isnan(buffer.sample_transitions(8).values).all() and (buffer.sample_transitions(8).memory_weights == 1).all()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert int(result.stdout.split()[-1]) < 400 * 2**20  # the interpreter and numpy are most of it
+
+
+def test_only_regular_files_are_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.fbuf"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.fbuf"
+    link.symlink_to(saved(tmp_path))
+    assert len(fe.FlexibleBuffer.load(link)) == 60  # a link to a buffer file is one
+    script = "import sys, flexibuff_envs as fe\ntry:\n fe.FlexibleBuffer.load(sys.argv[1])\nexcept fe.BufferFileError as e:\n print(e)"
+    for path, says in ((fifo, "not a regular file"), (tmp_path, "not a regular file"),
+                       ("/proc/self/mem", "too short|cannot be read")):
+        result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
+                                timeout=60, check=False)  # a FIFO once blocked open() forever
+        assert result.returncode == 0 and result.stdout.startswith(f"{path}: "), result.stderr[-500:]
+        assert any(word in result.stdout for word in says.split("|"))
+
+
+def test_object_dtypes_are_refused_by_the_constructor() -> None:
+    for dtype in ("object", "O", "U8", "V4", "complex64", "f4,f4"):
+        with pytest.raises(ValueError, match="obs_dtype"):
+            fe.FlexibleBuffer(10, 3, obs_dtype=dtype)
