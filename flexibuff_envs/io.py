@@ -153,7 +153,8 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
     prefix += b"\0" * _padding(len(prefix))
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fbuf-", dir=directory)
+    _remove_stale(directory, os.path.basename(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{os.getpid()}.", suffix=_TMP, dir=directory)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(prefix)
@@ -184,6 +185,37 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+#: the end of a temporary file's name: ``.<target>.<pid>.<random>.fbuf-tmp``
+_TMP = ".fbuf-tmp"
+
+
+def _remove_stale(directory: str, target: str) -> None:
+    """Remove what saves of ``target`` left behind when their process was killed mid-save: its
+    temporary files whose process is gone (those of live processes may be saves under way)."""
+    prefix = f".{target}."
+    try:
+        entries = [e.name for e in os.scandir(directory) if e.name.startswith(prefix) and e.name.endswith(_TMP)]
+    except OSError:
+        return
+    for name in entries:
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and len(pid) < 10 and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass  # another save removed it first, or it is not ours to remove
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, under another user
+    return True
 
 
 def _umask() -> int:

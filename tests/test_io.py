@@ -274,3 +274,39 @@ def test_row_numbers_stay_the_same_across_save_and_load(tmp_path: Path, case: st
     assert_same_batches(loaded.sample_transitions(50), buffer.sample_transitions(50))  # same draws, too
     saved = loaded.save(tmp_path / "again.fbuf")  # and once more
     assert_same_batches(fe.FlexibleBuffer.load(saved, mmap=mmap).sample_transitions(idx=batch.idx), batch)
+
+
+def test_a_save_removes_what_killed_saves_of_its_target_left(tmp_path: Path) -> None:
+    """kill -9 during a save leaves its temporary file; the next save of that target removes it,
+    and leaves alone those of saves still under way and of other targets."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "big.fbuf"
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import numpy as np, flexibuff_envs as fe
+buffer = fe.FlexibleBuffer(40_000, 84 * 84 * 4, [6], obs_dtype="uint8")
+buffer.field("obs")[...] = 7  # 1.1 GB to write: the save takes a while
+buffer.begin_episode()
+for _ in range(40_000):
+    buffer.claim_row()
+buffer.save({str(target)!r})
+"""])
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".big.fbuf.*.fbuf-tmp")) and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.2)  # well inside the save
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    left = list(tmp_path.glob(".big.fbuf.*.fbuf-tmp"))
+    assert len(left) == 1 and not target.exists()  # the save had not finished: no target
+    under_way = tmp_path / f".big.fbuf.{os.getpid()}.abc.fbuf-tmp"  # a save this process is making
+    other = tmp_path / ".other.fbuf.1.abc.fbuf-tmp"
+    under_way.write_bytes(b"x")
+    other.write_bytes(b"x")
+    env = recorder()
+    play(env, seed=0, steps=10)
+    env.buffer.save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["big.fbuf", under_way.name, other.name])
