@@ -301,6 +301,13 @@ class FlexibleBuffer(Sampling):
         """`claim_row` bound to one lane, for a recorder's per-step path."""
         return self._lanes[lane].claim
 
+    def reclaim(self) -> None:
+        """Next-value slots lost by an eviction that was interrupted (Ctrl-C) come back; a
+        recorder calls this when a step could not be recorded."""
+        live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
+        for chain in self._storage.chains.values():
+            chain.reclaim(live)
+
     def _open(self, lane: Lane, needed: int) -> None:
         """Give the rows of ``lane`` up to position ``needed`` (and a block more) their fields'
         allocated values: a ring is filled as it is first used, not when it is made."""

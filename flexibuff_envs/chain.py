@@ -88,15 +88,26 @@ class Chain:
         return slots
 
     def forget(self, rows: np.ndarray) -> None:
-        """``rows`` are no longer recorded: their slots come back and they read as cleared."""
+        """``rows`` are no longer recorded: their slots come back and they read as cleared.
+
+        The rows read as cleared before their slots come back: interrupted in between (Ctrl-C),
+        a slot is lost until `reclaim`, never handed out twice."""
         for holder in self.holders:
             holder.release(rows)
-        if self.per_agent:
-            self.release(self.index[:, rows].ravel())
-            self.index[:, rows] = 0
-        else:
-            self.release(self.index[rows])
-            self.index[rows] = 0
+        slots = self.index[..., rows].ravel()
+        self.index[..., rows] = 0
+        self.release(slots)
+
+    def reclaim(self, live: np.ndarray) -> None:
+        """Rebuild the free slots from what rows ``live`` (every recorded row) and the holders
+        name: slots an interrupted `forget` lost come back."""
+        used = np.zeros(len(self.tail), dtype=bool)
+        used[self.index[..., live].ravel()[self.index[..., live].ravel() > 0]] = True
+        used[:1] = True
+        used |= self.reserved
+        free = np.flatnonzero(~used[:self.fresh]).astype(np.int32)
+        self._free[:free.size] = free
+        self._n_free = free.size
 
     def reset(self, rows: np.ndarray) -> None:
         """Every row forgotten (`FlexibleBuffer.clear`; ``rows``: those recorded); the holders

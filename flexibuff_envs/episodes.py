@@ -88,10 +88,11 @@ class Lane:
         self.live_start = running.start
 
     def _forget_ended(self) -> None:
-        """Forget the oldest ended episode."""
-        oldest = self.ended.popleft()
-        self.live_start = oldest.end
+        """Forget the oldest ended episode (its rows first: interrupted, this is done again)."""
+        oldest = self.ended[0]
         self.on_forget(self, oldest)
+        self.live_start = oldest.end
+        self.ended.popleft()
 
     def forget_ended(self) -> None:
         """Forget every ended episode; a running one goes on."""

@@ -206,3 +206,45 @@ def test_an_aec_step_that_raises_starts_no_transition() -> None:
     # player_0's second transition is the move that happened (column 4), not the refused one
     assert episode.discrete_actions[0, 1, 0] == 4
     assert (episode.terminated | episode.truncated)[:, -1].any()
+
+
+def test_an_interrupted_eviction_loses_no_next_value_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the ring forgets its oldest episode: the step is abandoned like any other,
+    and no stored slot is lost or shared."""
+    from flexibuff_envs.chain import Chain
+    from flexibuff_envs.sampling import live_rows
+
+    env = fe.record(gym.make("CartPole-v1"), num_steps=60)
+    calls = {"n": 0}
+    release = Chain.release
+
+    def interrupted_sometimes(self: Chain, slots: np.ndarray) -> None:
+        calls["n"] += 1
+        if calls["n"] % 5 == 2:
+            raise KeyboardInterrupt
+        release(self, slots)
+
+    monkeypatch.setattr(Chain, "release", interrupted_sometimes)
+    interrupts = 0
+    env.reset(seed=0)
+    for t in range(3000):
+        try:
+            _, _, terminated, truncated, _ = env.step(t % 2)
+        except KeyboardInterrupt:
+            interrupts += 1
+            env.reset()
+            continue
+        if terminated or truncated:
+            env.reset()
+    monkeypatch.undo()
+    assert interrupts > 20
+    buffer = env.buffer
+    chain = buffer._storage.chains["obs_"]
+    named = chain.index[..., live_rows(buffer._lanes)].ravel()
+    named = named[named > 0]
+    free = chain._free[:chain._n_free].tolist()
+    assert np.unique(named).size == named.size and len(set(free)) == len(free)  # no slot shared
+    reserved = set(np.flatnonzero(chain.reserved).tolist())
+    assert set(named.tolist()) | reserved | set(free) | {0} == set(range(chain.fresh))  # none lost
+    for episode in buffer.sample_episodes(n_episodes=buffer.n_episodes):  # and the data holds
+        np.testing.assert_array_equal(episode.obs[1:], episode.obs_[:-1])

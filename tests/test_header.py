@@ -141,10 +141,12 @@ def test_next_value_indices_are_checked_once_read(tmp_path: Path) -> None:
                 fe.FlexibleBuffer.load(path, mmap=mmap)
 
 
+#: this process's peak resident memory in bytes (ru_maxrss would carry a parent's across exec)
+PEAK = "int(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1]) * 1024"
 PROBE = """
-import resource, sys
+import sys
 import flexibuff_envs as fe
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = PEAK
 try:
     buffer = fe.FlexibleBuffer.load(sys.argv[1], mmap=sys.argv[2] == "mmap")
     outcome = f"loaded {len(buffer)} rows"
@@ -154,8 +156,8 @@ try:
 except fe.BufferFileError as exc:
     outcome = f"refused: {exc}"
 print(outcome)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
-"""
+print(PEAK - before)
+""".replace("PEAK", PEAK)
 
 
 def probe(path: Path, mmap: bool) -> tuple[str, int]:
@@ -196,8 +198,7 @@ def test_a_huge_ring_claimed_by_a_small_file_costs_no_memory(tmp_path: Path, cla
 
 
 def test_a_fresh_huge_buffer_costs_memory_only_as_it_records() -> None:
-    result = subprocess.run([sys.executable, "-c", """
-import resource
+    result = subprocess.run([sys.executable, "-c", f"""
 import numpy as np
 import flexibuff_envs as fe
 buffer = fe.FlexibleBuffer(2 * 10**8, 4, [2], n_agents=2, memory_weights=True, values=True, action_mask=True)
@@ -206,7 +207,7 @@ for _ in range(5000):
     buffer.claim_cleared_row()
 buffer.end_episode()
 assert np.isnan(buffer.sample_transitions(8).values).all() and (buffer.sample_transitions(8).memory_weights == 1).all()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print({PEAK})
 """], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-1500:]
     assert int(result.stdout.split()[-1]) < 400 * 2**20  # the interpreter and numpy are most of it

@@ -285,10 +285,11 @@ class LaneRecorder:
     def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
                     info: Mapping[str, Any]) -> None:
         """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
-        row = self._claim()
-        self.rows.append(row)  # one agent: it filled every row
-        self.last[0] = row
-        try:
+        rows = len(self.rows)
+        try:  # claiming may forget the oldest episode: that is part of the step, guarded with it
+            row = self._claim()
+            self.rows.append(row)  # one agent: it filled every row
+            self.last[0] = row
             self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
             self.global_rewards[row] = reward  # type: ignore[index]
             if self._annotated:
@@ -296,7 +297,7 @@ class LaneRecorder:
             if terminated or truncated:
                 self.close([0], [truncated and not terminated])
         except BaseException as error:
-            self.abandon(len(self.rows) - 1, error)
+            self.abandon(rows, error)
             raise
 
     def row(self, k: int) -> int:
@@ -431,6 +432,7 @@ class LaneRecorder:
                 own = self.own_rows(index, self.rows)
                 self.last[index] = int(own[-1]) if len(own) else -1
                 self.steps[index] = max(self.steps[index] - 1, 0)
+        self.buffer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
         if self.running:
             self.cut(bootstrap=False)
         add_note = getattr(error, "add_note", None)  # Python 3.11+

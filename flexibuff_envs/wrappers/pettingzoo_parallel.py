@@ -62,11 +62,11 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         result = self.env.step(actions)
         recorder = self._recorder
         if recorder.running:
-            row = recorder.next_row()
-            try:
-                self._record(row, actions, *result)
+            rows = len(recorder.rows)
+            try:  # claiming the row may forget the oldest episode: part of the guarded step
+                self._record(recorder.next_row(), actions, *result)
             except BaseException as error:
-                recorder.abandon(len(recorder.rows) - 1, error)
+                recorder.abandon(rows, error)
                 raise
         return result
 
