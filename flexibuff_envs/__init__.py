@@ -6,6 +6,7 @@ from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.errors import (
     BufferFileError,
     EmptyBufferError,
+    EnvValueError,
     FlexibuffError,
     MissingExtraError,
     NotAnEnvError,
@@ -21,6 +22,7 @@ __all__ = [
     "BufferSpec",
     "Chunk",
     "EmptyBufferError",
+    "EnvValueError",
     "FlexiBatch",
     "FlexibleBuffer",
     "FlexibuffError",

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from flexibuff_envs.errors import UnsupportedSpaceError
+from flexibuff_envs.errors import EnvValueError, UnsupportedSpaceError
 
 #: Box dtypes stored as they come: images stay one byte per value.
 COMPACT_DTYPES = (np.dtype(bool), np.dtype(np.uint8), np.dtype(np.int8))
@@ -46,6 +46,8 @@ class ObsCodec:
     categories: tuple[int, ...] = ()
     #: value -> each category's index + 1 (0 stays free for "no observation")
     indices: Callable[[Any], np.ndarray] | None = None
+    #: what the space is, for errors ("observation space of agent 'a'")
+    where: str = "observation space"
 
     def compact(self) -> ObsCodec:
         """The codec storing this space's category indices instead of its one-hot flattening."""
@@ -66,8 +68,12 @@ class ObsCodec:
         """A function writing one value into row ``p`` of ``store`` (shape ``[rows, size]``)."""
         view = self.row_view(store)
         if view is not None:
+            shape, where = self.shape, self.where
 
             def write_direct(p: int, value: Any) -> None:
+                # an array of the space's shape and of numbers passes with three attribute reads
+                if value.__class__ is not np.ndarray or value.shape != shape or value.dtype.kind not in "biuf":
+                    value = box_value(value, shape, where)
                 view[p] = value
 
             return write_direct
@@ -86,11 +92,29 @@ def _obs_codec(space: Any, where: str) -> ObsCodec:
     )
 
 
+def box_value(value: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """``value`` as an array of a Box of ``shape``: numbers (bool, int or float, converted to
+    the stored dtype) of exactly that shape, else `EnvValueError`. Values outside the bounds,
+    NaN and infinities are kept as given."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise EnvValueError(f"{where}: expected numbers of shape {shape}, got {_show(value)}")
+    if array.shape != shape:
+        raise EnvValueError(f"{where}: expected shape {shape}, got shape {array.shape} ({_show(value)})")
+    return array
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @_obs_codec.register
 def _(space: spaces.Box, where: str) -> ObsCodec:
     dtype = space.dtype if space.dtype in COMPACT_DTYPES else np.dtype(np.float32)
     size = int(math.prod(space.shape))
-    return ObsCodec(size, dtype, tuple(space.shape), lambda x: np.asarray(x).reshape(-1), True)
+    shape = tuple(space.shape)
+    return ObsCodec(size, dtype, shape, lambda x: box_value(x, shape, where).reshape(-1), True, where=where)
 
 
 def index_dtype(categories: tuple[int, ...]) -> np.dtype:

@@ -25,6 +25,11 @@ class BufferFileError(FlexibuffError, ValueError):
     """A buffer file is missing, truncated, corrupt, foreign or from a newer format."""
 
 
+class EnvValueError(FlexibuffError, ValueError):
+    """The env returned a value its space does not allow (a wrong shape, None, text), which the
+    recorder refuses instead of storing something else."""
+
+
 class NotAnEnvError(FlexibuffError, TypeError):
     """``record`` was given something that is not a supported environment kind."""
 

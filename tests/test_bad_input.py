@@ -95,3 +95,70 @@ def test_an_empty_buffer_says_it_is_empty() -> None:
                    lambda: buffer.sample_sequences(2, 2), lambda: next(buffer.minibatches(2))):
         with pytest.raises(fe.EmptyBufferError, match="holds no rows|holds 0"):
             sample()
+
+
+class OddValues(gym.Env):
+    """Box((3,)) observations and rewards as a test hands them out: the k-th step returns
+    ``values[k]`` (an observation, a reward)."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, values: list[tuple[Any, Any]]) -> None:
+        self.values, self.k = values, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict]:
+        obs, reward = self.values[self.k]
+        self.k += 1
+        return obs, reward, self.k == len(self.values), False, {}
+
+
+GOOD = (np.full(3, 0.5, np.float32), 1.0)
+KEPT: dict[str, tuple[Any, Any, np.ndarray, float]] = {  # obs, reward -> what a batch shows
+    "outside the bounds": (np.full(3, 7.0, np.float32), 1.0, np.full(3, 7.0, np.float32), 1.0),
+    "NaN": (np.array([np.nan, 0, 0], np.float32), 1.0, np.array([np.nan, 0, 0], np.float32), 1.0),
+    "float64": (np.array([0.1, 0.2, 0.3]), 1.0, np.array([0.1, 0.2, 0.3], np.float32), 1.0),
+    "int": (np.array([1, 0, -1]), 1.0, np.array([1, 0, -1], np.float32), 1.0),
+    "a list": ([0.25, 0.5, 0.75], 1.0, np.array([0.25, 0.5, 0.75], np.float32), 1.0),
+    "a 0-d array reward": (np.zeros(3, np.float32), np.array(2.5), np.zeros(3, np.float32), 2.5),
+    "an integer reward": (np.zeros(3, np.float32), np.int64(3), np.zeros(3, np.float32), 3.0),
+}
+REFUSED: dict[str, tuple[Any, Any, str]] = {  # obs, reward -> what the error names
+    "a scalar observation": (0.5, 1.0, r"shape \(3,\), got shape \(\)"),
+    "a wrong shape": (np.zeros(4, np.float32), 1.0, r"got shape \(4,\)"),
+    "a None observation": (None, 1.0, "numbers of shape"),
+    "a text observation": ("0.1 0.2 0.3", 1.0, "numbers of shape"),
+    "a text reward": (np.zeros(3, np.float32), "1.0", "reward must be a number"),
+    "a None reward": (np.zeros(3, np.float32), None, "reward must be a number"),
+}
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_odd_numbers_from_the_env_are_recorded_as_given(case: str) -> None:
+    obs, reward, shown, shown_reward = KEPT[case]
+    env = fe.record(OddValues([GOOD, (obs, reward), GOOD]), num_steps=10)
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(0)
+    batch = env.buffer.sample_transitions(idx=np.arange(3))
+    np.testing.assert_array_equal(batch.obs_[1], shown)
+    np.testing.assert_array_equal(batch.obs[2], shown)
+    assert batch.individual_rewards[1] == shown_reward and env.buffer.n_episodes == 1
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_values_the_space_cannot_hold_are_refused_and_the_episode_kept(case: str) -> None:
+    obs, reward, says = REFUSED[case]
+    env = fe.record(OddValues([GOOD, GOOD, (obs, reward), GOOD]), num_steps=10)
+    env.reset(seed=0)
+    env.step(0)
+    env.step(0)
+    with pytest.raises(fe.EnvValueError, match=says):
+        env.step(0)
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)  # the two whole steps, ended as truncated
+    assert len(episode) == 2 and episode.truncated[-1] and len(env.buffer) == 2
+    np.testing.assert_array_equal(episode.obs_, [GOOD[0], GOOD[0]])

@@ -8,6 +8,7 @@ once, from the codecs, so a step runs straight.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
-from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.errors import EnvValueError, SpecMismatchError
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import mask_bytes, pack_mask
@@ -61,6 +62,20 @@ def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps
     if seed is not None:
         buffer.rng = np.random.default_rng(seed)
     return buffer
+
+
+#: reward types recorded as they come; anything else goes through `number`
+_NUMBERS = frozenset({int, float, bool, np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.int8,
+                      np.uint64, np.uint32, np.uint16, np.uint8, np.bool_})
+
+
+def number(value: Any, what: str) -> float:
+    """``value`` (a reward) as a float if it is a real number, else `EnvValueError` naming
+    ``what``: text and None are refused, not converted."""
+    if isinstance(value, numbers.Real) or (isinstance(value, np.ndarray) and value.shape == ()
+                                           and value.dtype.kind in "biuf"):
+        return float(value)
+    raise EnvValueError(f"{what} must be a number, got {value!r}")
 
 
 def _flat_mask(mask: Any) -> Any:
@@ -279,7 +294,7 @@ class LaneRecorder:
         if not self.open[index] and self.steps[index]:  # back after its own episode ended: a new one
             self.buffer.rejoin_agent(self.lane, index)
             self.steps[index], self.last[index] = 0, -1
-        self.carry[index] += float(reward)
+        self.carry[index] += number(reward, f"reward of agent {self.slots[index].name!r}")
         self.open[index] = True
 
     def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
@@ -290,6 +305,8 @@ class LaneRecorder:
             row = self._claim()
             self.rows.append(row)  # one agent: it filled every row
             self.last[0] = row
+            if reward.__class__ not in _NUMBERS:
+                reward = number(reward, "reward")
             self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
             self.global_rewards[row] = reward  # type: ignore[index]
             if self._annotated:
@@ -323,6 +340,8 @@ class LaneRecorder:
     def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
               truncated: Any, info: Mapping[str, Any]) -> None:
         """Agent ``index``'s transition into ``row``."""
+        if reward.__class__ not in _NUMBERS:
+            reward = number(reward, f"reward of agent {self.slots[index].name!r}")
         if self.carry[index]:
             reward, self.carry[index] = reward + self.carry[index], 0.0
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
@@ -338,6 +357,7 @@ class LaneRecorder:
         """Agent ``index`` is in a step without acting: its latest transition runs on (this
         reward added, ``obs_`` its next observation, these end flags); before its first action,
         ``obs_`` is what it will act on and the reward waits for its first transition."""
+        reward = number(reward, f"reward of agent {self.slots[index].name!r}")
         last = self.last[index]
         if last < 0:
             self.slots[index].begin(obs_, info)
@@ -359,7 +379,7 @@ class LaneRecorder:
     def unrewarded(self, index: int, reward: Any, row: int) -> None:
         """Agent ``index`` leaves the episode without a transition: what it received (``reward``
         and anything carried) is kept in ``row``, where it stays inactive."""
-        total = self.carry[index] + float(reward)
+        total = self.carry[index] + number(reward, f"reward of agent {self.slots[index].name!r}")
         self.carry[index] = 0.0
         if total:
             self._add_reward(index, row, total)
