@@ -228,22 +228,25 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
         live_start, lo, hi, agent_start = 0, 0, written, None
     ended = [_episode(e, f"{what} episode {k}") for k, e in enumerate(_of(data["ended"], list, f"{what} ended"))]
     running = None if data["running"] is None else _episode(data["running"], f"{what} running episode")
+    # the episodes tile the recorded positions: each starts where the one before ended
     previous = live_start
     for k, (start, end, _) in enumerate(ended):
-        if not previous <= start < end <= written:
-            raise BadHeader(f"{what} episode {k} [{start}, {end}) is empty, overlaps the one before or lies "
-                            f"outside the recorded positions [{live_start}, {written})")
+        if not previous == start < end <= written:
+            raise BadHeader(f"{what} episode {k} [{start}, {end}) is empty, does not start where the one "
+                            f"before ended ({previous}) or lies past the recorded positions [{live_start}, {written})")
         previous = end
-    if running is not None and not previous <= running[0] <= running[1] == written:
-        raise BadHeader(f"{what} running episode [{running[0]}, {running[1]}) does not end at the newest "
-                        f"position {written} after the ended ones")
+    if running is not None and not previous == running[0] <= running[1] == written:
+        raise BadHeader(f"{what} running episode [{running[0]}, {running[1]}) does not run from the last "
+                        f"ended one ({previous}) to the newest position {written}")
+    if running is None and previous != written:
+        raise BadHeader(f"{what} episodes end at position {previous}, not at the newest one {written}")
     return LaneInfo(written, live_start, lo, hi, ended, running, agent_start)
 
 
 def _field_meta(value: Any, k: int, version: int) -> dict[str, Any]:
     meta = _keys(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
     name = meta["name"]
-    if name not in FIELDS:
+    if not isinstance(name, str) or name not in FIELDS:
         raise BadHeader(f"field {k} has an unknown name {_show(name)}")
     part = meta.get("part")
     if part is not None and (part not in ("index", "tail") or name not in NEXT or version < 3):

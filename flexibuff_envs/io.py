@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED, Chain
-from flexibuff_envs.episodes import ALL, Episode, Lane
+from flexibuff_envs.chain import CHAINED
+from flexibuff_envs.episodes import ALL, Episode
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.header import BadHeader, Truncated, parse, stored_range
 from flexibuff_envs.sampling import live_rows
@@ -342,10 +342,10 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
             lane.running = None if info.running is None else Episode(*info.running)
             lane.agent_start = (list(info.agent_start) if info.agent_start is not None else
                                 [info.running[0] if info.running else 0] * buffer.spec.n_agents)
-        for name, chain in buffer._storage.chains.items():
-            problem = chain_problem(chain, buffer._lanes)
-            if problem:
-                file.fail(f"corrupt: {name} {problem}")
+        problem = data_problem(buffer, [(lane.offset + info.lo, lane.offset + info.hi)
+                                         for lane, info in zip(buffer._lanes, header.lanes)])
+        if problem:
+            file.fail(f"corrupt: {problem}")
     finally:
         file.handle.close()
     if not mmap and any(name in buffer._storage.arrays for name in NEXT):
@@ -353,22 +353,38 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
     return buffer
 
 
-def chain_problem(chain: Chain, lanes: list[Lane]) -> str | None:
-    """What is wrong with the next-value index a file gave ``chain``, or None: every live row
-    names a slot of the tail store or is chained, no two live rows share a slot, and no lane's
-    newest row is chained (its successor is not recorded)."""
-    if not any(lane.size for lane in lanes):
+def data_problem(buffer: FlexibleBuffer, segments: list[tuple[int, int]]) -> str | None:
+    """What is wrong with values a file gave ``buffer`` (its rows ``segments``) that sampling
+    uses as indices or flags, or None: next-value indices (every row names a slot of the tail
+    store or is chained; no two live rows share a slot; no lane's newest row is chained, its
+    successor not being recorded), category indices within their categories, bools 0 or 1."""
+    storage = buffer._storage
+    categories = np.asarray(buffer.spec.obs_categories)
+
+    def stored(array: np.ndarray, per_agent: bool) -> list[np.ndarray]:
+        return [array[:, lo:hi] if per_agent else array[lo:hi] for lo, hi in segments]
+
+    for name, array in storage.arrays.items():
+        parts = stored(array, FIELDS[name].per_agent)
+        if array.dtype == bool and any(part.view(np.uint8).max(initial=0) > 1 for part in parts):
+            return f"{name} holds a bool that is neither 0 nor 1"
+        if name == "obs" and categories.size and any((part > categories).any() for part in parts):
+            return "obs names a category past its space's size"
+    if categories.size and "obs_" in storage.chains and (storage.chains["obs_"].tail > categories).any():
+        return "obs_ names a category past its space's size"
+    if not any(lane.size for lane in buffer._lanes):
         return None
-    live = live_rows(lanes)
-    index = np.asarray(chain.index.take(live, axis=-1))
-    if ((index < CHAINED) | (index >= len(chain.tail))).any():
-        return f"names a slot outside its {len(chain.tail)} stored ones"
-    slots = index[index > 0]
-    if np.unique(slots).size != slots.size:
-        return "gives two rows one stored slot"
-    newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size])
-    if (chain.index.take(newest, axis=-1) == CHAINED).any():
-        return "chains a lane's newest row to a row not recorded"
+    live = live_rows(buffer._lanes)
+    newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in buffer._lanes if lane.size])
+    for name, chain in storage.chains.items():
+        if any(((part < CHAINED) | (part >= len(chain.tail))).any() for part in stored(chain.index, chain.per_agent)):
+            return f"{name} names a slot outside its {len(chain.tail)} stored ones"
+        slots = chain.index.take(live, axis=-1)
+        slots = slots[slots > 0]
+        if np.unique(slots).size != slots.size:
+            return f"{name} gives two rows one stored slot"
+        if (chain.index.take(newest, axis=-1) == CHAINED).any():
+            return f"{name} chains a lane's newest row to a row not recorded"
     return None
 
 

@@ -1,0 +1,216 @@
+"""Fuzzing buffer files: mutate real files, load them, use what loads; anything but a
+`BufferFileError` (or a buffer that works) is a finding.
+
+Mutations act where a hostile file can: raw bytes (checksums then usually catch them), the JSON
+header with its checksum recomputed (so the checks behind the checksum are reached), the
+arrays with their checksum recomputed, and the length. `tests/test_fuzz_files.py` runs a short
+budget of it in CI through hypothesis; a long run is::
+
+    python tests/fuzz_files.py --runs 200000           # prints runs/s and each distinct site found
+    python tests/fuzz_files.py --atheris -atheris_runs=200000   # coverage-guided, if atheris is installed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import struct
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+import zlib
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import flexibuff_envs as fe
+
+warnings.filterwarnings("ignore")
+
+#: exceptions a loaded (possibly odd) buffer may raise when used as documented
+USE_ERRORS = (fe.EmptyBufferError,)
+
+
+def seed_files(directory: Path) -> list[bytes]:
+    """Real files of several layouts: CartPole (Box), FrozenLake (categories, via a vector env),
+    Taxi with masks, and the format 1-3 fixtures."""
+    out = []
+    for make, steps in ((lambda: gym.make("CartPole-v1"), 60),
+                        (lambda: gym.make_vec("FrozenLake-v1", num_envs=2, max_episode_steps=6), 30),
+                        (lambda: gym.make("Taxi-v4", max_episode_steps=5), 40)):
+        env = fe.record(make(), num_steps=40, seed=0)
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        for _ in range(steps):
+            result = env.step(env.action_space.sample())
+            if not isinstance(result[2], np.ndarray) and (result[2] or result[3]):
+                env.reset()
+        path = directory / f"seed{len(out)}.fbuf"
+        env.buffer.save(path)
+        out.append(path.read_bytes())
+    data = Path(__file__).parent / "data"
+    out += [(data / f"format{v}.fbuf").read_bytes() for v in (1, 2, 3)]
+    return out
+
+
+def _split(raw: bytes) -> tuple[int, bytes, bytes] | None:
+    if len(raw) < 20 + 16:
+        return None
+    _, version, length = struct.unpack("<8sIQ", raw[:20])
+    start = 20 + length + -(20 + length) % 64
+    if start > len(raw) - 16 or version not in (2, 3, 4):
+        return None
+    return version, raw[20:20 + length], raw[start:-16]
+
+
+def _join(version: int, blob: bytes, data: bytes) -> bytes:
+    prefix = struct.pack("<8sIQ", b"FLEXIBUF", version, len(blob)) + blob
+    prefix += b"\0" * (-len(prefix) % 64)
+    return prefix + data + struct.pack("<II8s", zlib.crc32(prefix), zlib.crc32(data), b"FBUF-END")
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([0, 1, -1, 2**31, -2**63, 2**64, 10**30])
+    if kind == 2:
+        return rng.random() * 10 ** rng.randrange(-3, 30)
+    if kind == 3:
+        return rng.choice(["", "|O", "<f8", "object", "x" * 100, "index", "tail", "obs", "PCG64"])
+    if kind == 4:
+        return float(rng.choice(["nan", "inf", "-inf"]))
+    if kind == 5:
+        return [rng.randrange(-5, 10 ** rng.randrange(1, 12)) for _ in range(rng.randrange(1, 4))]
+    if kind == 6:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(["name", "dtype", "shape", "offset", "part", "start", "x"]): _random_json(rng, depth + 1)}
+
+
+def _mutate_json(value: Any, rng: random.Random) -> Any:
+    """``value`` with one randomly chosen node replaced, removed, grown or nudged."""
+    if isinstance(value, (dict, list)) and value and rng.random() < 0.8:
+        keys = list(value) if isinstance(value, dict) else list(range(len(value)))
+        key = rng.choice(keys)
+        roll = rng.random()
+        if roll < 0.1:
+            del value[key]
+        elif roll < 0.15 and isinstance(value, dict):
+            value[rng.choice(["extra", "rows", "written", "part", "width"])] = _random_json(rng)
+        elif roll < 0.2 and isinstance(value, list):
+            value.append(_random_json(rng) if rng.random() < 0.5 else value[key])
+        else:
+            value[key] = _mutate_json(value[key], rng)
+        return value
+    if isinstance(value, bool) or value is None:
+        return _random_json(rng)
+    if isinstance(value, int):
+        return rng.choice([value + 1, value - 1, -value, value * 2, value + 64, 0, 10**rng.randrange(1, 25),
+                           _random_json(rng)])
+    return _random_json(rng)
+
+
+def mutate(raw: bytes, rng: random.Random) -> bytes:
+    """One hostile variant of the real file ``raw``."""
+    parts = _split(raw)
+    roll = rng.random()
+    if parts is not None and roll < 0.6:  # the header, checksums recomputed
+        version, blob, data = parts
+        header = json.loads(blob)
+        for _ in range(rng.randrange(1, 4)):
+            header = _mutate_json(header, rng)
+        return _join(version, json.dumps(header).encode(), data)
+    if parts is not None and roll < 0.8 and parts[2]:  # the arrays, checksum recomputed
+        version, blob, data = parts
+        spoiled = bytearray(data)
+        for _ in range(rng.randrange(1, 9)):
+            spoiled[rng.randrange(len(spoiled))] = rng.randrange(256)
+        return _join(version, blob, bytes(spoiled))
+    spoiled = bytearray(raw)
+    if roll < 0.9:
+        for _ in range(rng.randrange(1, 5)):
+            spoiled[rng.randrange(len(spoiled))] ^= 1 << rng.randrange(8)
+        return bytes(spoiled)
+    return bytes(spoiled[:rng.randrange(len(spoiled))]) if rng.random() < 0.7 else bytes(spoiled) + b"\0" * 64
+
+
+def use(buffer: fe.FlexibleBuffer, directory: Path) -> None:
+    """What a user does with a loaded buffer."""
+    try:
+        buffer.sample_transitions(8)
+        buffer.sample_transitions(4, as_torch=False, idx=np.arange(min(len(buffer), 3)))
+        if buffer.n_episodes:
+            buffer.sample_episodes(n_episodes=1)
+        buffer.sample_sequences(2, 3)
+        next(iter(buffer.minibatches(16)))
+    except USE_ERRORS:
+        pass
+    buffer.episode_stats()
+    fe.FlexibleBuffer.load(buffer.save(directory / "again.fbuf"))
+
+
+def site(error: BaseException) -> str:
+    """Where ``error`` was raised, as ``Type at file:line``."""
+    frame = traceback.extract_tb(error.__traceback__)[-1]
+    return f"{type(error).__name__} at {Path(frame.filename).name}:{frame.lineno}"
+
+
+def outcome(raw: bytes, directory: Path, mmap: bool) -> str | None:
+    """None when the file loads and works, or is refused with a BufferFileError; else the site."""
+    path = directory / "fuzzed.fbuf"
+    path.write_bytes(raw)
+    try:
+        buffer = fe.FlexibleBuffer.load(path, mmap=mmap)
+    except fe.BufferFileError:
+        return None
+    except Exception as error:  # noqa: BLE001 - every other exception is a finding
+        return site(error)
+    try:
+        use(buffer, directory)
+    except Exception as error:  # noqa: BLE001
+        return "after load: " + site(error)
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--atheris", action="store_true", help="coverage-guided, with atheris")
+    args, rest = parser.parse_known_args()
+    directory = Path(tempfile.mkdtemp(prefix="fbuf-fuzz-"))
+    seeds = seed_files(directory)
+    found: dict[str, int] = {}
+
+    def one(data: bytes) -> None:
+        rng = random.Random(data)
+        raw = mutate(seeds[rng.randrange(len(seeds))], rng)
+        for mmap in (False, True):
+            where = outcome(raw, directory, mmap)
+            if where is not None:
+                if where not in found:
+                    print(f"new site: {where}", flush=True)
+                found[where] = found.get(where, 0) + 1
+
+    start = time.perf_counter()
+    if args.atheris:
+        import atheris
+
+        atheris.Setup([sys.argv[0], *rest], one)
+        atheris.Fuzz()
+    else:
+        for run in range(args.runs):
+            one(struct.pack("<QQ", args.seed, run))
+    seconds = time.perf_counter() - start
+    print(f"{args.runs:,} runs (each file loaded read and mapped) in {seconds:.0f} s; "
+          f"{len(found)} distinct sites other than BufferFileError: {found}")
+
+
+if __name__ == "__main__":
+    main()
