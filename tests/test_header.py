@@ -236,3 +236,16 @@ def test_object_dtypes_are_refused_by_the_constructor() -> None:
     for dtype in ("object", "O", "U8", "V4", "complex64", "f4,f4"):
         with pytest.raises(ValueError, match="obs_dtype"):
             fe.FlexibleBuffer(10, 3, obs_dtype=dtype)
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+@pytest.mark.parametrize("where", ["spec", "field"])
+def test_an_object_dtype_file_is_refused_in_a_process_that_survives(tmp_path: Path, where: str, mmap: bool) -> None:
+    """Such a file once had its bytes used as Python object pointers: sampling it segfaulted."""
+    if where == "spec":
+        path = crafted(tmp_path, lambda h: (h["spec"].update(obs_dtype="object"),
+                                            field(h, "obs").update(dtype="|O", shape=[1, 60, 4])))
+    else:
+        path = crafted(tmp_path, lambda h: field(h, "G").update(dtype="|O"))
+    outcome, _ = probe(path, mmap)  # probe asserts the process was not killed by a signal
+    assert outcome.startswith(f"refused: {path}: corrupt header: ") and "dtype" in outcome
