@@ -202,12 +202,20 @@ class FlexibleBuffer(Sampling):
         self._writers = [None if ref is not None and ref() is writer else ref for ref in self._writers]
 
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
-        """The storage array of ``name``, allocated on first use.
+        """The storage array of ``name``, allocated on first use, to fill a buffer by hand.
 
-        A next-value field (``obs_``, ``state_``, ``action_mask_``) is kept once, in the next row
-        of its base field; asking for its array writes every row's value out (to fill a buffer by
-        hand), until `compact` or a recorder stores it once again.
+        Every row holds its default values from then on (NaN ``G``, all actions legal, ...), so
+        what you write into any row stays. A next-value field (``obs_``, ``state_``,
+        ``action_mask_``) is kept once, in the next row of its base field; asking for its array
+        writes every row's value out, until `compact` or a recorder stores it once again.
         """
+        for lane in self._lanes:
+            if lane.opened != ALL:
+                self._open(lane, lane.capacity)
+        return self._column(name, width=width)
+
+    def _column(self, name: str, *, width: int | None = None) -> np.ndarray:
+        """`field` for recorders: rows get their default values as they are claimed."""
         chain = self._storage.chains.get(name)
         if chain is not None:
             if len(chain.holders):
@@ -217,7 +225,11 @@ class FlexibleBuffer(Sampling):
             explicit = chain.gather(rows, *self._succ(rows))
             del self._storage.chains[name]
             self._storage.put(name, explicit)
-        return self._storage.ensure(name, width=width)
+        array = self._storage.ensure(name, width=width)
+        for next_name, base in NEXT.items():  # a base field comes with its next values
+            if base == name and next_name not in self._storage.chains and next_name not in self._storage.arrays:
+                self._storage.chain(next_name)
+        return array
 
     def next_chain(self, name: str) -> Chain:
         """The chain a recorder writes next-value field ``name`` through (next values written out
@@ -450,8 +462,8 @@ class FlexibleBuffer(Sampling):
         if "values" in arrays:
             advantages, value_targets = episode_gae(rewards, arrays["values"][agents, rows], self.gamma,
                                                     self.gae_lambda, bootstrap)
-            self.field("advantages")[agents, rows] = advantages
-            self.field("returns")[agents, rows] = value_targets
+            self._column("advantages")[agents, rows] = advantages
+            self._column("returns")[agents, rows] = value_targets
 
     # ------------------------------------------------------------------ moving episodes
 

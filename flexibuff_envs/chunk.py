@@ -95,7 +95,7 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
     if chunk.spec.action_mask and not buffer.spec.action_mask:
         buffer.enable_action_mask()
     for name, array in chunk.arrays.items():
-        buffer.field(name, width=array.shape[-1] if name == "continuous_log_probs" else None)
+        buffer._column(name, width=array.shape[-1] if name == "continuous_log_probs" else None)
     start = int(chunk.lengths[:skip].sum())
     first = lane_.append(lengths)
     # the ring rows written, as one or two slices, and where each starts in the chunk

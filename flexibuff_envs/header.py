@@ -276,10 +276,10 @@ def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: i
     for name in REQUIRED:
         if (name, None) not in seen:
             raise BadHeader(f"fields lack {name!r}, which every buffer holds")
-    for name in NEXT:
+    for name, base in NEXT.items():
         parts = {part for n, part in seen if n == name}
-        if parts and parts not in ({None}, {"index", "tail"}) or parts and (NEXT[name], None) not in seen:
-            raise BadHeader(f"fields hold {name!r} without both its parts and its base {NEXT[name]!r}")
+        if parts not in ({None}, {"index", "tail"}) if (base, None) in seen else parts:
+            raise BadHeader(f"fields must hold {name!r} (both its parts) exactly when they hold {base!r}")
     log_prob = next((m for m in metas if m["name"] == "continuous_log_probs"), None)
     width = 0 if log_prob is None else _int(log_prob.get("width"), "continuous_log_probs width", 1, MAX_WIDTH)
     storage = Storage(spec, rows, log_prob_continuous=width)

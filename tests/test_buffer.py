@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -260,3 +261,13 @@ def test_fields_lists_what_the_buffer_holds() -> None:
                              "terminated", "truncated")
     buffer.field("values")  # a field allocated on first use is listed from then on
     assert "values" in buffer.fields and "continuous_actions" not in buffer.fields
+
+
+def test_a_mask_asked_for_by_hand_comes_with_its_next_masks(tmp_path: Path) -> None:
+    buffer = fe.FlexibleBuffer(10, 3, [2])  # made without masks
+    buffer.field("action_mask")[0, 0] = 1  # FlexiBuff style: only the first action legal
+    buffer.begin_episode()
+    buffer.claim_row()
+    buffer.end_episode()
+    batch = fe.FlexibleBuffer.load(buffer.save(tmp_path / "masks.fbuf")).sample_transitions(idx=np.array([0]))
+    assert batch.action_mask[0].tolist() == [[True, False]] and batch.action_mask_[0].shape == (1, 2)

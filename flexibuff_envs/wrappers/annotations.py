@@ -34,7 +34,7 @@ class Annotations:
         checked = {name: self._check(name, agent, value) for name, value in fields.items()}
         # storage is allocated only once every field passed: a refused call changes nothing
         for name, value in checked.items():
-            self.buffer.field(name, width=np.size(value) if name == "continuous_log_probs" else None)
+            self.buffer._column(name, width=np.size(value) if name == "continuous_log_probs" else None)
             if name not in self.fields:
                 self.fields.append(name)
         self.pending[index].update(checked)
@@ -73,5 +73,5 @@ def add_feedback(buffer: FlexibleBuffer, row: int, index: int, value: float) -> 
     number = float(value)
     if not np.isfinite(number):
         raise ValueError(f"add_feedback: value must be a finite number, got {value!r}")
-    buffer.field("individual_auxiliary_rewards")[index, row] += number
-    buffer.field("global_auxiliary_rewards")[row] += number
+    buffer._column("individual_auxiliary_rewards")[index, row] += number
+    buffer._column("global_auxiliary_rewards")[row] += number

@@ -134,14 +134,14 @@ class AgentSlot:
         self.obs = held(buffer, "obs_", obs.compact() if buffer.spec.obs_categories else obs, index, lane)
         self._write_obs = self.obs.write
         self._write_action = action.writer(
-            buffer.field("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
-            buffer.field("continuous_actions")[index][:, :action.continuous_dim]
+            buffer._column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
+            buffer._column("continuous_actions")[index][:, :action.continuous_dim]
             if action.continuous_dim else np.zeros((0, 0)),
         )
-        self.rewards = buffer.field("individual_rewards")[index]
-        self.terminated = buffer.field("terminated")[index]
-        self.truncated = buffer.field("truncated")[index]
-        self.active = buffer.field("active")[index]
+        self.rewards = buffer._column("individual_rewards")[index]
+        self.terminated = buffer._column("terminated")[index]
+        self.truncated = buffer._column("truncated")[index]
+        self.active = buffer._column("active")[index]
         self.mask: Held | None = None  # action masks, once recorded
         self._mask_codec = MaskCodec(action.cardinalities, buffer.spec.discrete_action_cardinalities)
         self.own_width = sum(action.cardinalities)
@@ -237,7 +237,7 @@ class LaneRecorder:
         self._annotated = self.annotations.fields  # the same list: empty until a first annotation
         self.previous_rows: list[int] = []  # the last episode's rows, for feedback after a reset
         self.reduce = reducer(global_reward)
-        self.global_rewards = buffer.field("global_rewards") if self.reduce is not None else None
+        self.global_rewards = buffer._column("global_rewards") if self.reduce is not None else None
         # "sum" is kept as a running sum per row; other reductions look at the finished row
         self._summing = global_reward == "sum"
         self.state = None if state is None else held(buffer, "state_", state, None, lane)
@@ -387,7 +387,7 @@ class LaneRecorder:
     def team_reward(self, row: int) -> None:
         """The row's team reward, from its agents' rewards (after they are written)."""
         if self.reduce is not None and not self._summing:
-            field = self.buffer.field
+            field = self.buffer._column
             self.global_rewards[row] = self.reduce(  # type: ignore[index]
                 field("individual_rewards")[:, row], field("active")[:, row])
 
@@ -402,7 +402,7 @@ class LaneRecorder:
     def own_rows(self, index: int, rows: list[int]) -> np.ndarray:
         """The rows among ``rows`` (in order) that hold a transition of agent ``index``."""
         rows_ = np.asarray(rows, dtype=np.int64)
-        return rows_ if len(self.slots) == 1 else rows_[self.buffer.field("active")[index, rows_]]
+        return rows_ if len(self.slots) == 1 else rows_[self.buffer._column("active")[index, rows_]]
 
     def feedback(self, index: int, value: float, step: int) -> None:
         """Add a human reward to agent ``index``'s ``step``-th transition of the running episode
