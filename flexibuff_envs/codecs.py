@@ -68,13 +68,19 @@ class ObsCodec:
         """A function writing one value into row ``p`` of ``store`` (shape ``[rows, size]``)."""
         view = self.row_view(store)
         if view is not None:
-            shape, where = self.shape, self.where
+            shape, size, where, ndarray = self.shape, self.size, self.where, np.ndarray
+            numeric = np.dtype(np.float64)  # the last dtype seen to hold numbers: an identity test
 
             def write_direct(p: int, value: Any) -> None:
-                # an array of the space's shape and of numbers passes with three attribute reads
-                if value.__class__ is not np.ndarray or value.shape != shape or value.dtype.kind not in "biuf":
+                nonlocal numeric
+                # an array of numbers of the space's size passes with three attribute reads
+                if value.__class__ is not ndarray or value.size != size or value.dtype is not numeric:
                     value = box_value(value, shape, where)
-                view[p] = value
+                    numeric = value.dtype
+                try:
+                    view[p] = value
+                except ValueError:  # the right size in another shape
+                    raise EnvValueError(f"{where}: expected shape {shape}, got shape {value.shape}") from None
 
             return write_direct
         flatten = self.flatten

@@ -202,6 +202,7 @@ def main() -> None:
     if args.atheris:
         import atheris
 
+        atheris.instrument_all()  # coverage of everything loaded, flexibuff_envs included
         atheris.Setup([sys.argv[0], *rest], one)
         atheris.Fuzz()
     else:
