@@ -178,6 +178,17 @@ class Sampling:
             idx = checked_rows("sample_transitions", idx, self._storage.rows)
         return self.gather(idx, as_torch=as_torch, device=device)
 
+    def episodes(self, *, as_torch: bool = False, device: Any = None) -> Iterator[FlexiBatch]:
+        """Every whole ended episode, one `FlexiBatch` of its rows in time order, lane by lane and
+        oldest first (for exporters and checks; `sample_episodes` draws some at random). Each
+        episode is gathered when it is reached; the set of episodes is the one held at the call.
+
+        >>> [len(e) for e in buffer.episodes()]  # doctest: +SKIP
+        [23, 17, 41]
+        """
+        for owner, episode in [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]:
+            yield self.gather(owner.rows(episode), as_torch=as_torch, device=device)
+
     def sample_episodes(
         self,
         max_batch_size: int = 256,

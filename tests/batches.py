@@ -24,7 +24,7 @@ def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
 
 def whole_episodes(buffer: fe.FlexibleBuffer) -> list[fe.FlexiBatch]:
     """Every ended whole episode, lane by lane in recording order, as a batch of its rows."""
-    return [buffer.gather(lane.rows(e)) for lane in buffer._lanes for e in lane.ended if e.whole]
+    return list(buffer.episodes())
 
 
 def key(batch: fe.FlexiBatch) -> Any:

@@ -271,3 +271,19 @@ def test_a_mask_asked_for_by_hand_comes_with_its_next_masks(tmp_path: Path) -> N
     buffer.end_episode()
     batch = fe.FlexibleBuffer.load(buffer.save(tmp_path / "masks.fbuf")).sample_transitions(idx=np.array([0]))
     assert batch.action_mask[0].tolist() == [[True, False]] and batch.action_mask_[0].shape == (1, 2)
+
+
+def test_episodes_iterates_every_whole_episode_in_recording_order() -> None:
+    envs = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=300)
+    envs.reset(seed=0)
+    for t in range(400):  # the ring wraps: the oldest episodes are forgotten whole
+        envs.step(np.array([t % 2, (t // 3) % 2]))
+    episodes = list(envs.buffer.episodes())
+    assert len(episodes) == envs.buffer.n_episodes > 0
+    lanes = [int(e.idx[0]) // 300 for e in episodes]
+    assert lanes == sorted(lanes)  # lane by lane
+    for e in episodes:  # each whole, in time order, ended at its last row only
+        assert (np.diff(e.idx) % 300 == 1).all() and (e.terminated | e.truncated)[-1]
+        assert not (e.terminated | e.truncated)[:-1].any() and not np.isnan(e.G).any()
+    torch = pytest.importorskip("torch")
+    assert isinstance(next(envs.buffer.episodes(as_torch=True)).obs, torch.Tensor)

@@ -47,7 +47,7 @@ class Flaky(gym.Wrapper):
 
 
 def episodes_of(buffer: fe.FlexibleBuffer) -> list[fe.FlexiBatch]:
-    return buffer.sample_episodes(n_episodes=buffer.n_episodes)
+    return list(buffer.episodes())
 
 
 def assert_consistent(buffer: fe.FlexibleBuffer) -> None:
@@ -246,5 +246,5 @@ def test_an_interrupted_eviction_loses_no_next_value_slot(monkeypatch: pytest.Mo
     assert np.unique(named).size == named.size and len(set(free)) == len(free)  # no slot shared
     reserved = set(np.flatnonzero(chain.reserved).tolist())
     assert set(named.tolist()) | reserved | set(free) | {0} == set(range(chain.fresh))  # none lost
-    for episode in buffer.sample_episodes(n_episodes=buffer.n_episodes):  # and the data holds
+    for episode in buffer.episodes():  # and the data holds
         np.testing.assert_array_equal(episode.obs[1:], episode.obs_[:-1])

@@ -221,7 +221,7 @@ def test_recorders_sharing_a_buffer_write_a_lane_each() -> None:
             if terminated or truncated:
                 env.reset()
     expected = sorted((n, g) for i in range(3) for n, g in plain_episodes(i, actions[i]))
-    got = sorted(((len(e.G), e.G) for e in shared.sample_episodes(n_episodes=shared.n_episodes)),
+    got = sorted(((len(e.G), e.G) for e in shared.episodes()),
                  key=lambda episode: episode[0])
     assert [n for n, _ in got] == [n for n, _ in expected] and len(shared) == 1200
     for (_, g), (_, g_plain) in zip(got, expected):  # CartPole's G follows from the length

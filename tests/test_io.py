@@ -38,7 +38,7 @@ def test_round_trip_keeps_every_field_and_keeps_recording_and_sampling_as_before
                                mask_info=True), buffer=loaded)
     play(resumed, seed=5, steps=30)
     assert loaded.n_episodes > episodes
-    for episode in loaded.sample_episodes(n_episodes=loaded.n_episodes):
+    for episode in loaded.episodes():
         assert not np.isnan(episode.G).any()
         assert episode.terminated[-1] or episode.truncated[-1]
         assert not (episode.terminated[:-1] | episode.truncated[:-1]).any()

@@ -40,7 +40,7 @@ def test_an_image_transition_costs_one_frame_and_samples_as_the_env_gave_it(trun
 
     buffer = env.buffer
     assert buffer.nbytes <= 1.10 * 1000 * FRAME.shape[0] * FRAME.shape[1] * FRAME.shape[2]
-    kept = buffer.sample_episodes(n_episodes=buffer.n_episodes)
+    kept = list(buffer.episodes())
     for batch, obs in zip(kept, reference[-len(kept):]):
         np.testing.assert_array_equal(batch.obs, np.reshape(obs[:-1], (len(obs) - 1, -1)))
         np.testing.assert_array_equal(batch.obs_, np.reshape(obs[1:], (len(obs) - 1, -1)))

@@ -202,7 +202,7 @@ def _compare_episodes(buffer: Any, expected: dict[str, np.ndarray | None], spans
     total = expected["individual_rewards"].shape[-1]  # type: ignore[union-attr]
     ends = np.asarray(expected["terminated"]) | np.asarray(expected["truncated"])
     ended = [(s, e) for s, e in spans if e > s and ends[..., e - 1].any() and s >= total - rows]
-    got = buffer.sample_episodes(n_episodes=buffer.n_episodes) if buffer.n_episodes else []
+    got = list(buffer.episodes())
     if [len(b) for b in got] != [e - s for s, e in ended]:
         lengths = ([len(b) for b in got], [e - s for s, e in ended])
         return len(got), [f"sample_episodes gave lengths {lengths[0]}, expected the whole episodes {lengths[1]}"]
