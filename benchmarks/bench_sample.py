@@ -8,6 +8,8 @@ the same rows and sample with their own ``sample`` into torch. All run side by s
 medians are printed with ratios to the floor of the same output.
 Run: python benchmarks/bench_sample.py             (1,000,000 CartPole-sized rows)
      python benchmarks/bench_sample.py --frames    (20,000 rows of 84x84x4 uint8 frames)
+     python benchmarks/bench_sample.py --fields    (only the five fields a DQN reads, ours with
+                                                   fields=...; the peers gather all theirs)
      (peers: pip install -e '.[bench]')
 """
 
@@ -63,6 +65,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="default 1,000,000 (20,000 with --frames)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--fields", action="store_true",
+                        help="gather only obs, obs_, discrete_actions, individual_rewards, terminated")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -71,6 +75,9 @@ def main() -> None:
     fields = {"obs": data["obs"], "obs_": data["obs_"], "act": data["act"][:, None], "rew": data["rew"],
               "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool),
               "G": np.zeros(n, dtype=np.float32)}  # every field our batches carry
+    if args.fields:  # what a DQN reads
+        fields = {name: fields[name] for name in ("obs", "obs_", "act", "rew", "terminated")}
+    ours_fields = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated") if args.fields else None
 
     def bare() -> dict[str, np.ndarray]:
         idx = rng.integers(0, n, args.batch)
@@ -84,13 +91,13 @@ def main() -> None:
             out[name] = tensor if keep else tensor.float()
         return out
 
-    ours_numpy = loaded(OURS, data, as_torch=False)
+    ours_numpy = loaded(OURS, data, as_torch=False, fields=ours_fields)
     samplers: dict[str, Callable[[], object]] = {
         "bare numpy gather": bare, f"{OURS} (numpy)": lambda: ours_numpy(args.batch),
         "bare gather + torch": bare_torch}
     for name in [OURS, *PEERS]:
         if installed(name):
-            sample = loaded(name, data)
+            sample = loaded(name, data, fields=ours_fields) if name == OURS else loaded(name, data)
             samplers[name] = lambda sample=sample: sample(args.batch)
     times: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(5):  # interleaved, so machine noise hits all alike

@@ -118,11 +118,12 @@ def installed(name: str) -> bool:
     return name == OURS or importlib.util.find_spec(REQUIRES[name]) is not None
 
 
-def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch: bool = True) -> Sample:
+def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch: bool = True,
+           fields: tuple[str, ...] | None = None) -> Sample:
     """A buffer of ``name`` holding ``data`` (obs, act, rew, obs_, terminated, truncated; one row
     each) in episodes of ``episode`` steps, put in place in bulk: the state that many ``add`` calls
     would leave, without waiting for them. Returns its sampler (torch batches; ours can also give
-    numpy). Ours stores each observation once (`compact`), as its recorders do."""
+    numpy, and only ``fields``). Ours stores each observation once (`compact`), as its recorders do."""
     n = len(data["act"])
     dtype = data["obs"].dtype
     if name == OURS:
@@ -140,7 +141,7 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
                 buffer.claim_row()
             buffer.end_episode()
         buffer.compact()
-        return lambda b: buffer.sample_transitions(b, as_torch=as_torch)
+        return lambda b: buffer.sample_transitions(b, as_torch=as_torch, fields=fields)
     if name == "flexibuff 0.3.1":
         from flexibuff import FlexibleBuffer
 

@@ -69,6 +69,8 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
     torch = require_torch()
     as_long = {"discrete_actions", "idx"}
 
+    long = torch.int64
+
     def convert(name: str, value: Any) -> Any:
         if value is None:
             return None
@@ -76,7 +78,7 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
             return [convert(name, v) for v in value]
         tensor = torch.from_numpy(value)
         if name in as_long:
-            tensor = tensor.long()
+            tensor = tensor if tensor.dtype == long else tensor.long()
         elif tensor.dtype != torch.float32 and not (tensor.dtype == torch.uint8 and name in IMAGES):
             tensor = tensor.float()
         return tensor if device is None else tensor.to(device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -90,6 +90,25 @@ def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
     return rows, valid
 
 
+_CHECKED: dict[tuple[str, ...], frozenset[str]] = {}
+
+
+def checked_fields(fields: Collection[str]) -> frozenset[str]:
+    """``fields`` as a set of field names, or ValueError naming one that is no batch field."""
+    if isinstance(fields, str):
+        raise TypeError(f"fields must be a collection of field names, got the string {fields!r}")
+    key = tuple(fields)
+    checked = _CHECKED.get(key)
+    if checked is None:
+        unknown = sorted(set(key) - FIELDS.keys())
+        if unknown:
+            raise ValueError(f"fields: {unknown} are no batch fields; choose from {sorted(FIELDS)}")
+        if len(_CHECKED) > 64:
+            _CHECKED.clear()
+        checked = _CHECKED[key] = frozenset(key)  # a training loop asks for the same ones each time
+    return checked
+
+
 class Sampling:
     """The reading half of `FlexibleBuffer`: every way to draw a `FlexiBatch` from its rows."""
 
@@ -118,33 +137,41 @@ class Sampling:
             raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
 
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
-               normalize_advantages: bool = False, valid: np.ndarray | None = None) -> FlexiBatch:
+               normalize_advantages: bool = False, valid: np.ndarray | None = None,
+               fields: Collection[str] | None = None) -> FlexiBatch:
         """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
 
         ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1;
-        ``valid`` (sequences) is carried along like the fields.
+        ``valid`` (sequences) is carried along like the fields; ``fields`` gathers only those
+        (the others are None on the batch).
         """
+        wanted = FIELDS.keys() if fields is None else checked_fields(fields)
         single = self.spec.n_agents == 1
         out: dict[str, Any] = {"idx": idx, "valid": valid}
         for name, array in self._storage:
+            if name not in wanted:
+                continue
             if FIELDS[name].per_agent:
                 out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
             else:
                 out[name] = array.take(idx, axis=0)
-        if self._storage.chains:
+        chains = [(name, chain) for name, chain in self._storage.chains.items() if name in wanted]
+        if chains:
             succ, mode = self._succ(idx)
-            for name, chain in self._storage.chains.items():
+            for name, chain in chains:
                 out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
         if self.spec.obs_categories:
             for name in ("obs", "obs_"):
-                out[name] = one_hot(out[name], self.spec.obs_categories)
-        if "action_mask" in out:
-            cards = self.spec.discrete_action_cardinalities
-            cuts = np.cumsum(cards)[:-1]
-            for name in MASKS:
-                out[name] = np.split(unpack_mask(out[name], sum(cards)), cuts, axis=-1)
+                if name in out:
+                    out[name] = one_hot(out[name], self.spec.obs_categories)
+        cards = self.spec.discrete_action_cardinalities
+        for name in MASKS:
+            if name in out:
+                out[name] = np.split(unpack_mask(out[name], sum(cards)), np.cumsum(cards)[:-1], axis=-1)
         if normalize_advantages:
             advantages = out.get("advantages")
+            if "advantages" not in wanted:
+                raise ValueError("normalize_advantages=True but fields leaves out 'advantages'")
             if advantages is None:
                 raise ValueError("normalize_advantages=True but no advantages were recorded: "
                                  "annotate values (env.annotate(values=...)) to get GAE")
@@ -152,7 +179,7 @@ class Sampling:
             out["advantages"] = (advantages - np.nanmean(advantages)) / (np.nanstd(advantages) + 1e-8)
         if as_torch:
             convert = torch_converter(device)
-            out = {name: convert(name, value) for name, value in out.items()}
+            out = {name: convert(name, value) for name, value in out.items() if value is not None}
         return FlexiBatch(**out)
 
     def sample_transitions(
@@ -162,12 +189,16 @@ class Sampling:
         as_torch: bool = False,
         device: Any = None,
         idx: np.ndarray | None = None,
+        *,
+        fields: Collection[str] | None = None,
     ) -> FlexiBatch:
         """``batch_size`` rows drawn uniformly with replacement (all agents of a row together).
 
         Args:
             weighted: draw rows in proportion to ``memory_weights`` (need not be normalised).
             idx: gather exactly these buffer rows instead of drawing.
+            fields: gather only these (a DQN wants obs, obs_, discrete_actions,
+                individual_rewards, terminated); the others are None on the batch.
         """
         if idx is None:
             self._require("sample_transitions")
@@ -176,7 +207,7 @@ class Sampling:
                    else uniform_rows(self._lanes, self.rng, n))
         else:
             idx = checked_rows("sample_transitions", idx, self._storage.rows)
-        return self.gather(idx, as_torch=as_torch, device=device)
+        return self.gather(idx, as_torch=as_torch, device=device, fields=fields)
 
     def episodes(self, *, as_torch: bool = False, device: Any = None) -> Iterator[FlexiBatch]:
         """Every whole ended episode, one `FlexiBatch` of its rows in time order, lane by lane and
@@ -242,18 +273,23 @@ class Sampling:
         device: Any = None,
         drop_last: bool = False,
         normalize_advantages: bool = False,
+        *,
+        fields: Collection[str] | None = None,
     ) -> Iterator[FlexiBatch]:
         """One pass over every live row in batches of ``batch_size`` (PPO epochs).
 
         ``normalize_advantages``: each minibatch's advantages to mean 0, std 1 (CleanRL's norm_adv).
+        ``fields``: gather only these, as `sample_transitions`.
         """
         self._require("minibatches")
         batch_size = positive_int("batch_size", batch_size)
+        if fields is not None:
+            fields = checked_fields(fields)
         rows = live_rows(self._lanes)
         if shuffle:
             rows = self.rng.permutation(rows)
         stop = len(rows) - (len(rows) % batch_size if drop_last else 0)
         for first in range(0, stop, batch_size):
             yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device,
-                              normalize_advantages=normalize_advantages)
+                              normalize_advantages=normalize_advantages, fields=fields)
 

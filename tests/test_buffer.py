@@ -287,3 +287,33 @@ def test_episodes_iterates_every_whole_episode_in_recording_order() -> None:
         assert not (e.terminated | e.truncated)[:-1].any() and not np.isnan(e.G).any()
     torch = pytest.importorskip("torch")
     assert isinstance(next(envs.buffer.episodes(as_torch=True)).obs, torch.Tensor)
+
+
+DQN_FIELDS = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated")
+
+
+@pytest.mark.parametrize("as_torch", [False, True])
+def test_fields_gathers_only_what_is_asked_for(as_torch: bool) -> None:
+    if as_torch:
+        pytest.importorskip("torch")
+    env = fe.record(gym.make("Taxi-v4"), num_steps=500, seed=1)  # category obs, masks
+    env.reset(seed=0)
+    for t in range(300):
+        env.annotate(values=0.5)
+        if any(env.step(int(env.action_space.sample()))[2:4]):
+            env.reset()
+    full = env.buffer.sample_transitions(idx=np.arange(200))
+    few = env.buffer.sample_transitions(idx=np.arange(200), fields=DQN_FIELDS, as_torch=as_torch)
+    for name in fe.FlexibleBuffer(1, 1).fields + ("action_mask", "action_mask_", "values", "G", "state"):
+        if name in DQN_FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(few, name)), getattr(full, name))
+        else:
+            assert getattr(few, name) is None, name
+    masks = env.buffer.sample_transitions(idx=np.arange(5), fields=["action_mask_"])
+    np.testing.assert_array_equal(masks.action_mask_[0], full.action_mask_[0][:5])
+    (batch,) = env.buffer.minibatches(1000, shuffle=False, fields=["values"])
+    assert batch.obs is None and len(batch.values) == len(env.buffer)
+    with pytest.raises(ValueError, match="rewards"):
+        env.buffer.sample_transitions(4, fields=["rewards"])
+    with pytest.raises(TypeError, match="string"):
+        env.buffer.sample_transitions(4, fields="obs")
