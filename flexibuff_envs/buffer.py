@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs import chunk
+from flexibuff_envs import chunk, io
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows
@@ -549,10 +549,8 @@ class FlexibleBuffer(Sampling):
 
     def save(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write the buffer to one file (no pickle, atomic); returns the path written."""
-        from flexibuff_envs.io import save
-
         target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
-        save(self, target)
+        io.save(self, target)
         return target
 
     @classmethod
@@ -564,9 +562,7 @@ class FlexibleBuffer(Sampling):
                 rows are read from disk when sampled, and changes stay in memory (copy-on-write),
                 never in the file. Only the header's checksum is checked, not the data's.
         """
-        from flexibuff_envs.io import load
-
-        return load(os.fspath(path), mmap=mmap)
+        return io.load(cls, os.fspath(path), mmap=mmap)
 
     def __repr__(self) -> str:
         return (f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "

@@ -300,7 +300,7 @@ class _File:
         raise BufferFileError(f"{self.path}: {problem}")
 
 
-def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
+def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> FlexibleBuffer:
     """Read a buffer file written by `save`; rows keep their numbers (``batch.idx``).
 
     Any file either loads, using memory in proportion to its size, or raises `BufferFileError`:
@@ -308,18 +308,17 @@ def load(path: str, *, mmap: bool = False) -> FlexibleBuffer:
     the next-value indices once read.
 
     Args:
+        cls: the buffer class to make (`FlexibleBuffer` passes itself: io imports no buffer).
         mmap: map the arrays from the file instead of reading them (copy-on-write: the buffer can
             be changed and recorded into, the file never is). Only the header is read and checked;
             the data checksum is not, as that would read the whole file. A file whose lanes do
             not all span their whole ring is read instead: the ring needs its full size.
     """
-    from flexibuff_envs.buffer import FlexibleBuffer
-
     file = _File(path)
     header = file.header
     try:
         try:
-            buffer = FlexibleBuffer.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
+            buffer = cls.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
                                               gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
                                               global_reward=False, individual_reward=False)
         except MemoryError:

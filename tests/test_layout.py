@@ -1,0 +1,52 @@
+"""The README's import order is the package's: every import of a flexibuff_envs module, at the top
+or inside a function, points to a step left of (or at) the importer's own."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "flexibuff_envs"
+
+
+def steps() -> dict[str, int]:
+    """Module (first part below the package) -> its step in the README's order."""
+    line = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                if line.startswith("Imports point one way:"))
+    order = line.split(":", 1)[1].split("(", 1)[0].strip().rstrip(".")
+    return {name.strip(): k for k, step in enumerate(order.split("→")) for name in re.split(r"[/,]", step)}
+
+
+def module_of(path: Path) -> str:
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of each flexibuff_envs import, leaving out those under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(node) for branch in ast.walk(tree) if isinstance(branch, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(branch.test) for node in ast.walk(branch)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flexibuff_envs"):
+            parts = node.module.split(".")
+            names = [parts[1]] if len(parts) > 1 else [alias.name for alias in node.names]
+            found += [(node.lineno, name) for name in names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name.split(".")[1]) for alias in node.names
+                      if alias.name.startswith("flexibuff_envs.")]
+    return found
+
+
+def test_imports_point_the_way_the_readme_says() -> None:
+    order = steps()
+    modules = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py" and p.name != "__main__.py"]
+    assert {module_of(p) for p in modules} <= order.keys(), "a module the README's order does not list"
+    wrong = [f"{p.relative_to(ROOT)}:{line} imports {name}"
+             for p in modules for line, name in imports(p)
+             if order[name] > order[module_of(p)]]
+    assert not wrong, wrong
