@@ -1,6 +1,7 @@
 """The chain (next values stored once) against a plain model that keeps ``obs`` and ``obs_`` of
 every row apart, for any sequence of holds, writes, sat-out steps, given-back rows, episode ends
-and ring wraps, over two lanes of two agents."""
+and ring wraps, over two lanes of two agents. As in a recorder, a step given back ends its
+episode and the next one begins (a reset)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
             running[lane], undo[lane] = True, None
         elif kind == "step" and running[lane]:
             row = buffer.claim_cleared_row(lane)
+            for a in range(AGENTS):  # a row the ring hands out again is no agent's last row any more
+                if model.last.get((lane, a)) == row:
+                    del model.last[lane, a]
             before = ({k: v for k, v in model.held.items() if k[0] == lane},
                       {k: v for k, v in model.last.items() if k[0] == lane})
             for a in range(AGENTS):
@@ -90,6 +94,13 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
                 model.last.pop((lane, a), None)
             model.last.update(last_before)
             undo[lane] = None
+            buffer.end_episode(lane)  # as a recorder does after a step it gives back; a reset follows
+            for a in range(AGENTS):
+                value = fresh()
+                holders[lane, a].hold(value)
+                model.held[lane, a] = value
+                model.last.pop((lane, a), None)
+            buffer.begin_episode(lane)
     if not len(buffer):
         return
     rows = live_rows(buffer._lanes)

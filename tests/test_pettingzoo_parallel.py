@@ -378,3 +378,17 @@ def test_agents_that_sit_out_or_spawn_late_get_their_own_transitions_and_G(scrip
         assert {agent for _, agent in seen} == set(finals)
         for obs_, agent in seen:
             np.testing.assert_array_equal(obs_, finals[agent])
+
+
+def test_an_agent_sitting_out_longer_than_the_ring_touches_no_other_row() -> None:
+    """b acts once, then sits out while the ring (5 rows) forgets that row and hands it to later
+    steps: b's end and rewards must not land on rows of steps it had no part in."""
+    plan = [{"a": 0, "b": 1}] + [{"a": 0}] * 9  # b ends at step 10, sitting out
+    env = fe.record(ScriptedParallel({"a": 0, "b": 0}, {"a": 12, "b": 10}), num_steps=5)
+    env.reset(seed=0)
+    for actions in plan:
+        env.step({agent: action for agent, action in actions.items() if agent in env.agents})
+    (batch,) = env.buffer.minibatches(5, shuffle=False)
+    b = env.possible_agents.index("b")
+    assert not batch.active[b].any()  # its one row was forgotten
+    assert not (batch.terminated[b] | batch.truncated[b]).any()

@@ -359,6 +359,8 @@ class LaneRecorder:
         ``obs_`` is what it will act on and the reward waits for its first transition."""
         reward = number(reward, f"reward of agent {self.slots[index].name!r}")
         last = self.last[index]
+        if last >= 0 and self.slots[index].obs.pending != last:  # the ring has forgotten that row
+            self.last[index] = last = -1
         if last < 0:
             self.slots[index].begin(obs_, info)
             self.carry[index] += float(reward)
