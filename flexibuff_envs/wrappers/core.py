@@ -23,8 +23,9 @@ from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import mask_bytes, pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 
-#: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the flat stored
-#: observation after a truncated episode's last step. The core always calls it with both.
+#: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the observation
+#: after a truncated episode's last step, exactly as a batch shows that row's ``obs_``. The core
+#: always calls it with both.
 BootstrapFn = Callable[..., Any]
 #: how a row's team reward comes from its agents' rewards: "sum", "mean", "none" or
 #: ``fn(rewards [n_agents], active [n_agents]) -> float``
