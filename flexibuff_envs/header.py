@@ -162,6 +162,10 @@ def _spec(value: Any) -> BufferSpec:
     obs_size = _int(data["obs_size"], "spec obs_size", 1, MAX_WIDTH)
     if categories and sum(categories) != obs_size:
         raise BadHeader(f"spec obs_categories add up to {sum(categories)}, not obs_size {obs_size}")
+    per_agent = _of(data.get("agent_discrete_action_cardinalities", []), list,
+                    "spec agent_discrete_action_cardinalities")
+    if len(per_agent) not in (0, n_agents):
+        raise BadHeader(f"spec agent_discrete_action_cardinalities must have {n_agents} entries")
     spec = BufferSpec(
         obs_size=obs_size,
         obs_dtype=_dtype(data["obs_dtype"], "spec obs_dtype"),
@@ -180,8 +184,7 @@ def _spec(value: Any) -> BufferSpec:
         agent_obs_sizes=_ints(data.get("agent_obs_sizes", []), "spec agent_obs_sizes", 1, obs_size),
         agent_discrete_action_cardinalities=tuple(
             _ints(c, f"spec agent_discrete_action_cardinalities[{i}]", 1, MAX_WIDTH)
-            for i, c in enumerate(_of(data.get("agent_discrete_action_cardinalities", []), list,
-                                      "spec agent_discrete_action_cardinalities")[:MAX_AGENTS])),
+            for i, c in enumerate(per_agent)),
         agent_continuous_action_dimensions=_ints(data.get("agent_continuous_action_dimensions", []),
                                                  "spec agent_continuous_action_dimensions", 0, MAX_WIDTH),
         obs_categories=categories,
