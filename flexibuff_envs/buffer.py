@@ -255,7 +255,7 @@ class FlexibleBuffer(Sampling):
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
-        live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
+        live = live_rows(self._lanes)
         newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in self._lanes if lane.size])
         for name in [name for name in NEXT if name in self._storage.arrays]:
             explicit = self._storage.pop(name)
@@ -316,15 +316,16 @@ class FlexibleBuffer(Sampling):
     def reclaim(self) -> None:
         """Next-value slots lost by an eviction that was interrupted (Ctrl-C) come back; a
         recorder calls this when a step could not be recorded."""
-        live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
+        live = live_rows(self._lanes)
         for chain in self._storage.chains.values():
             chain.reclaim(live)
 
-    def _open(self, lane: Lane, needed: int) -> None:
-        """Give the rows of ``lane`` up to position ``needed`` (and a block more) their fields'
-        allocated values: a ring is filled as it is first used, not when it is made."""
-        upto = min(lane.capacity, needed + _OPEN_ROWS)
-        self._storage.open(lane.offset // self.num_steps, upto)
+    def _open(self, lane: Lane, needed: int, *, block: int = _OPEN_ROWS, fill: bool = True) -> None:
+        """Give the rows of ``lane`` up to position ``needed`` (and ``block`` more) their fields'
+        allocated values: a ring is filled as it is first used, not when it is made. ``fill=False``:
+        those rows hold their values already (read from a file)."""
+        upto = min(lane.capacity, needed + block)
+        self._storage.open(lane.offset // self.num_steps, upto, fill=fill)
         lane.opened = upto if upto < lane.capacity else ALL
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
@@ -353,10 +354,7 @@ class FlexibleBuffer(Sampling):
         lane_ = self._lanes[lane]
         if lane_.running is None:
             return
-        values = None if bootstrap is None else np.zeros(self.spec.n_agents)
-        if values is not None:
-            values[agent] = bootstrap
-        self._write_returns(lane_, lane_.running, values, only=agent)
+        self._write_returns(lane_, lane_.running, bootstrap, only=agent)
         lane_.agent_start[agent] = -1
 
     def rejoin_agent(self, lane: int, agent: int) -> None:
@@ -518,7 +516,7 @@ class FlexibleBuffer(Sampling):
         An episode still running goes on recording; its steps before the clear are gone, so it
         will not be handed out by `sample_episodes`, but its ``G`` and GAE cover what is kept.
         """
-        live = live_rows(self._lanes) if len(self) else np.zeros(0, dtype=np.int64)
+        live = live_rows(self._lanes)
         for lane in self._lanes:
             lane.clear()
         self._storage.arrays["G"][:, live] = np.nan  # only rows that were recorded were touched
@@ -560,7 +558,8 @@ class FlexibleBuffer(Sampling):
         Args:
             mmap: map the file instead of reading it: opening takes the same time for any size,
                 rows are read from disk when sampled, and changes stay in memory (copy-on-write),
-                never in the file. Only the header's checksum is checked, not the data's.
+                never in the file. Only the header's checksum is checked, not the data's. A file
+                whose lanes are partly empty is read instead (its rows keep their numbers).
         """
         return io.load(cls, os.fspath(path), mmap=mmap)
 

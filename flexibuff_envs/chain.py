@@ -101,8 +101,9 @@ class Chain:
     def reclaim(self, live: np.ndarray) -> None:
         """Rebuild the free slots from what rows ``live`` (every recorded row) and the holders
         name: slots an interrupted `forget` lost come back."""
+        named = self.index[..., live].ravel()
         used = np.zeros(len(self.tail), dtype=bool)
-        used[self.index[..., live].ravel()[self.index[..., live].ravel() > 0]] = True
+        used[named[named > 0]] = True
         used[:1] = True
         used |= self.reserved
         free = np.flatnonzero(~used[:self.fresh]).astype(np.int32)

@@ -9,9 +9,9 @@ The header names each array's dtype, shape and offset. An array holds the rows o
 hold recorded steps, in ring order (one range per lane: the whole lane when its live rows wrap
 around), lane after lane, per agent for per-agent fields; so a file holds what was recorded, not
 the empty part of the ring, and every row keeps its number. Episode positions are written as
-they are in memory (format 4; formats 1-3 renumbered them from each lane's oldest row). A next-value field (``obs_``) is stored once,
-as in memory (`flexibuff_envs.chain`): a per-row ``index`` part and the ``tail`` slots it names,
-renumbered to the slots in use; masks are bits. Formats 1 (one checksum over everything), 2
+they are in memory (format 4; formats 1-3 renumbered them from each lane's oldest row). A
+next-value field (``obs_``) is stored once, as in memory (`flexibuff_envs.chain`): a per-row
+``index`` part and the ``tail`` slots it names, renumbered to the slots in use; masks are bits. Formats 1 (one checksum over everything), 2
 (next values written out row by row, a bool per action) and 3 are still read.
 """
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 import numpy as np
 
 from flexibuff_envs.chain import CHAINED
-from flexibuff_envs.episodes import ALL, Episode
+from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.header import BadHeader, Truncated, parse, stored_range
 from flexibuff_envs.sampling import live_rows
@@ -81,10 +81,14 @@ class _Checksum:
         return self.value
 
 
-def _header(buffer: FlexibleBuffer) -> dict[str, Any]:
+def _ranges(buffer: FlexibleBuffer) -> list[tuple[int, int]]:
+    """Each lane's stored rows ``[lo, hi)``, counted from the lane's first row."""
+    return [stored_range(lane.live_start, lane.written, lane.capacity) for lane in buffer._lanes]
+
+
+def _header(buffer: FlexibleBuffer, ranges: list[tuple[int, int]]) -> dict[str, Any]:
     lanes = []
-    for lane in buffer._lanes:
-        lo, hi = stored_range(lane.live_start, lane.written, lane.capacity)
+    for lane, (lo, hi) in zip(buffer._lanes, ranges):
         lanes.append({
             "written": lane.written,
             "live_start": lane.live_start,
@@ -120,10 +124,10 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
     Rows go from the ring to the file slice by slice, in ring order (so row numbers stay as they
     are): no copy of the buffer is made.
     """
-    segments = [(lane.offset + lo, lane.offset + hi) 
-                for lane in buffer._lanes for lo, hi in [stored_range(lane.live_start, lane.written, lane.capacity)]]
+    ranges = _ranges(buffer)
+    segments = [(lane.offset + lo, lane.offset + hi) for lane, (lo, hi) in zip(buffer._lanes, ranges)]
     rows = sum(hi - lo for lo, hi in segments)
-    header = _header(buffer)
+    header = _header(buffer, ranges)
     fields: list[list[np.ndarray] | Iterator[np.ndarray]] = []
     offset = 0
 
@@ -142,7 +146,7 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
         per_agent = FIELDS[name].per_agent
         add({"name": name, "width": array.shape[-1] if array.ndim > 1 + per_agent else None},
             row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
-    stored = np.concatenate([np.arange(lo, hi) for lo, hi in segments]) if rows else np.zeros(0, np.int64)
+    stored = np.concatenate([np.arange(lo, hi) for lo, hi in segments])
     for name, chain in buffer._storage.chains.items():
         index, tail = chain.extract(stored)  # slots renumbered to the ones in use
         add({"name": name, "part": "index"}, row_shape(chain.index, chain.per_agent), index, [index])
@@ -319,30 +323,28 @@ def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> Flexibl
     try:
         try:
             buffer = cls.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
-                                              gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
-                                              global_reward=False, individual_reward=False)
+                                   gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
+                                   global_reward=False, individual_reward=False)
         except MemoryError:
             file.fail(f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
                       "on this machine")
         buffer.path, buffer.name = header.path, header.name
         buffer.rng.bit_generator.state = header.rng
-        if mmap and all((lane.lo, lane.hi) == (0, header.num_steps) for lane in header.lanes):
+        segments = [(lane.offset + info.lo, lane.offset + info.hi) for lane, info in zip(buffer._lanes, header.lanes)]
+        if mmap and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
             buffer._map(file.path, file.data_start, header.fields)
         else:
-            _read_into(buffer, file, header.fields, [(lane.offset + info.lo, lane.offset + info.hi)
-                                                     for lane, info in zip(buffer._lanes, header.lanes)])
-        for i, (lane, info) in enumerate(zip(buffer._lanes, header.lanes)):
+            _read_into(buffer, file, header.fields, segments)
+        for lane, info in zip(buffer._lanes, header.lanes):
             lane.written = lane.dirty = info.written
             lane.live_start = info.live_start
             # rows below written hold the file's values (or are not live): the rest opens as recorded
-            lane.opened = info.written if info.written < lane.capacity else ALL
-            buffer._storage.opened[i] = min(info.written, lane.capacity)
+            buffer._open(lane, info.written, block=0, fill=False)
             lane.ended.extend(Episode(*episode) for episode in info.ended)
             lane.running = None if info.running is None else Episode(*info.running)
             lane.agent_start = (list(info.agent_start) if info.agent_start is not None else
                                 [info.running[0] if info.running else 0] * buffer.spec.n_agents)
-        problem = data_problem(buffer, [(lane.offset + info.lo, lane.offset + info.hi)
-                                         for lane, info in zip(buffer._lanes, header.lanes)])
+        problem = data_problem(buffer, segments)
         if problem:
             file.fail(f"corrupt: {problem}")
     finally:

@@ -147,13 +147,14 @@ class Storage:
         else:
             array[lo:hi] = self.fill(name)
 
-    def open(self, lane: int, upto: int) -> None:
-        """Rows of ``lane`` up to ``upto`` (from its first) get their fields' allocated values."""
+    def open(self, lane: int, upto: int, *, fill: bool = True) -> None:
+        """Rows of ``lane`` up to ``upto`` (from its first) get their fields' allocated values
+        (``fill=False``: they hold them already)."""
         first = lane * self.lane_rows
         lo, hi = first + self.opened[lane], first + upto
         if hi > lo:
             for name, array in self.arrays.items():
-                if self.fill(name):
+                if fill and self.fill(name):
                     self._fill(array, name, lo, hi)
             self.opened[lane] = upto
 

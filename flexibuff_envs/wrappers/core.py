@@ -72,7 +72,8 @@ _NUMBERS = frozenset({int, float, bool, np.float64, np.float32, np.float16, np.i
 
 def number(value: Any, what: str) -> float:
     """``value`` (a reward) as a float if it is a real number, else `EnvValueError` naming
-    ``what``: text and None are refused, not converted."""
+    ``what``: text and None are refused, not converted. The per-step paths test
+    ``value.__class__ in _NUMBERS`` first and call this only for other types."""
     if isinstance(value, numbers.Real) or (isinstance(value, np.ndarray) and value.shape == ()
                                            and value.dtype.kind in "biuf"):
         return float(value)
@@ -364,7 +365,7 @@ class LaneRecorder:
             self.last[index] = last = -1
         if last < 0:
             self.slots[index].begin(obs_, info)
-            self.carry[index] += float(reward)
+            self.carry[index] += reward
             return
         slot = self.slots[index]
         slot.replace(obs_, info)
