@@ -13,7 +13,7 @@ import numpy as np
 from flexibuff_envs import chunk, io
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
-from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows
+from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
@@ -493,7 +493,7 @@ class FlexibleBuffer(Sampling):
     @property
     def n_episodes(self) -> int:
         """Ended episodes held whole."""
-        return sum(1 for lane in self._lanes for e in lane.ended if e.whole)
+        return len(whole_episodes(self._lanes))
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -537,7 +537,7 @@ class FlexibleBuffer(Sampling):
 
     def episode_stats(self) -> dict[str, np.ndarray]:
         """Per ended whole episode, in recording order: ``lengths [E]`` and ``returns [E, n_agents]``."""
-        episodes = [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]
+        episodes = whole_episodes(self._lanes)
         rewards = self._storage.ensure("individual_rewards")
         returns = [rewards[:, lane.rows(e)].sum(axis=1) for lane, e in episodes]
         return {

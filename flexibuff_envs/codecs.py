@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from flexibuff_envs.errors import EnvValueError, UnsupportedSpaceError
+from flexibuff_envs.errors import EnvValueError, UnsupportedSpaceError, short_repr
 
 #: Box dtypes stored as they come: images stay one byte per value.
 COMPACT_DTYPES = (np.dtype(bool), np.dtype(np.uint8), np.dtype(np.int8))
@@ -104,15 +104,10 @@ def box_value(value: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
     NaN and infinities are kept as given."""
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
-        raise EnvValueError(f"{where}: expected numbers of shape {shape}, got {_show(value)}")
+        raise EnvValueError(f"{where}: expected numbers of shape {shape}, got {short_repr(value)}")
     if array.shape != shape:
-        raise EnvValueError(f"{where}: expected shape {shape}, got shape {array.shape} ({_show(value)})")
+        raise EnvValueError(f"{where}: expected shape {shape}, got shape {array.shape} ({short_repr(value)})")
     return array
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @_obs_codec.register

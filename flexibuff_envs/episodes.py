@@ -165,6 +165,11 @@ class Lane:
         return self.written - self.live_start
 
 
+def whole_episodes(lanes: list[Lane]) -> list[tuple[Lane, Episode]]:
+    """Every ended whole episode with its lane, lane by lane, oldest first."""
+    return [(lane, e) for lane in lanes for e in lane.ended if e.whole]
+
+
 def episode_rows(episodes: list[tuple[Lane, Episode]]) -> tuple[np.ndarray, np.ndarray]:
     """The rows of ``episodes`` back to back, each in time order, and the position in them of
     each episode's last row."""

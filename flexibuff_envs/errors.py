@@ -45,6 +45,12 @@ def positive_int(name: str, value: object) -> int:
     return int(value)
 
 
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about values from outside."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def plain_dtype(name: str, value: object) -> np.dtype:
     """``value`` as a numpy dtype, or ValueError naming ``name`` unless it is a plain bool,
     integer or float dtype of at most 8 bytes: a buffer holds numbers, never Python objects."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.errors import plain_dtype
+from flexibuff_envs.errors import plain_dtype, short_repr
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage
 
@@ -68,10 +68,6 @@ class Header:
     fields: list[dict[str, Any]]
     log_prob_width: int
 
-    @property
-    def stored_rows(self) -> int:
-        return sum(lane.hi - lane.lo for lane in self.lanes)
-
 
 def stored_range(live_start: int, written: int, capacity: int) -> tuple[int, int]:
     """The rows ``[lo, hi)`` of a lane (counted from its first) a file holds: the live ones as
@@ -86,26 +82,21 @@ def stored_range(live_start: int, written: int, capacity: int) -> tuple[int, int
 # ----------------------------------------------------------------------------- values
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _int(value: Any, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadHeader(f"{what} must be an integer in [{lo}, {hi}], got {_show(value)}")
+        raise BadHeader(f"{what} must be an integer in [{lo}, {hi}], got {short_repr(value)}")
     return value
 
 
 def _fraction(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise BadHeader(f"{what} must be a number in [0, 1], got {_show(value)}")
+        raise BadHeader(f"{what} must be a number in [0, 1], got {short_repr(value)}")
     return float(value)
 
 
 def _of(value: Any, kind: type, what: str) -> Any:
     if not isinstance(value, kind):
-        raise BadHeader(f"{what} must be a JSON {kind.__name__}, got {_show(value)}")
+        raise BadHeader(f"{what} must be a JSON {kind.__name__}, got {short_repr(value)}")
     return value
 
 
@@ -129,7 +120,7 @@ def _ints(value: Any, what: str, lo: int, hi: int, length: int | None = None) ->
 
 def _dtype(value: Any, what: str) -> str:
     if not isinstance(value, str):
-        raise BadHeader(f"{what} must be a dtype name, got {_show(value)}")
+        raise BadHeader(f"{what} must be a dtype name, got {short_repr(value)}")
     try:
         return plain_dtype(what, value).name
     except ValueError as exc:
@@ -155,7 +146,7 @@ def _spec(value: Any) -> BufferSpec:
     n_agents = _int(data["n_agents"], "spec n_agents", 1, MAX_AGENTS)
     ids = _of(data["agent_ids"], list, "spec agent_ids")
     if len(ids) != n_agents or not all(isinstance(a, str) for a in ids):
-        raise BadHeader(f"spec agent_ids must be {n_agents} names, got {_show(ids)}")
+        raise BadHeader(f"spec agent_ids must be {n_agents} names, got {short_repr(ids)}")
     cards = _ints(data.get("discrete_action_cardinalities", []), "spec discrete_action_cardinalities", 1, MAX_WIDTH)
     state = data.get("state_size")
     categories = _ints(data.get("obs_categories", []), "spec obs_categories", 1, MAX_WIDTH)
@@ -197,7 +188,7 @@ def _spec(value: Any) -> BufferSpec:
 def _rng(value: Any) -> dict[str, Any]:
     data = _keys(value, "rng", {"bit_generator", "state", "has_uint32", "uinteger"})
     if data["bit_generator"] != "PCG64":
-        raise BadHeader(f"rng bit_generator must be 'PCG64', got {_show(data['bit_generator'])}")
+        raise BadHeader(f"rng bit_generator must be 'PCG64', got {short_repr(data['bit_generator'])}")
     state = _keys(data["state"], "rng state", {"state", "inc"})
     for key in ("state", "inc"):
         _int(state[key], f"rng state {key}", 0, (1 << 128) - 1)
@@ -209,7 +200,7 @@ def _rng(value: Any) -> dict[str, Any]:
 def _episode(value: Any, what: str) -> tuple[int, int, bool]:
     items = _of(value, list, what)
     if len(items) != 3 or not isinstance(items[2], bool):
-        raise BadHeader(f"{what} must be [start, end, whole], got {_show(items)}")
+        raise BadHeader(f"{what} must be [start, end, whole], got {short_repr(items)}")
     return _int(items[0], f"{what} start", 0, MAX_POSITION), _int(items[1], f"{what} end", 0, MAX_POSITION), items[2]
 
 
@@ -250,10 +241,10 @@ def _field_meta(value: Any, k: int, version: int) -> dict[str, Any]:
     meta = _keys(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
     name = meta["name"]
     if not isinstance(name, str) or name not in FIELDS:
-        raise BadHeader(f"field {k} has an unknown name {_show(name)}")
+        raise BadHeader(f"field {k} has an unknown name {short_repr(name)}")
     part = meta.get("part")
     if part is not None and (part not in ("index", "tail") or name not in NEXT or version < 3):
-        raise BadHeader(f"field {k} ({name}) has an unknown part {_show(part)}")
+        raise BadHeader(f"field {k} ({name}) has an unknown part {short_repr(part)}")
     return meta
 
 
@@ -262,9 +253,8 @@ def _expected(storage: Storage, meta: dict[str, Any], version: int) -> tuple[np.
     name, part = meta["name"], meta.get("part")
     if part == "index":
         return np.dtype(np.int32), storage.shape(name)[:-1] if FIELDS[name].width else storage.shape(name)
-    base = NEXT.get(name, name) if part == "tail" else name
     if part == "tail":
-        return storage.dtype(base), None
+        return storage.dtype(NEXT[name]), None
     if name in MASKS and version <= 2:  # a bool per action
         shape = storage.shape(name)[:-1] + (sum(storage.spec.discrete_action_cardinalities),)
         return np.dtype(bool), shape
@@ -293,7 +283,7 @@ def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: i
         what = f"field {meta['name']!r}" + (f" ({meta['part']})" if meta.get("part") else "")
         dtype, shape = _expected(storage, meta, version)
         if meta["dtype"] != dtype.str:
-            raise BadHeader(f"{what} has dtype {_show(meta['dtype'])}; this buffer's layout stores {dtype.str}")
+            raise BadHeader(f"{what} has dtype {short_repr(meta['dtype'])}; this buffer's layout stores {dtype.str}")
         given = _ints(meta["shape"], f"{what} shape", 0, MAX_ROWS)
         if shape is None:  # a tail store: its slots (slot 0 first) of the base's width
             shape = (given[0] if given and given[0] >= 1 else -1, storage.shape(NEXT[meta["name"]])[-1])
@@ -323,10 +313,10 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         raise BadHeader(f"nested deeper than {MAX_DEPTH} levels")
     data = _keys(data, "the header", _TOP | ({"data_bytes"} if version >= 2 else set()), frozenset({"gae_lambda"}))
     if version >= 2 and data["data_bytes"] != data_bytes:
-        raise Truncated(f"truncated: the header describes {_show(data['data_bytes'])} bytes of arrays but the file "
+        raise Truncated(f"truncated: the header describes {short_repr(data['data_bytes'])} bytes of arrays but the file "
                         f"holds {data_bytes}")
     if data["format"] != "flexibuff_envs buffer":
-        raise BadHeader(f"format is {_show(data['format'])}, not 'flexibuff_envs buffer'")
+        raise BadHeader(f"format is {short_repr(data['format'])}, not 'flexibuff_envs buffer'")
     spec = _spec(data["spec"])
     num_steps = _int(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
     lanes = [_lane(v, i, version, num_steps, spec.n_agents) for i, v in

@@ -9,7 +9,7 @@ import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.chain import TakeMode
-from flexibuff_envs.episodes import Lane
+from flexibuff_envs.episodes import Lane, whole_episodes
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.storage import FIELDS, MASKS, one_hot, unpack_mask
 
@@ -217,7 +217,7 @@ class Sampling:
         >>> [len(e) for e in buffer.episodes()]  # doctest: +SKIP
         [23, 17, 41]
         """
-        for owner, episode in [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]:
+        for owner, episode in whole_episodes(self._lanes):
             yield self.gather(owner.rows(episode), as_torch=as_torch, device=device)
 
     def sample_episodes(
@@ -232,7 +232,7 @@ class Sampling:
         Draws ``n_episodes`` distinct episodes, or (when None) random episodes while their total
         length fits ``max_batch_size`` (at least one, never cut). The list is in recording order.
         """
-        pool = [(lane, e) for lane in self._lanes for e in lane.ended if e.whole]
+        pool = whole_episodes(self._lanes)
         want = 1 if n_episodes is None else positive_int("n_episodes", n_episodes)
         if want > len(pool):
             raise EmptyBufferError(f"sample_episodes: asked for {want} whole episodes but the "
@@ -283,8 +283,6 @@ class Sampling:
         """
         self._require("minibatches")
         batch_size = positive_int("batch_size", batch_size)
-        if fields is not None:
-            fields = checked_fields(fields)
         rows = live_rows(self._lanes)
         if shuffle:
             rows = self.rng.permutation(rows)

@@ -98,8 +98,7 @@ def _default_capacity(spec: fe.BufferSpec, steps: int | None) -> int:
 def _longest_episode(env: Any) -> int | None:
     """The most rows an episode of ``env`` can take, where the env says (a Gymnasium time limit,
     a PettingZoo env's ``max_cycles``), else None."""
-    spec = getattr(env, "spec", None)
-    limit = getattr(spec, "max_episode_steps", None) if spec is not None and not callable(spec) else None
+    limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
     unwrapped = getattr(env, "unwrapped", env)
     return limit if isinstance(limit, int) else getattr(unwrapped, "max_cycles", None)
 

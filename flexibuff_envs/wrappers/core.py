@@ -17,7 +17,7 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
-from flexibuff_envs.errors import EnvValueError, SpecMismatchError
+from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import mask_bytes, pack_mask
@@ -77,7 +77,7 @@ def number(value: Any, what: str) -> float:
     if isinstance(value, numbers.Real) or (isinstance(value, np.ndarray) and value.shape == ()
                                            and value.dtype.kind in "biuf"):
         return float(value)
-    raise EnvValueError(f"{what} must be a number, got {value!r}")
+    raise EnvValueError(f"{what} must be a number, got {short_repr(value)}")
 
 
 def _flat_mask(mask: Any) -> Any:
