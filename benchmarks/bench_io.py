@@ -7,7 +7,10 @@ save), ``cp`` of the file it wrote, and ``cp`` followed by ``sync`` of the copy;
 a bare read of the same file into fresh memory (one ``readinto``); and ``load(mmap=True)``. The file
 is in the page cache, as after a save, unless ``--cold`` (needs root) drops the cache before each
 read so that they read the disk; medians over the rounds.
+With ``--episodes N`` it times instead the opening of a file that lists N two-step episodes
+(the header is parsed and checked whole, then each episode indexed): load and load(mmap=True).
 Run: python benchmarks/bench_io.py [--gib 1.0] [--rounds 5] [--dir DIR] [--cold]
+     python benchmarks/bench_io.py --episodes 200000
 """
 
 from __future__ import annotations
@@ -77,13 +80,31 @@ def seconds(fn: Callable[[], object], cold: bool = False) -> float:
     return time.perf_counter() - start
 
 
+def many_episodes(n: int, rounds: int) -> None:
+    buffer = fe.FlexibleBuffer(2 * n, 4, [2], individual_reward=True)
+    for _ in range(n):
+        buffer.begin_episode()
+        buffer.claim_row()
+        buffer.claim_row()
+        buffer.end_episode()
+    with tempfile.TemporaryDirectory() as directory:
+        path = buffer.save(os.path.join(directory, "episodes.fbuf"))
+        for mmap in (False, True):
+            median = statistics.median(seconds(lambda mmap=mmap: fe.FlexibleBuffer.load(path, mmap=mmap)) for _ in range(rounds))
+            print(f"load(mmap={mmap}) of {n:,} episodes: {median:.2f} s, {median / n * 1e6:.2f} us an episode")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", default=None, help="where the files go (default: a temporary directory)")
     parser.add_argument("--cold", action="store_true", help="read from disk, not the page cache (root only)")
+    parser.add_argument("--episodes", type=int, default=0, help="time opening a file of this many episodes")
     args = parser.parse_args()
+    if args.episodes:
+        many_episodes(args.episodes, args.rounds)
+        return
     buffer = filled_buffer(args.gib)
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         path, copy = os.path.join(directory, "run.fbuf"), os.path.join(directory, "copy.fbuf")

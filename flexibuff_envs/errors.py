@@ -47,7 +47,10 @@ def positive_int(name: str, value: object) -> int:
 
 def short_repr(value: object, limit: int = 80) -> str:
     """``repr(value)`` cut to ``limit`` characters, for messages about values from outside."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # nested deeper than repr goes (a crafted file's JSON)
+        return f"a {type(value).__name__} nested too deep to show"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -26,8 +26,6 @@ MAX_ROWS = 1 << 40
 MAX_WIDTH = 1 << 31
 MAX_AGENTS = 1 << 16
 MAX_POSITION = 1 << 62
-#: JSON nesting deeper than any header has (a deeper one would exhaust the parser's stack)
-MAX_DEPTH = 8
 #: fields every buffer allocates when made, so every file holds them
 REQUIRED = ("obs", "terminated", "truncated", "active", "G")
 
@@ -127,13 +125,6 @@ def _dtype(value: Any, what: str) -> str:
         raise BadHeader(str(exc)) from None
 
 
-def _depth(value: Any, level: int = 0) -> int:
-    if level > MAX_DEPTH:
-        return level
-    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-    return max((_depth(child, level + 1) for child in children), default=level)
-
-
 # ----------------------------------------------------------------------------- parts
 
 
@@ -204,6 +195,30 @@ def _episode(value: Any, what: str) -> tuple[int, int, bool]:
     return _int(items[0], f"{what} start", 0, MAX_POSITION), _int(items[1], f"{what} end", 0, MAX_POSITION), items[2]
 
 
+def _ended(value: Any, what: str, live_start: int, written: int) -> tuple[list[tuple[int, int, bool]], int]:
+    """The ended episodes, each ``[start, end, whole]``, checked to tile the positions from
+    ``live_start`` on in a few numpy passes (a file may list hundreds of thousands); and where
+    the last one ends."""
+    items = _of(value, list, f"{what} ended")
+    if not items:
+        return [], live_start
+    try:
+        table = np.array(items)
+    except (ValueError, TypeError, OverflowError):  # ragged, or not numbers
+        table = np.zeros(0)
+    if table.dtype.kind not in "ib" or table.shape != (len(items), 3):
+        raise BadHeader(f"{what} ended must list [start, end, whole] integers, got {short_repr(items)}")
+    starts, ends, whole = table.T.astype(np.int64)
+    previous = np.concatenate([[live_start], ends[:-1]])
+    bad = (starts != previous) | (starts >= ends) | (ends > written) | (whole < 0) | (whole > 1)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise BadHeader(f"{what} episode {k} starts at {starts[k]} and ends at {ends[k]}: it is empty, does not "
+                        f"start where the one before ended ({previous[k]}), lies past the recorded positions "
+                        f"[{live_start}, {written}) or is not marked whole or not")
+    return list(zip(starts.tolist(), ends.tolist(), whole.astype(bool).tolist())), int(ends[-1])
+
+
 def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> LaneInfo:
     what = f"lane {i}"
     if version >= 4:
@@ -220,15 +235,9 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
         data = _keys(value, what, {"size", "ended", "running"})
         written = _int(data["size"], f"{what} size", 0, capacity)
         live_start, lo, hi, agent_start = 0, 0, written, None
-    ended = [_episode(e, f"{what} episode {k}") for k, e in enumerate(_of(data["ended"], list, f"{what} ended"))]
-    running = None if data["running"] is None else _episode(data["running"], f"{what} running episode")
     # the episodes tile the recorded positions: each starts where the one before ended
-    previous = live_start
-    for k, (start, end, _) in enumerate(ended):
-        if not previous == start < end <= written:
-            raise BadHeader(f"{what} episode {k} [{start}, {end}) is empty, does not start where the one "
-                            f"before ended ({previous}) or lies past the recorded positions [{live_start}, {written})")
-        previous = end
+    ended, previous = _ended(data["ended"], what, live_start, written)
+    running = None if data["running"] is None else _episode(data["running"], f"{what} running episode")
     if running is not None and not previous == running[0] <= running[1] == written:
         raise BadHeader(f"{what} running episode [{running[0]}, {running[1]}) does not run from the last "
                         f"ended one ({previous}) to the newest position {written}")
@@ -309,8 +318,6 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         data = json.loads(blob)
     except (ValueError, RecursionError) as exc:
         raise BadHeader(f"not JSON ({type(exc).__name__})") from None
-    if _depth(data) > MAX_DEPTH:
-        raise BadHeader(f"nested deeper than {MAX_DEPTH} levels")
     data = _keys(data, "the header", _TOP | ({"data_bytes"} if version >= 2 else set()), frozenset({"gae_lambda"}))
     if version >= 2 and data["data_bytes"] != data_bytes:
         raise Truncated(f"truncated: the header describes {short_repr(data['data_bytes'])} bytes of arrays but the file "

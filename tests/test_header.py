@@ -41,13 +41,15 @@ def parts(raw: bytes) -> tuple[int, Header, bytes, int]:
 
 NULL = object()  # a change that makes the header JSON null
 NESTED = "[" * 5000 + "]" * 5000  # deeper than Python's JSON parser can go
+NEARLY = "[" * 900 + "]" * 900  # as deep as the parser goes, deeper than numpy's dimensions
 
 
 def build(header: Header | Any, data: bytes, *, version: int = 4, data_crc: int | None = None) -> bytes:
     """A file with this header and arrays, its checksums right (the header's data_bytes too)."""
     if isinstance(header, dict) and "data_bytes" in header:
         header["data_bytes"] = len(data)
-    blob = json.dumps(None if header is NULL else header).replace('"NESTED"', NESTED).encode()
+    blob = json.dumps(None if header is NULL else header).replace('"NESTED"', NESTED).replace('"NEARLY"', NEARLY)
+    blob = blob.encode()
     prefix = struct.pack("<8sIQ", b"FLEXIBUF", version, len(blob)) + blob
     prefix += b"\0" * (-len(prefix) % 64)
     crc = zlib.crc32(data) if data_crc is None else data_crc
@@ -82,6 +84,8 @@ CRAFTED: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the 
     "overlapping arrays": (lambda h: field(h, "G").update(offset=0), "offset"),
     "negative written": (lambda h: lane(h).update(written=-5), "written"),
     "deep nesting": (lambda h: h.update(path="NESTED"), "JSON|nested"),
+    "nesting the parser takes, as a path": (lambda h: h.update(path="NEARLY"), "path"),
+    "nesting the parser takes, as episodes": (lambda h: lane(h).update(ended="NEARLY"), "ended"),
     "bad rng state": (lambda h: h["rng"]["state"].update(state="x"), "rng"),
     "huge rng state": (lambda h: h["rng"]["state"].update(state=1 << 200), "rng"),
     "lane larger than num_steps": (lambda h: h.update(num_steps=10), "live_start|rows"),
