@@ -87,3 +87,15 @@ def test_vector_annotations_and_feedback_are_per_sub_env() -> None:
         env.annotate(values=1.0)
     env.buffer.finish_path(np.array([0.5, 0.25]))
     assert not np.isnan(env.buffer.sample_transitions(idx=np.array([0, 50])).G).any()
+
+
+def test_vector_recorders_claim_a_lane_per_sub_env_of_a_shared_buffer() -> None:
+    spec = fe.infer_spec(gym.make("CartPole-v1"))
+    shared = fe.FlexibleBuffer.from_spec(spec, num_steps=50, n_envs=4)
+    first = fe.record(gym.make_vec("CartPole-v1", num_envs=2), buffer=shared)
+    second = fe.record(gym.make_vec("CartPole-v1", num_envs=2), buffer=shared)
+    assert [lane.lane for lane in first._lanes] == [0, 1] and [lane.lane for lane in second._lanes] == [2, 3]
+    with pytest.raises(fe.SpecMismatchError, match="needs 2"):
+        fe.record(gym.make_vec("CartPole-v1", num_envs=2), buffer=shared)
+    first.close()
+    assert [lane.lane for lane in fe.record(gym.make_vec("CartPole-v1", num_envs=2), buffer=shared)._lanes] == [0, 1]

@@ -392,3 +392,32 @@ def test_an_agent_sitting_out_longer_than_the_ring_touches_no_other_row() -> Non
     b = env.possible_agents.index("b")
     assert not batch.active[b].any()  # its one row was forgotten
     assert not (batch.terminated[b] | batch.truncated[b]).any()
+
+
+def test_feedback_counts_an_agents_own_transitions() -> None:
+    """add_feedback(step=k) is the agent's k-th transition, whatever steps it sat out."""
+    spawn, end, plan = SCRIPTS["b sits out a step"]
+    env = fe.record(ScriptedParallel(spawn, end), num_steps=50)
+    env.reset(seed=0)
+    for actions in plan[:3]:  # b acts at rows 0 and 2, sits out row 1
+        env.step(actions)
+    env.add_feedback(1.0, agent="b", step=1)
+    env.add_feedback(0.5, agent="b", step=-2)
+    b = env.possible_agents.index("b")
+    batch = env.buffer.sample_transitions(idx=np.arange(3))
+    np.testing.assert_array_equal(batch.individual_auxiliary_rewards[b], [0.5, 0.0, 1.0])
+
+
+def test_pettingzoo_recorders_share_a_buffer_a_lane_each_and_free_it_when_closed() -> None:
+    spec = fe.record(simple_spread_v3.parallel_env()).buffer_spec
+    shared = fe.FlexibleBuffer.from_spec(spec, num_steps=100, n_envs=2)
+    first, second = (fe.record(simple_spread_v3.parallel_env(max_cycles=5), buffer=shared) for _ in range(2))
+    with pytest.raises(fe.SpecMismatchError, match="n_envs"):
+        fe.record(simple_spread_v3.parallel_env(), buffer=shared)
+    for env, seed in ((first, 0), (second, 1)):
+        env.reset(seed=seed)
+        while env.agents:
+            env.step({a: env.action_space(a).sample() for a in env.agents})
+    assert shared.n_episodes == 2 and {int(e.idx[0]) // 100 for e in shared.episodes()} == {0, 1}
+    first.close()
+    assert fe.record(simple_spread_v3.parallel_env(), buffer=shared)._recorder.lane == 0
