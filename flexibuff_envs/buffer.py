@@ -15,7 +15,7 @@ from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
-from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
+from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, one_hot, pack_mask
@@ -113,10 +113,15 @@ class FlexibleBuffer(Sampling):
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
         self.rng = np.random.default_rng(seed)
-        self._storage = Storage(self.spec, self.num_steps * self.spec.n_envs, lanes=self.spec.n_envs,
-                                log_prob_continuous=int(log_prob_continuous))
-        self._lanes = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents, self._open)
-                       for i in range(self.spec.n_envs)]
+        self._store = Storage(self.spec, self.num_steps * self.spec.n_envs, lanes=self.spec.n_envs,
+                              log_prob_continuous=int(log_prob_continuous))
+        self._ring = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents, self._open)
+                      for i in range(self.spec.n_envs)]
+        # batch writers (`BatchRecorder`) keep their lanes' positions and ended episodes to
+        # themselves while they record; anything that reads the buffer commits them first
+        self._batched: list[Any] = []
+        self._uncommitted = False
+        self._version = 0  # grows whenever the lanes are read (and so may change) from outside
         # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
         self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
         wanted = {
@@ -137,6 +142,27 @@ class FlexibleBuffer(Sampling):
         for next_field, base in NEXT.items():
             if base in self._storage.arrays:
                 self._storage.chain(next_field)
+
+    @property
+    def _storage(self) -> Storage:
+        """The arrays, with every step a batch writer holds committed."""
+        if self._uncommitted:
+            self._commit()
+        return self._store
+
+    @property
+    def _lanes(self) -> list[Lane]:
+        """The lanes, with every step a batch writer holds committed; a batch writer reads them
+        again before its next step."""
+        if self._uncommitted:
+            self._commit()
+        self._version += 1
+        return self._ring
+
+    def _commit(self) -> None:
+        self._uncommitted = False
+        for writer in self._batched:
+            writer.commit()
 
     @classmethod
     def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:
@@ -199,6 +225,8 @@ class FlexibleBuffer(Sampling):
 
     def release_lanes(self, writer: object) -> None:
         """The lanes ``writer`` claimed are free again (its env was closed)."""
+        self._commit()
+        self._batched = [batch for batch in self._batched if batch.owner() not in (writer, None)]
         self._writers = [None if ref is not None and ref() is writer else ref for ref in self._writers]
 
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
@@ -444,6 +472,31 @@ class FlexibleBuffer(Sampling):
                 own = all_rows[skipped:][mine]
             if acted:
                 self._store_returns(slice(agent, agent + 1), own, boot_)
+
+    def _write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                           bootstrap: np.ndarray) -> None:
+        """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
+        pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
+        lengths = ends - starts
+        total = int(lengths.sum())
+        if total == 0:
+            return
+        first = np.cumsum(lengths) - lengths
+        which = np.repeat(np.arange(lengths.size), lengths)
+        positions = starts[which] + np.arange(total) - first[which]
+        rows = lanes[which] * self.num_steps + positions % self.num_steps
+        last = np.zeros(total, dtype=bool)
+        last[first + lengths - 1] = True
+        arrays = self._store.arrays
+        rewards = arrays["individual_rewards"][0, rows].astype(np.float64)
+        boot = np.zeros(total)
+        boot[last] = bootstrap
+        arrays["G"][0, rows] = segmented_scan(rewards + self.gamma * boot, self.gamma, last)
+        if "values" in arrays:
+            advantages, value_targets = gae(rewards, arrays["values"][0, rows], last, self.gamma,
+                                            self.gae_lambda, boot)
+            self._column("advantages")[0, rows] = advantages
+            self._column("returns")[0, rows] = value_targets
 
     def _store_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None) -> None:
         """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition

@@ -46,7 +46,7 @@ class Chain:
         self._free = np.empty(len(self.tail), dtype=np.int32)  # a stack of free slots
         self._n_free = 0
         self.fresh = 1 if tail is None else len(tail)  # slots [fresh, len(tail)) were never used
-        self.holders: weakref.WeakSet[Held] = weakref.WeakSet()
+        self.holders: weakref.WeakSet[Held | HeldBatch] = weakref.WeakSet()
 
     # ----------------------------------------------------------------- slots
 
@@ -80,9 +80,9 @@ class Chain:
         self._free[self._n_free:self._n_free + slots.size] = slots
         self._n_free += slots.size
 
-    def reserve(self) -> np.ndarray:
-        """Two zeroed slots for a `Held`, never given back by `forget`."""
-        slots = self.alloc(2)
+    def reserve(self, n: int = 2) -> np.ndarray:
+        """``n`` zeroed slots for a `Held` (two) or a `HeldBatch`, never given back by `forget`."""
+        slots = self.alloc(n)
         self.reserved[slots] = True
         self.tail[slots] = 0
         return slots
@@ -306,3 +306,66 @@ class Held:
         if chained:  # the previous row reads its next value from the held slot again
             self.index[pending] = self.held
         self.pending = pending if chained else -1  # else that row kept a slot of its own
+
+
+class HeldBatch:
+    """`Held` for ``n`` single-agent lanes at once: one numpy operation per step for all of them.
+
+    The recorder guarantees what `Held.write` tests row by row: a lane's next write lands in the
+    lane's next row, so its pending row is always chained then. Values are checked before they
+    get here (whole batches are refused or taken).
+    """
+
+    def __init__(self, chain: Chain, agent: int | None, n: int) -> None:
+        self.chain = chain
+        self.base = chain.base[agent] if agent is not None else chain.base
+        self.index = chain.index[agent] if agent is not None else chain.index
+        slots = chain.reserve(2 * n)
+        self.held, self.spare = slots[:n], slots[n:]
+        self.pending = np.full(n, -1, dtype=np.int64)  # per lane, as `Held.pending`
+        self._all_pending = False  # every lane has a pending row: no test before chaining
+        chain.holders.add(self)
+
+    def bind(self) -> None:
+        """Nothing to rebind: the tail store is read from the chain at each write."""
+
+    def release(self, rows: np.ndarray | None = None) -> None:
+        """As `Held.release`, for every lane whose pending row is among ``rows`` (None: all)."""
+        self.pending[slice(None) if rows is None else np.isin(self.pending, rows)] = -1
+        self._all_pending = False
+
+    def hold(self, lanes: np.ndarray, values: np.ndarray) -> None:
+        """Lanes ``lanes`` (indices) hold ``values`` (``[k, width]``, from a reset) for their next row."""
+        pending = self.pending[lanes]
+        settle = pending >= 0
+        if settle.any():  # the pending rows keep the values held till now in slots of their own
+            slots = self.chain.alloc(int(settle.sum()))
+            self.chain.tail[slots] = self.chain.tail[self.held[lanes[settle]]]
+            self.index[pending[settle]] = slots
+        self.chain.tail[self.held[lanes]] = values
+        self.pending[lanes] = -1
+        self._all_pending = False
+
+    def value(self, lane: int) -> np.ndarray:
+        """What lane ``lane`` holds (a copy)."""
+        return self.chain.tail[self.held[lane]].copy()
+
+    def write(self, rows: np.ndarray, values: np.ndarray, stepping: np.ndarray | None = None) -> None:
+        """``base[rows]`` = what each lane holds; ``values`` are those rows' next values and are
+        held next. With ``stepping`` (a bool mask), the other lanes change nothing that counts:
+        their row (the next one they will claim, not recorded yet) gets values that their next
+        write replaces, and they keep what they hold."""
+        tail = self.chain.tail
+        held, spare, pending = self.held, self.spare, self.pending
+        tail[spare] = values
+        self.base[rows] = tail[held]
+        if stepping is None:
+            self.index[pending if self._all_pending else pending[pending >= 0]] = CHAINED
+            self.index[rows] = spare
+            self.held, self.spare, self.pending = spare, held, rows.copy()  # rows is shared
+            self._all_pending = True
+            return
+        self.index[np.where(stepping & (pending >= 0), pending, rows)] = CHAINED
+        self.index[rows] = spare
+        self.held, self.spare = np.where(stepping, spare, held), np.where(stepping, held, spare)
+        self.pending = np.where(stepping, rows, pending)

@@ -48,13 +48,18 @@ class ObsCodec:
     indices: Callable[[Any], np.ndarray] | None = None
     #: what the space is, for errors ("observation space of agent 'a'")
     where: str = "observation space"
+    #: values of a vector env (``[n, ...]``, one per sub-env) -> ``[n, size]`` rows in one numpy
+    #: operation, checked; None: the space's values are flattened one by one
+    batch: Callable[[Any], np.ndarray] | None = None
+    #: `batch` of the category indices (`indices` for a whole batch)
+    batch_indices: Callable[[Any], np.ndarray] | None = None
 
     def compact(self) -> ObsCodec:
         """The codec storing this space's category indices instead of its one-hot flattening."""
         assert self.indices is not None, "compact() is only asked of codecs with categories"
         k = len(self.categories)
         return dataclasses.replace(self, size=k, dtype=index_dtype(self.categories), shape=(k,),
-                                   flatten=self.indices, direct=False)
+                                   flatten=self.indices, direct=False, batch=self.batch_indices)
 
     def row_view(self, store: np.ndarray) -> np.ndarray | None:
         """``store`` (``[rows, size]``) seen as ``[rows, *shape]`` for direct assignment of Box
@@ -110,12 +115,29 @@ def box_value(value: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
     return array
 
 
+def numbers_batch(values: Any, shape: tuple[int, ...], kinds: str, where: str) -> np.ndarray:
+    """``values`` of a vector env: an array ``[n, *shape]`` of numbers of ``kinds``, else
+    `EnvValueError` naming ``where``."""
+    if values.__class__ is not np.ndarray or values.dtype.kind not in kinds:
+        values = np.asarray(values)
+        if values.dtype.kind not in kinds:
+            raise EnvValueError(f"{where}: expected numbers of shape {shape} per sub-env, got {short_repr(values)}")
+    if values.shape[1:] != shape:
+        raise EnvValueError(f"{where}: expected shape {shape} per sub-env, got shape {values.shape[1:]}")
+    return values
+
+
 @_obs_codec.register
 def _(space: spaces.Box, where: str) -> ObsCodec:
     dtype = space.dtype if space.dtype in COMPACT_DTYPES else np.dtype(np.float32)
     size = int(math.prod(space.shape))
     shape = tuple(space.shape)
-    return ObsCodec(size, dtype, shape, lambda x: box_value(x, shape, where).reshape(-1), True, where=where)
+
+    def batch(values: Any) -> np.ndarray:
+        return numbers_batch(values, shape, "biuf", where).reshape(-1, size)
+
+    return ObsCodec(size, dtype, shape, lambda x: box_value(x, shape, where).reshape(-1), True, where=where,
+                    batch=batch)
 
 
 def index_dtype(categories: tuple[int, ...]) -> np.dtype:
@@ -146,7 +168,11 @@ def _(space: spaces.Discrete, where: str) -> ObsCodec:
     def indices(value: Any) -> np.ndarray:
         return np.array([int(value) - shift])
 
-    return dataclasses.replace(_flattened(space, where), categories=(int(space.n),), indices=indices)
+    def batch_indices(values: Any) -> np.ndarray:
+        return (numbers_batch(values, (), "iu", where) - shift).reshape(-1, 1)
+
+    return dataclasses.replace(_flattened(space, where), categories=(int(space.n),), indices=indices,
+                               batch_indices=batch_indices)
 
 
 @_obs_codec.register
@@ -156,8 +182,12 @@ def _(space: spaces.MultiDiscrete, where: str) -> ObsCodec:
     def indices(value: Any) -> np.ndarray:
         return np.asarray(value).reshape(-1) - shift
 
+    def batch_indices(values: Any) -> np.ndarray:
+        return numbers_batch(values, tuple(space.shape), "iu", where).reshape(-1, shift.size) - shift
+
     categories = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
-    return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices)
+    return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices,
+                               batch_indices=batch_indices)
 
 
 _obs_codec.register(spaces.MultiBinary, _flattened)
@@ -197,6 +227,9 @@ class ActionCodec:
     encode: Callable[[Any], tuple[np.ndarray, np.ndarray]]
     #: builds the fastest writer for this space: (discrete store, continuous store) -> writer
     make_writer: Callable[[np.ndarray, np.ndarray], RowWriter] | None = None
+    #: writes a vector env's actions (one per sub-env) into rows of the two stores in one numpy
+    #: operation: (discrete store, continuous store, rows, actions); None: one by one
+    write_batch: Callable[[np.ndarray, np.ndarray, np.ndarray, Any], None] | None = None
 
     def writer(self, discrete: np.ndarray, continuous: np.ndarray) -> RowWriter:
         """A function writing one action into row ``p`` of the two stores."""
@@ -242,7 +275,11 @@ def _(space: spaces.Discrete, where: str) -> ActionCodec:
     def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.array([int(action) - start], dtype=np.int64), _NO_FLOATS
 
-    return ActionCodec((int(space.n),), (start,), 0, encode, make_writer)
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, rows: np.ndarray, actions: Any) -> None:
+        values = numbers_batch(actions, (), "biu", where)
+        discrete[rows, 0] = values - start if start else values
+
+    return ActionCodec((int(space.n),), (start,), 0, encode, make_writer, write_batch)
 
 
 @_action_codec.register
@@ -281,7 +318,10 @@ def _(space: spaces.Box, where: str) -> ActionCodec:
     def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
         return _NO_INTS, np.asarray(action, dtype=np.float32).reshape(-1)
 
-    return ActionCodec((), (), int(math.prod(shape)), encode, make_writer)
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, rows: np.ndarray, actions: Any) -> None:
+        continuous[rows] = numbers_batch(actions, shape, "biuf", where).reshape(len(rows), -1)
+
+    return ActionCodec((), (), int(math.prod(shape)), encode, make_writer, write_batch)
 
 
 def _composite(children: list[ActionCodec], pick: Callable[[Any], list[Any]]) -> ActionCodec:

@@ -57,12 +57,17 @@ class Lane:
         self.running = Episode(self.written, self.written)
         self.agent_start = [self.written] * len(self.agent_start)
 
-    def claim(self) -> int:
-        """The row for the running episode's next step; forgets the oldest episode if it is there."""
+    def make_room(self) -> None:
+        """Make the next row ready for a step: forget the oldest episode if that row is its, and
+        give it its fields' allocated values if it was never used."""
         if self.written - self.capacity >= self.live_start:
             self._forget_oldest()
         if self.written >= self.opened:
             self.on_open(self, self.written + 1)  # type: ignore[misc]
+
+    def claim(self) -> int:
+        """The row for the running episode's next step; forgets the oldest episode if it is there."""
+        self.make_room()
         row = self.offset + self.written % self.capacity
         self.written += 1
         self.running.end = self.written  # type: ignore[union-attr]

@@ -115,8 +115,13 @@ class Sampling:
     spec: BufferSpec
     rng: np.random.Generator
     num_steps: int
-    _storage: Storage
-    _lanes: list[Lane]
+
+    if TYPE_CHECKING:  # given by `FlexibleBuffer`, with what batch writers hold committed
+        @property
+        def _storage(self) -> Storage: ...
+
+        @property
+        def _lanes(self) -> list[Lane]: ...
 
     def _succ(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
         """Each row's successor in its lane (where a chained next value is read), as indices and

@@ -11,23 +11,29 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
-from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, prepare_buffer
+from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
+from flexibuff_envs.wrappers.core import prepare_buffer
 
-_NO_INFO: Mapping[str, Any] = {}
 
-
-def lane_info(info: Mapping[str, Any], lane: int) -> Mapping[str, Any]:
-    """What the core reads from one sub-env's part of a batched info: its action mask."""
-    if "action_mask" not in info:
-        return _NO_INFO
+def batch_masks(info: Mapping[str, Any], n: int) -> np.ndarray | None:
+    """The legal-action flags ``[n, actions]`` of a batched info (None: it has none); sub-envs
+    whose info has no mask (``_action_mask`` False) get every action legal."""
+    masks = info.get("action_mask")
+    if masks is None:
+        return None
+    flags = np.asarray(masks, dtype=bool).reshape(n, -1)
     present = info.get("_action_mask")
-    return {"action_mask": info["action_mask"][lane]} if present is None or present[lane] else _NO_INFO
+    if present is not None and not np.all(present):
+        flags = flags.copy()
+        flags[~np.asarray(present, dtype=bool)] = True
+    return flags
 
 
 class VectorRecorder(VectorWrapper):
     """Records every sub-env step of a Gymnasium vector env into ``self.buffer``.
 
-    Sub-env ``i`` writes lane ``i`` of the buffer, so its episodes are contiguous and whole. The
+    Sub-env ``i`` writes lane ``i`` of the buffer, so its episodes are contiguous and whole. A
+    step of all sub-envs is written in one numpy operation per field (`BatchRecorder`). The
     autoreset mode comes from ``metadata["autoreset_mode"]``: under NEXT_STEP the reset step of a
     finished sub-env is not a transition; under SAME_STEP its last transition ends in
     ``info["final_obs"]``; under DISABLED, ``reset(options={"reset_mask": ...})`` starts new
@@ -39,14 +45,14 @@ class VectorRecorder(VectorWrapper):
 
     def __init__(self, env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, gae_lambda: float | None = None,
-                 bootstrap_fn: BootstrapFn | None = None, seed: int | None = None) -> None:
+                 bootstrap_fn: VectorBootstrapFn | None = None, seed: int | None = None) -> None:
         super().__init__(env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed)
-        obs, action = obs_codec(env.single_observation_space), action_codec(env.single_action_space)
-        single_bootstrap = None if bootstrap_fn is None else (lambda obs_, agent: bootstrap_fn(obs_))
-        self._lanes = [LaneRecorder(self.buffer, [obs], [action], lane=lane, bootstrap_fn=single_bootstrap)
-                       for lane in self.buffer.claim_lanes(env.num_envs, self)]
+        self._recorder = BatchRecorder(
+            self.buffer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
+            self.buffer.claim_lanes(env.num_envs, self), owner=self, obs_space=env.observation_space,
+            action_space=env.action_space, bootstrap_fn=bootstrap_fn)
         self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._resetting = np.zeros(env.num_envs, dtype=bool)  # NEXT_STEP: the next step is a reset
 
@@ -55,36 +61,53 @@ class VectorRecorder(VectorWrapper):
         """The layout the buffer records in."""
         return self.buffer.spec
 
+    @property
+    def lanes(self) -> list[int]:
+        """The buffer lane each sub-env writes, in sub-env order."""
+        return self._recorder.lane_ids
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         mask = (options or {}).get("reset_mask")  # read first: SyncVectorEnv pops it from options
         obs, info = self.env.reset(seed=seed, options=options)
-        for i, lane in enumerate(self._lanes):
-            if mask is None or mask[i]:
-                lane.begin([(0, obs[i], lane_info(info, i))])
-                self._resetting[i] = False
+        lanes = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
+        self._recorder.begin(lanes, obs, batch_masks(info, self.num_envs))
+        self._resetting[lanes] = False
         return obs, info
 
     def step(self, actions: Any) -> Any:
         result = self.env.step(actions)
         obs, rewards, terminations, truncations, info = result
-        final_obs = info.get("final_obs") if self._mode == AutoresetMode.SAME_STEP else None
-        for i, lane in enumerate(self._lanes):
-            if self._resetting[i]:  # NEXT_STEP: this step only reset sub-env i
-                lane.begin([(0, obs[i], lane_info(info, i))])
-                self._resetting[i] = False
-                continue
-            if not lane.running:
-                continue
-            done = terminations[i] or truncations[i]
-            if final_obs is not None and done:
-                lane.step_single(actions[i], final_obs[i], rewards[i], terminations[i], truncations[i],
-                                 lane_info(info.get("final_info", _NO_INFO), i))
-                lane.begin([(0, obs[i], lane_info(info, i))])
-                continue
-            lane.step_single(actions[i], obs[i], rewards[i], terminations[i], truncations[i], lane_info(info, i))
-            if done and self._mode == AutoresetMode.NEXT_STEP:
-                self._resetting[i] = True
+        recorder = self._recorder
+        if self._mode == AutoresetMode.NEXT_STEP:
+            resetting = self._resetting
+            stepping = recorder.running & ~resetting  # a new array: the step changes `running`
+            recorder.step(stepping, actions, obs, rewards, terminations, truncations, batch_masks(info, self.num_envs))
+            if resetting.any():  # this step only reset those sub-envs
+                recorder.begin(np.flatnonzero(resetting), obs, batch_masks(info, self.num_envs))
+            self._resetting = (terminations | truncations) & stepping
+            return result
+        done = terminations | truncations
+        final = done & recorder.running
+        if self._mode == AutoresetMode.SAME_STEP and final.any():
+            obs_, masks_ = self._final(obs, info, final)
+            recorder.step(recorder.running, actions, obs_, rewards, terminations, truncations, masks_)
+            recorder.begin(np.flatnonzero(final), obs, batch_masks(info, self.num_envs))
+        else:
+            recorder.step(recorder.running, actions, obs, rewards, terminations, truncations,
+                          batch_masks(info, self.num_envs))
         return result
+
+    def _final(self, obs: Any, info: Mapping[str, Any], final: np.ndarray) -> tuple[Any, np.ndarray | None]:
+        """SAME_STEP: the batch of next observations (and masks) with each finished sub-env's
+        final one (``info["final_obs"]``, ``info["final_info"]``) in place of its reset one."""
+        obs_ = np.array(obs, copy=True)
+        ended = np.flatnonzero(final)
+        obs_[ended] = np.stack([np.asarray(info["final_obs"][i]) for i in ended.tolist()])
+        masks_ = batch_masks(info, self.num_envs)
+        final_masks = batch_masks(info.get("final_info", {}), self.num_envs)
+        if final_masks is not None:
+            masks_ = final_masks if masks_ is None else np.where(final[:, None], final_masks, masks_)
+        return obs_, masks_
 
     def close(self, **kwargs: Any) -> None:
         """Close the envs; the buffer's lanes are free for another recorder."""
@@ -94,15 +117,10 @@ class VectorRecorder(VectorWrapper):
     def annotate(self, agent: None = None, **fields: Any) -> None:
         """Per sub-env annotations of the step about to be taken: each field has a leading
         ``[num_envs]`` axis (see `GymRecorder.annotate`)."""
-        for name, value in fields.items():
-            if np.shape(value)[:1] != (self.num_envs,):
-                raise ValueError(f"annotate: {name} needs a leading axis of {self.num_envs} sub-envs, "
-                                 f"got shape {np.shape(value)}")
-        for i, lane in enumerate(self._lanes):
-            lane.annotations.add(0, f"sub-env {i}", {name: np.asarray(v)[i] for name, v in fields.items()})
+        self._recorder.annotate(fields)
 
     def add_feedback(self, value: float, agent: None = None, step: int = -1, *, lane: int = 0) -> None:
         """Add a human reward to sub-env ``lane``'s ``step``-th recorded step of its episode."""
         if not 0 <= lane < self.num_envs:
             raise ValueError(f"add_feedback: lane must be in [0, {self.num_envs}), got {lane!r}")
-        self._lanes[lane].feedback(0, value, step)
+        self._recorder.feedback(lane, value, step)
