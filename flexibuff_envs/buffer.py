@@ -120,7 +120,7 @@ class FlexibleBuffer(Sampling):
         # batch writers (`BatchRecorder`) keep their lanes' positions and ended episodes to
         # themselves while they record; anything that reads the buffer commits them first
         self._batched: list[Any] = []
-        self._uncommitted = False
+        self._uncommitted = self._committing = False
         self._version = 0  # grows whenever the lanes are read (and so may change) from outside
         # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
         self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
@@ -160,9 +160,15 @@ class FlexibleBuffer(Sampling):
         return self._ring
 
     def _commit(self) -> None:
+        if self._committing:  # reached again from inside a writer's commit: it is under way
+            return
+        self._committing = True
+        try:
+            for writer in self._batched:
+                writer.commit()
+        finally:
+            self._committing = False
         self._uncommitted = False
-        for writer in self._batched:
-            writer.commit()
 
     @classmethod
     def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:
@@ -210,6 +216,8 @@ class FlexibleBuffer(Sampling):
         Raises:
             SpecMismatchError: fewer than ``n`` lanes are free; the message says what to do.
         """
+        self._commit()
+        self._batched = [batch for batch in self._batched if batch.owner() is not None]
         free = [i for i, ref in enumerate(self._writers) if ref is None or ref() is None]
         if len(free) < n:
             taken = self.spec.n_envs - len(free)
@@ -357,9 +365,12 @@ class FlexibleBuffer(Sampling):
         lane.opened = upto if upto < lane.capacity else ALL
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
-        rows = lane.rows(episode)
-        self._storage.arrays["G"][:, rows] = np.nan
-        for chain in self._storage.chains.values():
+        self._forget_rows(lane.rows(episode))
+
+    def _forget_rows(self, rows: np.ndarray) -> None:
+        """``rows`` are no longer recorded: no ``G``, and their next-value slots come back."""
+        self._store.arrays["G"][:, rows] = np.nan
+        for chain in self._store.chains.values():
             chain.forget(rows)
 
     def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None) -> None:

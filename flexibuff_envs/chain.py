@@ -309,63 +309,75 @@ class Held:
 
 
 class HeldBatch:
-    """`Held` for ``n`` single-agent lanes at once: one numpy operation per step for all of them.
+    """What the single-agent lanes of a vector env hold for their next rows, written a block of
+    steps at a time (`BatchRecorder`).
 
-    The recorder guarantees what `Held.write` tests row by row: a lane's next write lands in the
-    lane's next row, so its pending row is always chained then. Values are checked before they
-    get here (whole batches are refused or taken).
+    Each lane owns one reserved slot with its latest value. Its newest row (whose successor is
+    not written yet) names that slot until the lane's next row is written; then it is chained.
     """
 
     def __init__(self, chain: Chain, agent: int | None, n: int) -> None:
         self.chain = chain
         self.base = chain.base[agent] if agent is not None else chain.base
         self.index = chain.index[agent] if agent is not None else chain.index
-        slots = chain.reserve(2 * n)
-        self.held, self.spare = slots[:n], slots[n:]
+        self.held = chain.reserve(n)
         self.pending = np.full(n, -1, dtype=np.int64)  # per lane, as `Held.pending`
-        self._all_pending = False  # every lane has a pending row: no test before chaining
         chain.holders.add(self)
 
     def bind(self) -> None:
-        """Nothing to rebind: the tail store is read from the chain at each write."""
+        """Nothing to rebind: the tail store is read from the chain at each use."""
 
     def release(self, rows: np.ndarray | None = None) -> None:
         """As `Held.release`, for every lane whose pending row is among ``rows`` (None: all)."""
         self.pending[slice(None) if rows is None else np.isin(self.pending, rows)] = -1
-        self._all_pending = False
 
-    def hold(self, lanes: np.ndarray, values: np.ndarray) -> None:
-        """Lanes ``lanes`` (indices) hold ``values`` (``[k, width]``, from a reset) for their next row."""
-        pending = self.pending[lanes]
-        settle = pending >= 0
-        if settle.any():  # the pending rows keep the values held till now in slots of their own
-            slots = self.chain.alloc(int(settle.sum()))
-            self.chain.tail[slots] = self.chain.tail[self.held[lanes[settle]]]
-            self.index[pending[settle]] = slots
-        self.chain.tail[self.held[lanes]] = values
-        self.pending[lanes] = -1
-        self._all_pending = False
+    def values(self) -> np.ndarray:
+        """What every lane holds, ``[n, width]`` (a copy)."""
+        return self.chain.tail[self.held]
 
     def value(self, lane: int) -> np.ndarray:
         """What lane ``lane`` holds (a copy)."""
         return self.chain.tail[self.held[lane]].copy()
 
-    def write(self, rows: np.ndarray, values: np.ndarray, stepping: np.ndarray | None = None) -> None:
-        """``base[rows]`` = what each lane holds; ``values`` are those rows' next values and are
-        held next. With ``stepping`` (a bool mask), the other lanes change nothing that counts:
-        their row (the next one they will claim, not recorded yet) gets values that their next
-        write replaces, and they keep what they hold."""
-        tail = self.chain.tail
-        held, spare, pending = self.held, self.spare, self.pending
-        tail[spare] = values
-        self.base[rows] = tail[held]
-        if stepping is None:
-            self.index[pending if self._all_pending else pending[pending >= 0]] = CHAINED
-            self.index[rows] = spare
-            self.held, self.spare, self.pending = spare, held, rows.copy()  # rows is shared
-            self._all_pending = True
-            return
-        self.index[np.where(stepping & (pending >= 0), pending, rows)] = CHAINED
-        self.index[rows] = spare
-        self.held, self.spare = np.where(stepping, spare, held), np.where(stepping, held, spare)
-        self.pending = np.where(stepping, rows, pending)
+    def _settle(self, lanes: np.ndarray) -> None:
+        """The pending rows of ``lanes`` keep the values held till now in slots of their own."""
+        pending = self.pending[lanes]
+        lanes = lanes[pending >= 0]
+        if lanes.size:
+            slots = self.chain.alloc(lanes.size)
+            self.chain.tail[slots] = self.chain.tail[self.held[lanes]]
+            self.index[self.pending[lanes]] = slots
+            self.pending[lanes] = -1
+
+    def hold(self, lanes: np.ndarray, values: np.ndarray) -> None:
+        """Lanes ``lanes`` (indices) hold ``values`` (``[k, width]``, from a reset) for their next row."""
+        self._settle(lanes)
+        self.chain.tail[self.held[lanes]] = values
+
+    def write(self, rows: np.ndarray, lanes: np.ndarray, before: np.ndarray, ends: np.ndarray,
+              end_values: np.ndarray, newest: np.ndarray, chained: np.ndarray, touched: np.ndarray,
+              latest: np.ndarray) -> None:
+        """Rows ``rows`` of lanes ``lanes`` (``[T]``, in step order) get base values ``before``.
+
+        Args:
+            ends: rows that end an episode: their next values ``end_values`` get slots of their own.
+            newest: each lane's newest row, when it does not end an episode: it names the lane's slot.
+            chained: per lane, whether its pending row is followed by its first row here (else
+                it keeps its value in a slot of its own).
+            touched: per lane, whether it had a row or a reset here; those hold ``latest``
+                (``[n, width]``) next.
+        """
+        old = self.pending[chained]
+        self.index[old[old >= 0]] = CHAINED
+        self.pending[chained] = -1
+        self._settle(np.flatnonzero(touched))
+        self.base[rows] = before
+        index = np.full(rows.size, CHAINED, dtype=np.int32)
+        if ends.any():
+            slots = self.chain.alloc(int(np.count_nonzero(ends)))
+            self.chain.tail[slots] = end_values
+            index[ends] = slots
+        index[newest] = self.held[lanes[newest]]
+        self.index[rows] = index
+        self.chain.tail[self.held[touched]] = latest[touched]
+        self.pending[lanes[newest]] = rows[newest]

@@ -227,9 +227,9 @@ class ActionCodec:
     encode: Callable[[Any], tuple[np.ndarray, np.ndarray]]
     #: builds the fastest writer for this space: (discrete store, continuous store) -> writer
     make_writer: Callable[[np.ndarray, np.ndarray], RowWriter] | None = None
-    #: writes a vector env's actions (one per sub-env) into rows of the two stores in one numpy
-    #: operation: (discrete store, continuous store, rows, actions); None: one by one
-    write_batch: Callable[[np.ndarray, np.ndarray, np.ndarray, Any], None] | None = None
+    #: writes a vector env's actions (one per sub-env) into ``[n, ...]`` arrays in one numpy
+    #: operation: (discrete ``[n, heads]``, continuous ``[n, dim]``, actions); None: one by one
+    write_batch: Callable[[np.ndarray, np.ndarray, Any], None] | None = None
 
     def writer(self, discrete: np.ndarray, continuous: np.ndarray) -> RowWriter:
         """A function writing one action into row ``p`` of the two stores."""
@@ -275,9 +275,9 @@ def _(space: spaces.Discrete, where: str) -> ActionCodec:
     def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.array([int(action) - start], dtype=np.int64), _NO_FLOATS
 
-    def write_batch(discrete: np.ndarray, continuous: np.ndarray, rows: np.ndarray, actions: Any) -> None:
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
         values = numbers_batch(actions, (), "biu", where)
-        discrete[rows, 0] = values - start if start else values
+        discrete[:, 0] = values - start if start else values
 
     return ActionCodec((int(space.n),), (start,), 0, encode, make_writer, write_batch)
 
@@ -318,8 +318,8 @@ def _(space: spaces.Box, where: str) -> ActionCodec:
     def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
         return _NO_INTS, np.asarray(action, dtype=np.float32).reshape(-1)
 
-    def write_batch(discrete: np.ndarray, continuous: np.ndarray, rows: np.ndarray, actions: Any) -> None:
-        continuous[rows] = numbers_batch(actions, shape, "biuf", where).reshape(len(rows), -1)
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
+        continuous[...] = numbers_batch(actions, shape, "biuf", where).reshape(continuous.shape)
 
     return ActionCodec((), (), int(math.prod(shape)), encode, make_writer, write_batch)
 

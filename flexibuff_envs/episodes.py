@@ -57,13 +57,38 @@ class Lane:
         self.running = Episode(self.written, self.written)
         self.agent_start = [self.written] * len(self.agent_start)
 
-    def make_room(self) -> None:
-        """Make the next row ready for a step: forget the oldest episode if that row is its, and
-        give it its fields' allocated values if it was never used."""
-        if self.written - self.capacity >= self.live_start:
-            self._forget_oldest()
-        if self.written >= self.opened:
-            self.on_open(self, self.written + 1)  # type: ignore[misc]
+    def make_room(self, ahead: int = 1, *, defer: bool = False) -> tuple[int, int]:
+        """Make the next ``ahead`` rows (at most ``capacity``) ready for steps: forget the oldest
+        episodes they hold (if the running episode alone fills the lane, its first rows), and give
+        rows never used their fields' allocated values.
+
+        Returns the positions ``[lo, hi)`` forgotten. With ``defer``, their rows are left for the
+        caller to forget (several lanes at once); else ``on_forget`` forgets them first, so an
+        interrupted call is done again.
+        """
+        lo = hi = self.live_start
+        over = self.written + ahead - self.capacity - lo
+        if over > 0:
+            episodes = 0
+            for episode in self.ended:
+                if hi - lo >= over:
+                    break
+                hi, episodes = episode.end, episodes + 1
+            clip = max(0, over - (hi - lo))  # the running episode's first rows
+            hi += clip
+            if not defer:
+                self.on_forget(self, Episode(lo, hi, whole=False))
+            for _ in range(episodes):
+                self.ended.popleft()
+            if clip:
+                running = self.running
+                assert running is not None  # rows are only made ready while an episode runs
+                running.start += clip
+                running.whole = False
+            self.live_start = hi
+        if self.written + ahead > self.opened:
+            self.on_open(self, self.written + ahead)  # type: ignore[misc]
+        return lo, hi
 
     def claim(self) -> int:
         """The row for the running episode's next step; forgets the oldest episode if it is there."""
@@ -78,19 +103,6 @@ class Lane:
         self.dirty = max(self.dirty, self.written)
         self.written -= 1
         self.running.end = self.written  # type: ignore[union-attr]
-
-    def _forget_oldest(self) -> None:
-        if self.ended:
-            self._forget_ended()
-            return
-        # The running episode alone fills the lane: drop its first step and remember that it is
-        # no longer whole, so it is never handed out as an episode.
-        running = self.running
-        assert running is not None  # claim() is only called while an episode runs
-        self.on_forget(self, Episode(running.start, running.start + 1, whole=False))
-        running.start += 1
-        running.whole = False
-        self.live_start = running.start
 
     def _forget_ended(self) -> None:
         """Forget the oldest ended episode (its rows first: interrupted, this is done again)."""

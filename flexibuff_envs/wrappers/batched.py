@@ -1,11 +1,14 @@
-"""Recording the single-agent lanes of a vector env in one numpy operation per field per step.
+"""Recording the single-agent lanes of a vector env a block of steps at a time.
 
-`BatchRecorder` writes every sub-env of a step at once and keeps the episode bookkeeping as
-arrays (each lane's position, where its running episode began, which lanes run). It does not
-touch the buffer's `Lane` objects while it records: it marks the buffer uncommitted, and anything
-that reads the buffer calls `commit` first, which brings the lanes up to date and writes ``G``
-(and GAE) of every episode that ended since, in one pass. So a sampled batch always sees every
-recorded step, with ``G`` written, exactly as if each step had been recorded on its own.
+`BatchRecorder` copies each vector step into staging arrays (one copy per field) and writes a
+block of up to 64 steps into the buffer in a fixed number of numpy operations: which sub-envs
+took a transition, where each lands, the next-value chains, episode ends and starts all come
+from the block's flags at once. Nothing runs per sub-env, nor per step beyond the copies.
+
+The buffer's `Lane` objects are brought up to date (`commit`) only when something reads the
+buffer: the recorder marks it uncommitted, and every read commits first, writing ``G`` (and GAE)
+of all episodes that ended since in one pass. A sampled batch therefore always sees every step
+recorded so far, exactly as if each had been written on its own.
 """
 
 from __future__ import annotations
@@ -16,36 +19,43 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import iterate
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import HeldBatch
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
-from flexibuff_envs.episodes import Episode
+from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.storage import one_hot, pack_mask
 from flexibuff_envs.wrappers.annotations import ANNOTATIONS, add_feedback
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
 VectorBootstrapFn = Callable[[np.ndarray], Any]
+#: steps staged before they are written (fewer when a ring is shorter or steps are large)
+_BLOCK = 64
+#: bytes the staging arrays may take
+_STAGE_BYTES = 64 << 20
 
 
 class BatchRecorder:
-    """Records ``len(lanes)`` single-agent lanes of ``buffer``, sub-env ``i`` into ``lanes[i]``.
+    """Records ``len(lanes)`` single-agent lanes of ``buffer``: sub-env ``i`` into ``lanes[i]``.
 
-    Every method takes whole batches (a leading axis of one value per sub-env) and which lanes
-    they concern; no Python loop runs over sub-envs on the step path. A step that cannot be
-    recorded (a value its space does not allow, or an interrupt) ends every running episode at
-    its last whole step, as truncated; each lane records again from its next reset.
+    ``mode`` is the vector env's autoreset mode: it says which sub-env steps are transitions.
+    A step that cannot be recorded (a value its space does not allow, or an interrupt) ends every
+    running episode at its last whole step, as truncated; each sub-env records again from its
+    next reset. ``bootstrap_fn`` is called for truncated episodes when their block is written
+    (at the latest when the buffer is next read).
     """
 
     def __init__(self, buffer: FlexibleBuffer, obs: ObsCodec, action: ActionCodec, lanes: list[int], *,
-                 owner: object, obs_space: spaces.Space, action_space: spaces.Space,
+                 owner: object, mode: AutoresetMode, obs_space: spaces.Space, action_space: spaces.Space,
                  bootstrap_fn: VectorBootstrapFn | None = None) -> None:
         self.buffer = buffer
         self.owner = weakref.ref(owner)
         self.n = n = len(lanes)
         self.lane_ids = lanes
+        self.mode = mode
         self.bootstrap_fn = bootstrap_fn
         self._capacity = buffer.num_steps
         self._offsets = np.array(lanes, dtype=np.int64) * buffer.num_steps
@@ -62,21 +72,39 @@ class BatchRecorder:
         self._team = buffer._column("global_rewards") if "global_rewards" in buffer._storage.arrays else None
         self._terminated = buffer._column("terminated")[0]
         self._truncated = buffer._column("truncated")[0]
-        self.mask: HeldBatch | None = None
         self._mask_width = sum(action.cardinalities)
+        # the staging block: per step, what each sub-env returned
+        step_bytes = n * (codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities)
+                          + 4 * action.continuous_dim + 8)
+        self._block = max(1, min(_BLOCK, buffer.num_steps, _STAGE_BYTES // step_bytes))
+        k = self._block
+        self._k = 0  # steps staged
+        self._obs = np.zeros((k, n, codec.size), dtype=codec.dtype)  # what each sub-env holds after the step
+        self._final: np.ndarray | None = None  # SAME_STEP: the finished sub-envs' last obs_
+        self._has_final = [False] * k
+        self._actions = (np.zeros((k, n, len(action.cardinalities)), dtype=np.int64),
+                         np.zeros((k, n, action.continuous_dim), dtype=np.float32))
+        self._staged_rewards = np.zeros((k, n), dtype=np.float32)
+        self._flags = np.zeros((2, k, n), dtype=bool)  # terminated, truncated
+        self._before = self.obs.values()  # what the lanes held when the block began
+        self.mask: HeldBatch | None = None
+        self._masks = self._final_masks = self._masks_before = np.zeros((0, 0, 0), dtype=np.uint8)
         if buffer.spec.action_mask:
             self._enable_masks()
-        # annotations: name -> (store, value when not given); held values and which lanes gave them
-        self._annotated: dict[str, tuple[np.ndarray, float]] = {}
-        self._given: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        # per lane: next position, start of the running episode, running?, the last episode's span
+        # annotations: name -> (store, value when not given, staged [k, n, ...]); given ones
+        self._annotated: dict[str, tuple[np.ndarray, float, np.ndarray]] = {}
+        self._given: dict[str, np.ndarray] = {}
+        # per lane, as of the last written block: next position, start of the running episode,
+        # running?, the last ended episode's span (feedback), and NEXT_STEP's "next step resets"
         self.pos = np.zeros(n, dtype=np.int64)
         self.start = np.zeros(n, dtype=np.int64)
         self.running = np.zeros(n, dtype=bool)
         self.previous = np.zeros((2, n), dtype=np.int64)
-        self._room = np.zeros(n, dtype=np.int64)  # positions from which a row needs `Lane.make_room`
-        self._slack = 0  # steps every lane can take before any reaches its room
+        self._resetting = np.zeros(n, dtype=bool)
+        self._room = np.zeros(n, dtype=np.int64)  # positions from which rows need `Lane.make_room`
+        self._foreign = np.zeros(n, dtype=bool)
         self._ended: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # not committed
+        self._draining = False
         self._version = -1
         buffer._batched.append(self)
         self._reload()
@@ -93,42 +121,50 @@ class BatchRecorder:
 
     # ----------------------------------------------------------------- bookkeeping
 
+    def _lanes(self) -> list[Lane]:
+        return [self.buffer._ring[i] for i in self.lane_ids]
+
     def _reload(self) -> None:
-        """Read the lanes again: the buffer was read (and maybe changed) since the last step."""
-        lanes = [self.buffer._ring[i] for i in self.lane_ids]
+        """Read the lanes again: the buffer was read (and maybe changed) since the last block."""
+        lanes = self._lanes()
         self.pos = np.array([lane.written for lane in lanes], dtype=np.int64)
         started = np.array([-1 if lane.running is None else lane.running.start for lane in lanes], dtype=np.int64)
         self.running &= started >= 0  # an episode ended from outside is no longer recorded
+        self.start = np.where(self.running, started, self.pos)
         # episodes with steps running in lanes this recorder has not begun (a loaded file's)
         self._foreign = ~self.running & (started >= 0) & (self.pos > started)
-        self.start = np.where(self.running, started, self.pos)
-        self._room = np.minimum([lane.live_start + lane.capacity for lane in lanes],
-                                [lane.opened for lane in lanes])
-        self._slack = int((self._room - self.pos).min())
+        self._room = np.minimum([lane.live_start + lane.capacity for lane in lanes], [lane.opened for lane in lanes])
         self._version = self.buffer._version
 
-    def _make_room(self) -> None:
-        """Some lane's next row is its oldest episode's, or was never used: `Lane.make_room`."""
-        ring = self.buffer._lanes  # commits
-        for i in np.flatnonzero(self.pos >= self._room).tolist():
-            ring[self.lane_ids[i]].make_room()
-        self._reload()
+    def _sync(self) -> None:
+        if self._version != self.buffer._version:
+            self._reload()
 
     def commit(self) -> None:
-        """Bring the buffer's lanes up to date: positions, ended episodes (with ``G``), running ones."""
-        ring = self.buffer._ring
+        """Write the staged steps, then bring the buffer's lanes up to date: positions, ended
+        episodes (with ``G``) and running ones."""
+        self._drain()
+        self._push()
+
+    def _push(self) -> None:
+        """The lanes as of the last written block."""
+        lanes = self._lanes()
         if self._ended:
-            lanes, starts, ends, boots = (np.concatenate(parts) for parts in zip(*self._ended))
+            which, starts, ends, boots = (np.concatenate(parts) for parts in zip(*self._ended))
             self._ended = []
-            for i, start, end in zip(lanes.tolist(), starts.tolist(), ends.tolist()):
-                lane = ring[self.lane_ids[i]]
-                self._running_episode(lane, start)
-                lane.running.end = lane.written = end  # type: ignore[union-attr]
+            order = np.argsort(which, kind="stable")  # lane by lane, each in time order
+            bounds = np.searchsorted(which[order], np.arange(self.n + 1))
+            first, last = starts[order].tolist(), ends[order].tolist()
+            for i, lane in enumerate(lanes):
+                lo, hi = bounds[i], bounds[i + 1]
+                if lo == hi:
+                    continue
+                self._running_episode(lane, first[lo])  # the first may be the episode running there
+                lane.running.end = last[lo]  # type: ignore[union-attr]
                 lane.end()
-            self.buffer._write_run_returns(self._offsets[lanes] // self._capacity, starts, ends, boots)
-        for i, (pos, start, running) in enumerate(zip(self.pos.tolist(), self.start.tolist(),
-                                                      self.running.tolist())):
-            lane = ring[self.lane_ids[i]]
+                lane.ended.extend(map(Episode, first[lo + 1:hi], last[lo + 1:hi]))
+            self.buffer._write_run_returns(self._offsets[which] // self._capacity, starts, ends, boots)
+        for lane, pos, start, running in zip(lanes, self.pos.tolist(), self.start.tolist(), self.running.tolist()):
             lane.written = pos
             lane.dirty = max(lane.dirty, pos)
             if running:
@@ -136,23 +172,197 @@ class BatchRecorder:
                 lane.running.end = pos  # type: ignore[union-attr]
 
     @staticmethod
-    def _running_episode(lane: Any, start: int) -> None:
+    def _running_episode(lane: Lane, start: int) -> None:
         """``lane`` runs the episode that began at ``start`` (a new one unless it already does)."""
         if lane.running is None or lane.running.start != start:
             lane.running = Episode(start, start)
             lane.agent_start = [start]
 
-    def _sync(self) -> None:
-        if self._version != self.buffer._version:
-            self._reload()
-        self.buffer._uncommitted = True
+    # ----------------------------------------------------------------- staging
 
-    # ----------------------------------------------------------------- recording
+    def step(self, actions: Any, obs: Any, rewards: Any, terminated: np.ndarray, truncated: np.ndarray, *,
+             obs_: Any = None, masks: np.ndarray | None = None, masks_: np.ndarray | None = None) -> None:
+        """Stage one vector step: ``obs`` is what each sub-env returned (and holds next),
+        ``obs_`` the transitions' next observations where they differ (SAME_STEP: finished
+        sub-envs' final ones); ``masks``/``masks_`` likewise for legal actions."""
+        k = self._k
+        try:
+            self.buffer._uncommitted = True
+            self._obs[k] = self._encode_obs(obs)
+            self._staged_rewards[k] = self._checked_rewards(rewards)
+            self._stage_actions(k, actions)
+            self._flags[0, k] = terminated
+            self._flags[1, k] = truncated
+            self._has_final[k] = obs_ is not None
+            if obs_ is not None:
+                if self._final is None:
+                    self._final = np.zeros_like(self._obs)
+                self._final[k] = self._encode_obs(obs_)
+            if self.mask is not None:
+                self._masks[k] = self._packed(masks)
+                self._final_masks[k] = self._masks[k] if masks_ is None else self._packed(masks_)
+            for name, (_, missing, staged) in self._annotated.items():
+                staged[k] = self._given.pop(name, missing)
+        except BaseException as error:
+            self.abandon(error)
+            raise
+        self._k = k + 1
+        if self._k == self._block:
+            self._drain()
+
+    def _checked_rewards(self, rewards: Any) -> np.ndarray:
+        if rewards.__class__ is np.ndarray and rewards.dtype.kind in "biuf" and rewards.shape == (self.n,):
+            return rewards
+        values = np.asarray(rewards)
+        if values.shape != (self.n,) or values.dtype.kind not in "biuf":
+            raise EnvValueError(f"rewards must be {self.n} numbers, one per sub-env, got {short_repr(rewards)}")
+        return values
+
+    def _stage_actions(self, k: int, actions: Any) -> None:
+        discrete, continuous = self._actions[0][k], self._actions[1][k]
+        write = self._action.write_batch
+        if write is not None:
+            write(discrete, continuous, actions)
+            return
+        encoded = [self._action.encode(a) for a in iterate(self._action_space, actions)]
+        if self._action.cardinalities:
+            discrete[...] = np.stack([d for d, _ in encoded])
+        if self._action.continuous_dim:
+            continuous[...] = np.stack([c for _, c in encoded])
+
+    # ----------------------------------------------------------------- writing a block
+
+    def _transitions(self, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """From the block's ``done`` flags ``[k, n]``: which sub-env steps are transitions, which
+        steps start an episode (after the step's transition, if any), and each lane's running
+        state after the block."""
+        before = np.zeros_like(done)  # done at the step before
+        before[1:] = done[:-1]
+        if self.mode == AutoresetMode.NEXT_STEP:  # the step after a done only resets
+            before[0] = self._resetting
+            alive = np.logical_or.accumulate(before, axis=0) | self.running
+            self._resetting = done[-1].copy()
+            return alive & ~before, before, alive[-1] & ~done[-1]
+        if self.mode == AutoresetMode.SAME_STEP:  # a finished sub-env resets within its step
+            alive = np.logical_or.accumulate(before, axis=0) | self.running
+            return alive, done, alive[-1] | done[-1]
+        stopped = np.logical_or.accumulate(before, axis=0)  # DISABLED: finished ones wait for reset()
+        return self.running & ~stopped, np.zeros_like(done), self.running & ~(stopped[-1] | done[-1])
+
+    def _drain(self) -> None:
+        """Write the staged steps into the buffer."""
+        k = self._k
+        if k == 0 or self._draining:
+            return
+        self._draining = True
+        try:
+            self._sync()
+            terminated, truncated = self._flags[0, :k], self._flags[1, :k]
+            steps, resets, running = self._transitions(terminated | truncated)
+            counts = steps.sum(axis=0)
+            if (self.pos + counts > self._room).any():
+                self._make_room(counts)
+            positions = self.pos + np.cumsum(steps, axis=0)  # each step's next position, per lane
+            at, lanes = np.nonzero(steps)  # the transitions, in step order
+            rows = self._offsets[lanes] + (positions[at, lanes] - 1) % self._capacity
+            self._write_fields(rows, steps, k)
+            ends = steps & (terminated | truncated)
+            ended = ends[steps]
+            stepped = counts > 0
+            last = k - 1 - np.argmax(steps[::-1], axis=0)  # each lane's last transition
+            newest = np.zeros_like(steps)
+            newest[last[stepped], stepped] = ~ends[last[stepped], stepped]
+            newest = newest[steps]
+            reset = resets.any(axis=0)
+            chained = stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
+            touched = stepped | reset
+            end_obs = self._ends_of(self._obs[:k], self._final, ends)
+            self.obs.write(rows, lanes, self._held(self._before, self._obs, steps, k), ended, end_obs, newest,
+                           chained, touched, self._obs[k - 1])
+            if self.mask is not None:
+                self.mask.write(rows, lanes, self._held(self._masks_before, self._masks, steps, k), ended,
+                                self._ends_of(self._masks[:k], self._final_masks, ends), newest, chained, touched,
+                                self._masks[k - 1])
+            starts = np.maximum.accumulate(np.where(resets, positions, -1), axis=0)  # latest episode start
+            if ended.any():
+                self._end_block(ends, starts, positions, end_obs, truncated & ~terminated)
+            self.start = np.where(starts[-1] >= 0, starts[-1], self.start)
+            self.pos = self.pos + counts
+            self.running = running
+            self._k = 0
+            self._has_final = [False] * self._block
+            self._before = self.obs.values()
+            if self.mask is not None:
+                self._masks_before = self.mask.values()
+            self.buffer._uncommitted = True  # the lanes are behind until `commit`
+        finally:
+            self._draining = False
+
+    def _make_room(self, counts: np.ndarray) -> None:
+        """Lanes whose next ``counts`` rows hold their oldest episodes, or were never used:
+        `Lane.make_room` (the lanes are committed first)."""
+        self._push()  # what was written before this block
+        ring = self.buffer._ring
+        forgotten = []
+        for i in np.flatnonzero(self.pos + counts > self._room).tolist():
+            lo, hi = ring[self.lane_ids[i]].make_room(int(counts[i]), defer=True)
+            forgotten.append(self._offsets[i] + np.arange(lo, hi) % self._capacity)
+        self.buffer._forget_rows(np.concatenate(forgotten))
+        self._reload()
+
+    def _write_fields(self, rows: np.ndarray, steps: np.ndarray, k: int) -> None:
+        self._rewards[rows] = rewards = self._staged_rewards[:k][steps]
+        if self._team is not None:
+            self._team[rows] = rewards
+        self._terminated[rows] = self._flags[0, :k][steps]
+        self._truncated[rows] = self._flags[1, :k][steps]
+        if self._action.cardinalities:
+            self._discrete[rows] = self._actions[0][:k][steps]
+        if self._action.continuous_dim:
+            self._continuous[rows] = self._actions[1][:k][steps]
+        for store, _, staged in self._annotated.values():
+            store[rows] = staged[:k][steps]
+
+    @staticmethod
+    def _held(before: np.ndarray, staged: np.ndarray, steps: np.ndarray, k: int) -> np.ndarray:
+        """What each transition's lane held before its step: the block's start value at its
+        first step, else what the sub-env returned at the step before."""
+        return np.concatenate([before[None], staged[:k - 1]])[steps]
+
+    def _ends_of(self, staged: np.ndarray, final: np.ndarray | None, ends: np.ndarray) -> np.ndarray:
+        """The next values of the transitions that end an episode (SAME_STEP: the final ones)."""
+        values = staged[ends]
+        if final is not None and any(self._has_final):
+            at, lanes = np.nonzero(ends)
+            own = np.array(self._has_final)[at]
+            values[own] = final[at[own], lanes[own]]
+        return values
+
+    def _end_block(self, ends: np.ndarray, starts: np.ndarray, positions: np.ndarray, end_obs: np.ndarray,
+                   truncated: np.ndarray) -> None:
+        """The episodes that ended in this block, queued for `commit` with their bootstraps."""
+        lanes, at = np.nonzero(ends.T)  # lane by lane, in time order
+        before = np.where(at > 0, starts[np.maximum(at - 1, 0), lanes], -1)
+        first = np.where(before >= 0, before, self.start[lanes])
+        last = positions[at, lanes]
+        boots = np.zeros(lanes.size)
+        if self.bootstrap_fn is not None:
+            obs_of = np.empty_like(end_obs)
+            obs_of[np.lexsort((lanes, at))] = end_obs  # end_obs is in step order
+            for j in np.flatnonzero(truncated[at, lanes]).tolist():
+                boots[j] = self.bootstrap_fn(one_hot(obs_of[j], self._categories) if self._categories else obs_of[j])
+        self._ended.append((lanes, first, last, boots))
+        tail = np.flatnonzero(np.append(lanes[1:] != lanes[:-1], True))  # each lane's last one
+        self.previous[:, lanes[tail]] = first[tail], last[tail]
+
+    # ----------------------------------------------------------------- resets and failures
 
     def begin(self, lanes: np.ndarray, obs: Any, masks: np.ndarray | None = None) -> None:
-        """Lanes ``lanes`` (indices) were reset to ``obs`` (the whole batch; with ``masks``, the
-        batch's legal-action flags ``[n, actions]``): episodes running there end as truncated."""
+        """Lanes ``lanes`` (indices) were reset by the user to ``obs`` (the whole batch; with
+        ``masks``, the batch's legal-action flags ``[n, actions]``): episodes running there end
+        as truncated."""
         values = self._encode_obs(obs)[lanes]  # may raise: then nothing has changed
+        self._drain()
         if masks is not None and self.mask is None and self._mask_width:
             self.buffer.enable_action_mask()  # reads the lanes: before anything changes here
             self._enable_masks()
@@ -165,17 +375,24 @@ class BatchRecorder:
             self._sync()
         cut = lanes[self.running[lanes] & (self.pos[lanes] > self.start[lanes])]
         if cut.size:
-            self._end(cut, truncated=True, bootstrap=True)
+            self._cut(cut, bootstrap=True)
         self.obs.hold(lanes, values)
+        self._before = self.obs.values()
         if self.mask is not None and packed is not None:
             self.mask.hold(lanes, packed)
+            self._masks_before = self.mask.values()
         self.start[lanes] = self.pos[lanes]
         self.running[lanes] = True
+        self._resetting[lanes] = False
+        self.buffer._uncommitted = True
 
     def _enable_masks(self) -> None:
         self.mask = HeldBatch(self.buffer.next_chain("action_mask_"), 0, self.n)
         self._all_legal = pack_mask(np.ones((self.n, self._mask_width), dtype=bool))
         self.mask.hold(np.arange(self.n), self._all_legal)
+        self._masks_before = self.mask.values()
+        self._masks = np.zeros((self._block, *self._all_legal.shape), dtype=np.uint8)
+        self._final_masks = np.zeros_like(self._masks)
 
     def _packed(self, masks: np.ndarray | None) -> np.ndarray:
         if masks is None:
@@ -185,99 +402,30 @@ class BatchRecorder:
                                     f"heads have {self._mask_width} actions in all")
         return pack_mask(masks)
 
-    def step(self, stepping: np.ndarray | None, actions: Any, obs_: Any, rewards: Any, terminated: np.ndarray,
-             truncated: np.ndarray, masks_: np.ndarray | None = None) -> None:
-        """The transitions of lanes ``stepping`` (a bool mask; None: every lane) from the values
-        of a whole vector step; lanes whose episode ends stop running until `begin`.
-
-        Every field is written for every lane in one operation; a lane that is not stepping
-        writes into its next row, which it has not claimed, so the values do not count."""
-        try:
-            obs_rows = self._encode_obs(obs_)
-            rewards = self._checked_rewards(rewards)
-            packed = None if self.mask is None else self._packed(masks_)
-            self._sync()
-            if stepping is not None:
-                if stepping.all():
-                    stepping = None
-                elif not stepping.any():
-                    return
-            if self._slack <= 0:
-                if (self.pos >= self._room).any():
-                    self._make_room()
-                self._slack = int((self._room - self.pos).min())
-            self._slack -= 1
-            rows = self._offsets + self.pos % self._capacity
-            self.obs.write(rows, obs_rows, stepping)
-            self._write_actions(rows, actions)
-            self._rewards[rows] = rewards
-            if self._team is not None:
-                self._team[rows] = rewards
-            self._terminated[rows] = terminated
-            self._truncated[rows] = truncated
-            if self.mask is not None:
-                self.mask.write(rows, packed, stepping)  # type: ignore[arg-type]
-            if self._annotated:
-                self._write_annotations(rows, stepping)
-        except BaseException as error:
-            self.abandon(error)
-            raise
-        done = terminated | truncated
-        if stepping is None:
-            self.pos += 1
-        else:
-            self.pos += stepping
-            done &= stepping
-        if done.any():
-            ended = np.flatnonzero(done)
-            self._end(ended, truncated=False, bootstrap=True, terminated=terminated[ended])
-
-    def _checked_rewards(self, rewards: Any) -> np.ndarray:
-        if rewards.__class__ is np.ndarray and rewards.dtype.kind in "biuf" and rewards.shape == (self.n,):
-            return rewards
-        values = np.asarray(rewards)
-        if values.shape != (self.n,) or values.dtype.kind not in "biuf":
-            raise EnvValueError(f"rewards must be {self.n} numbers, one per sub-env, got {short_repr(rewards)}")
-        return values
-
-    def _write_actions(self, rows: np.ndarray, actions: Any) -> None:
-        write = self._action.write_batch
-        if write is not None:
-            write(self._discrete, self._continuous, rows, actions)
-            return
-        encoded = [self._action.encode(a) for a in iterate(self._action_space, actions)]
-        if self._action.cardinalities:
-            self._discrete[rows] = np.stack([d for d, _ in encoded])
-        if self._action.continuous_dim:
-            self._continuous[rows] = np.stack([c for _, c in encoded])
-
-    def _end(self, lanes: np.ndarray, *, truncated: bool, bootstrap: bool,
-             terminated: np.ndarray | None = None) -> None:
-        """The running episodes of ``lanes`` end at their last row (``truncated``: mark it so)."""
-        if truncated:
-            self._truncated[self._offsets[lanes] + (self.pos[lanes] - 1) % self._capacity] = True
+    def _cut(self, lanes: np.ndarray, *, bootstrap: bool) -> None:
+        """The running episodes of ``lanes`` end at their last row, truncated there."""
+        last = self._offsets[lanes] + (self.pos[lanes] - 1) % self._capacity
+        self._truncated[last] = True
         boots = np.zeros(lanes.size)
         if bootstrap and self.bootstrap_fn is not None:
-            cut = np.ones(lanes.size, dtype=bool) if terminated is None else ~terminated
-            for k in np.flatnonzero(cut & self._last_truncated(lanes)).tolist():
-                value = self.obs.value(int(lanes[k]))
+            for k, lane in enumerate(lanes.tolist()):
+                value = self.obs.value(lane)
                 boots[k] = self.bootstrap_fn(one_hot(value, self._categories) if self._categories else value)
-        self._ended.append((lanes, self.start[lanes], self.pos[lanes], boots))
+        self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots))
         self.previous[:, lanes] = self.start[lanes], self.pos[lanes]
         self.running[lanes] = False
         self.buffer._uncommitted = True
 
-    def _last_truncated(self, lanes: np.ndarray) -> np.ndarray:
-        return self._truncated[self._offsets[lanes] + (self.pos[lanes] - 1) % self._capacity]
-
     def abandon(self, error: BaseException) -> None:
-        """The step being recorded failed with ``error``: every running episode ends at its last
-        whole step, as truncated (no bootstrap), and ``error`` says so."""
+        """The step being staged failed with ``error``: the steps before it are written, every
+        running episode ends there as truncated (no bootstrap), and ``error`` says so."""
+        self._drain()
         self._sync()
         cut = np.flatnonzero(self.running & (self.pos > self.start))
         if cut.size:
-            self._end(cut, truncated=True, bootstrap=False)
+            self._cut(cut, bootstrap=False)
         self.running[:] = False
+        self._resetting[:] = False
         self.buffer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
@@ -287,15 +435,18 @@ class BatchRecorder:
     # ----------------------------------------------------------------- what the agent adds
 
     def annotate(self, fields: Mapping[str, Any]) -> None:
-        """Hold per sub-env annotations (a leading ``[n]`` axis) for each lane's next step."""
+        """Hold per sub-env annotations (a leading ``[n]`` axis) for the next step; a sub-env
+        whose next step is no transition (it only resets) drops them."""
         checked = {name: self._check_annotation(name, value) for name, value in fields.items()}
         for name, values in checked.items():  # allocated only once every field passed
             if name not in self._annotated:
                 width = values.shape[1] if name == "continuous_log_probs" else None
+                self._drain()  # earlier steps of the block were not annotated
                 store = self.buffer._column(name, width=width)
-                self._annotated[name] = (store if name == "memory_weights" else store[0],
-                                         1.0 if name == "memory_weights" else np.nan)
-            self._given[name] = (values, np.ones(self.n, dtype=bool))
+                missing = 1.0 if name == "memory_weights" else np.nan
+                self._annotated[name] = (store if name == "memory_weights" else store[0], missing,
+                                         np.full((self._block, *values.shape), missing, dtype=np.float32))
+            self._given[name] = values
 
     def _check_annotation(self, name: str, value: Any) -> np.ndarray:
         if name not in ANNOTATIONS:
@@ -317,25 +468,10 @@ class BatchRecorder:
             raise ValueError("annotate: memory_weights must be finite and >= 0")
         return values if name in ("discrete_log_probs", "continuous_log_probs") else values[:, 0]
 
-    def _write_annotations(self, rows: np.ndarray, stepping: np.ndarray | None) -> None:
-        for name, (store, missing) in self._annotated.items():
-            held = self._given.get(name)
-            if held is None:
-                store[rows] = missing
-                continue
-            values, given = held
-            store[rows] = values if given.all() else np.where(
-                given.reshape(-1, *([1] * (values.ndim - 1))), values, missing)
-            if stepping is None:
-                del self._given[name]
-                continue
-            given &= ~stepping  # lanes that did not step keep theirs for their next step
-            if not given.any():
-                del self._given[name]
-
     def feedback(self, lane: int, value: float, step: int) -> None:
         """Add a human reward to lane ``lane``'s ``step``-th step of its running episode (of the
         episode before while the running one has no step)."""
+        self._drain()
         self._sync()
         start, end = ((self.start[lane], self.pos[lane]) if self.running[lane] and self.pos[lane] > self.start[lane]
                       else self.previous[:, lane])

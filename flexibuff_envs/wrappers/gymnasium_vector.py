@@ -33,7 +33,7 @@ class VectorRecorder(VectorWrapper):
     """Records every sub-env step of a Gymnasium vector env into ``self.buffer``.
 
     Sub-env ``i`` writes lane ``i`` of the buffer, so its episodes are contiguous and whole. A
-    step of all sub-envs is written in one numpy operation per field (`BatchRecorder`). The
+    step of all sub-envs is staged and written in blocks of steps (`BatchRecorder`). The
     autoreset mode comes from ``metadata["autoreset_mode"]``: under NEXT_STEP the reset step of a
     finished sub-env is not a transition; under SAME_STEP its last transition ends in
     ``info["final_obs"]``; under DISABLED, ``reset(options={"reset_mask": ...})`` starts new
@@ -49,12 +49,11 @@ class VectorRecorder(VectorWrapper):
         super().__init__(env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed)
+        self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._recorder = BatchRecorder(
             self.buffer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
-            self.buffer.claim_lanes(env.num_envs, self), owner=self, obs_space=env.observation_space,
-            action_space=env.action_space, bootstrap_fn=bootstrap_fn)
-        self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-        self._resetting = np.zeros(env.num_envs, dtype=bool)  # NEXT_STEP: the next step is a reset
+            self.buffer.claim_lanes(env.num_envs, self), owner=self, mode=self._mode,
+            obs_space=env.observation_space, action_space=env.action_space, bootstrap_fn=bootstrap_fn)
 
     @property
     def buffer_spec(self) -> BufferSpec:
@@ -71,42 +70,28 @@ class VectorRecorder(VectorWrapper):
         obs, info = self.env.reset(seed=seed, options=options)
         lanes = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
         self._recorder.begin(lanes, obs, batch_masks(info, self.num_envs))
-        self._resetting[lanes] = False
         return obs, info
 
     def step(self, actions: Any) -> Any:
         result = self.env.step(actions)
         obs, rewards, terminations, truncations, info = result
-        recorder = self._recorder
-        if self._mode == AutoresetMode.NEXT_STEP:
-            resetting = self._resetting
-            stepping = recorder.running & ~resetting  # a new array: the step changes `running`
-            recorder.step(stepping, actions, obs, rewards, terminations, truncations, batch_masks(info, self.num_envs))
-            if resetting.any():  # this step only reset those sub-envs
-                recorder.begin(np.flatnonzero(resetting), obs, batch_masks(info, self.num_envs))
-            self._resetting = (terminations | truncations) & stepping
-            return result
-        done = terminations | truncations
-        final = done & recorder.running
-        if self._mode == AutoresetMode.SAME_STEP and final.any():
-            obs_, masks_ = self._final(obs, info, final)
-            recorder.step(recorder.running, actions, obs_, rewards, terminations, truncations, masks_)
-            recorder.begin(np.flatnonzero(final), obs, batch_masks(info, self.num_envs))
-        else:
-            recorder.step(recorder.running, actions, obs, rewards, terminations, truncations,
-                          batch_masks(info, self.num_envs))
+        obs_ = masks_ = None
+        if self._mode == AutoresetMode.SAME_STEP and "final_obs" in info:
+            obs_, masks_ = self._final(obs, info, terminations | truncations)
+        self._recorder.step(actions, obs, rewards, terminations, truncations, obs_=obs_,
+                            masks=batch_masks(info, self.num_envs), masks_=masks_)
         return result
 
-    def _final(self, obs: Any, info: Mapping[str, Any], final: np.ndarray) -> tuple[Any, np.ndarray | None]:
+    def _final(self, obs: Any, info: Mapping[str, Any], done: np.ndarray) -> tuple[Any, np.ndarray | None]:
         """SAME_STEP: the batch of next observations (and masks) with each finished sub-env's
         final one (``info["final_obs"]``, ``info["final_info"]``) in place of its reset one."""
         obs_ = np.array(obs, copy=True)
-        ended = np.flatnonzero(final)
+        ended = np.flatnonzero(done)
         obs_[ended] = np.stack([np.asarray(info["final_obs"][i]) for i in ended.tolist()])
         masks_ = batch_masks(info, self.num_envs)
         final_masks = batch_masks(info.get("final_info", {}), self.num_envs)
         if final_masks is not None:
-            masks_ = final_masks if masks_ is None else np.where(final[:, None], final_masks, masks_)
+            masks_ = final_masks if masks_ is None else np.where(done[:, None], final_masks, masks_)
         return obs_, masks_
 
     def close(self, **kwargs: Any) -> None:
