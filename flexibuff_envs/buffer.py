@@ -361,7 +361,7 @@ class FlexibleBuffer(Sampling):
         allocated values: a ring is filled as it is first used, not when it is made. ``fill=False``:
         those rows hold their values already (read from a file)."""
         upto = min(lane.capacity, needed + block)
-        self._storage.open(lane.offset // self.num_steps, upto, fill=fill)
+        self._store.open(lane.offset // self.num_steps, upto, fill=fill)
         lane.opened = upto if upto < lane.capacity else ALL
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
@@ -489,22 +489,21 @@ class FlexibleBuffer(Sampling):
         """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
         pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
         lengths = ends - starts
-        total = int(lengths.sum())
-        if total == 0:
+        if not lengths.size:
             return
         first = np.cumsum(lengths) - lengths
         which = np.repeat(np.arange(lengths.size), lengths)
-        positions = starts[which] + np.arange(total) - first[which]
+        positions = np.arange(int(lengths.sum())) + (starts - first)[which]
         rows = lanes[which] * self.num_steps + positions % self.num_steps
-        last = np.zeros(total, dtype=bool)
-        last[first + lengths - 1] = True
         arrays = self._store.arrays
-        rewards = arrays["individual_rewards"][0, rows].astype(np.float64)
-        boot = np.zeros(total)
+        last = np.zeros(rows.size, dtype=bool)
+        last[first + lengths - 1] = True
+        boot = np.zeros(rows.size)
         boot[last] = bootstrap
+        rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
         arrays["G"][0, rows] = segmented_scan(rewards + self.gamma * boot, self.gamma, last)
         if "values" in arrays:
-            advantages, value_targets = gae(rewards, arrays["values"][0, rows], last, self.gamma,
+            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), last, self.gamma,
                                             self.gae_lambda, boot)
             self._column("advantages")[0, rows] = advantages
             self._column("returns")[0, rows] = value_targets

@@ -15,6 +15,7 @@ and come back when their rows are forgotten.
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -92,10 +93,10 @@ class Chain:
 
         The rows read as cleared before their slots come back: interrupted in between (Ctrl-C),
         a slot is lost until `reclaim`, never handed out twice."""
-        for holder in self.holders:
-            holder.release(rows)
         slots = self.index[..., rows].ravel()
         self.index[..., rows] = 0
+        for holder in self.holders:
+            holder.release(rows)
         self.release(slots)
 
     def reclaim(self, live: np.ndarray) -> None:
@@ -217,6 +218,14 @@ def renumbered(index: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndar
             np.concatenate([tail[:1], tail[used]]))
 
 
+def as_rows(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous ``[rows, ...]`` array seen as one opaque value per row (a view): numpy
+    gathers and assigns fancy-indexed whole rows several times faster this way. Values assigned
+    through it must have the array's dtype and row shape."""
+    flat = array.reshape(array.shape[0], math.prod(array.shape[1:]))
+    return flat.view(np.dtype((np.void, flat.shape[1] * flat.itemsize))).reshape(-1)
+
+
 class Held:
     """What one agent (or the global state) holds for its next row, written through a `Chain`.
 
@@ -320,6 +329,7 @@ class HeldBatch:
         self.chain = chain
         self.base = chain.base[agent] if agent is not None else chain.base
         self.index = chain.index[agent] if agent is not None else chain.index
+        self._rows = as_rows(self.base)
         self.held = chain.reserve(n)
         self.pending = np.full(n, -1, dtype=np.int64)  # per lane, as `Held.pending`
         chain.holders.add(self)
@@ -328,8 +338,14 @@ class HeldBatch:
         """Nothing to rebind: the tail store is read from the chain at each use."""
 
     def release(self, rows: np.ndarray | None = None) -> None:
-        """As `Held.release`, for every lane whose pending row is among ``rows`` (None: all)."""
-        self.pending[slice(None) if rows is None else np.isin(self.pending, rows)] = -1
+        """As `Held.release`, for every lane whose pending row is among ``rows`` (None: all):
+        `Chain.forget` has cleared them, and a pending row names a slot, so it is one that reads
+        slot 0 now (no search through ``rows``)."""
+        if rows is None:
+            self.pending[:] = -1
+            return
+        pending = self.pending >= 0
+        self.pending[pending & (self.index[np.where(pending, self.pending, 0)] == 0)] = -1
 
     def values(self) -> np.ndarray:
         """What every lane holds, ``[n, width]`` (a copy)."""
@@ -371,7 +387,7 @@ class HeldBatch:
         self.index[old[old >= 0]] = CHAINED
         self.pending[chained] = -1
         self._settle(np.flatnonzero(touched))
-        self.base[rows] = before
+        self._rows[rows] = as_rows(before)
         index = np.full(rows.size, CHAINED, dtype=np.int32)
         if ends.any():
             slots = self.chain.alloc(int(np.count_nonzero(ends)))

@@ -18,7 +18,7 @@ import numpy as np
 ALL = 1 << 62
 
 
-@dataclass
+@dataclass(slots=True)
 class Episode:
     """One episode of a lane: positions ``[start, end)``; ``whole`` is False once clipped."""
 

@@ -101,3 +101,173 @@ def test_vector_recorders_claim_a_lane_per_sub_env_of_a_shared_buffer() -> None:
         fe.record(gym.make_vec("CartPole-v1", num_envs=2), buffer=shared)
     first.close()
     assert fe.record(gym.make_vec("CartPole-v1", num_envs=2), buffer=shared).lanes == [0, 1]
+
+
+BLOCK_ENVS: dict[str, Callable[[], gym.Env]] = {
+    "CartPole-v1": lambda: gym.make("CartPole-v1", max_episode_steps=30),
+    "masks-truncated": lambda: ToyEnv(gym.spaces.Discrete(5), gym.spaces.Discrete(4), lengths=(4, 26, 2, 9),
+                                      truncate=True, mask_info=True),
+}
+ALL_FIELDS = (*FIELDS, "G", "values", "advantages", "returns", "individual_auxiliary_rewards")
+
+
+def whole_episodes(buffer: fe.FlexibleBuffer, lane: int, num_steps: int) -> list[Any]:
+    return [e for e in buffer.episodes() if int(e.idx[0]) // num_steps == lane]
+
+
+def assert_same_episode(mine: Any, theirs: Any, where: str) -> None:
+    for field in ALL_FIELDS:
+        a, b = getattr(mine, field), getattr(theirs, field)
+        if field in ("G", "advantages", "returns"):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{where} {field}")
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=f"{where} {field}")
+    if mine.action_mask is not None:
+        np.testing.assert_array_equal(mine.action_mask[0], theirs.action_mask[0], err_msg=f"{where} action_mask")
+        np.testing.assert_array_equal(mine.action_mask_[0], theirs.action_mask_[0], err_msg=f"{where} action_mask_")
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+@pytest.mark.parametrize("name", list(BLOCK_ENVS))
+@pytest.mark.parametrize("num_steps", [500, 37, 20])
+def test_blocks_of_steps_equal_single_env_recorders_across_wraps_reads_and_resets(
+        name: str, mode: AutoresetMode, num_steps: int) -> None:
+    """Several blocks of staged steps, reads in the middle of blocks, rings that wrap (and a
+    running episode longer than its ring), user resets mid-episode, annotations, feedback and
+    bootstraps: each lane's whole episodes equal a single-env recorder's, and so does every row
+    while nothing was forgotten."""
+    make, n, steps = BLOCK_ENVS[name], 3, 400
+
+    def boot(obs_: np.ndarray) -> float:
+        return float(np.sum(obs_)) + 0.5
+
+    vec = fe.record(gym.vector.SyncVectorEnv([make] * n, autoreset_mode=mode), num_steps=num_steps, gamma=0.9,
+                    bootstrap_fn=boot)
+    singles = [fe.record(make(), num_steps=num_steps, gamma=0.9, bootstrap_fn=boot) for _ in range(n)]
+    rng = np.random.default_rng(1)
+    vec.reset(seed=10)
+    for i, single in enumerate(singles):
+        single.reset(seed=10 + i)
+    resetting = np.zeros(n, dtype=bool)
+    for t in range(steps):
+        if t in (150, 151, 290):  # the user resets every sub-env mid-episode
+            vec.reset()
+            for single in singles:
+                single.reset()
+            resetting[:] = False
+        actions = rng.integers(0, 2, n)
+        values, log_probs = rng.normal(size=n), rng.normal(size=(n, 1))
+        if t % 7:  # some steps are not annotated
+            vec.annotate(values=values, discrete_log_probs=log_probs)
+            for i, single in enumerate(singles):
+                if not resetting[i]:
+                    single.annotate(values=values[i], discrete_log_probs=log_probs[i])
+        _, _, terminated, truncated, _ = vec.step(actions)
+        done = terminated | truncated
+        for i, single in enumerate(singles):
+            if resetting[i]:
+                single.reset()
+                resetting[i] = False
+                continue
+            single.step(int(actions[i]))
+            if done[i]:
+                if mode == AutoresetMode.NEXT_STEP:
+                    resetting[i] = True
+                else:
+                    single.reset()
+        if mode == AutoresetMode.DISABLED and done.any():
+            vec.reset(options={"reset_mask": done})
+        if t % 53 == 0:  # a read in the middle of a block commits it
+            assert vec.buffer.n_episodes <= sum(s.buffer.n_episodes for s in singles)
+        if t % 41 == 5:
+            lane = int(rng.integers(n))
+            vec.add_feedback(float(t), lane=lane)
+            singles[lane].add_feedback(float(t))
+    for i, single in enumerate(singles):
+        mine, theirs = whole_episodes(vec.buffer, i, num_steps), whole_episodes(single.buffer, 0, num_steps)
+        assert len(mine) <= len(theirs) and (len(mine) > 0 or num_steps < 30)
+        # the vector lane may forget its oldest episodes a block early; those it keeps are the newest
+        for k, (a, b) in enumerate(zip(mine, theirs[len(theirs) - len(mine):])):
+            assert_same_episode(a, b, f"lane {i} episode {k}")
+        if num_steps == 500:
+            assert len(mine) == len(theirs)
+            rows = np.arange(len(single.buffer))
+            assert_same_episode(vec.buffer.sample_transitions(idx=i * num_steps + rows),
+                                single.buffer.sample_transitions(idx=rows), f"lane {i} rows")
+
+
+def test_native_vector_env_records_what_the_bare_vector_env_returns() -> None:
+    """gymnasium's natively vectorized CartPole (one numpy step for all sub-envs), recorded in
+    blocks, against a plain loop over the bare vector env with the same seed and actions."""
+    n, steps = 16, 300
+    make = lambda: gym.make_vec("CartPole-v1", n, vectorization_mode="vector_entry_point")
+    env, bare = fe.record(make(), num_steps=steps, gamma=0.97), make()
+    actions = np.random.default_rng(0).integers(0, 2, (steps, n))
+    obs, _ = env.reset(seed=3)
+    held, _ = bare.reset(seed=3)
+    np.testing.assert_array_equal(obs, held)  # a drop-in: the wrapped env returns what the bare one does
+    expected: list[list[tuple[Any, ...]]] = [[] for _ in range(n)]
+    resetting = np.zeros(n, dtype=bool)
+    for a in actions:
+        got = env.step(a)
+        obs_, reward, terminated, truncated, _ = bare.step(a)
+        np.testing.assert_array_equal(got[0], obs_)
+        for i in np.flatnonzero(~resetting):
+            expected[i].append((held[i], a[i], obs_[i], reward[i], terminated[i], truncated[i]))
+        resetting = terminated | truncated
+        held = obs_
+    for i in range(n):
+        rows = env.buffer.sample_transitions(idx=i * steps + np.arange(len(expected[i])))
+        obs_i, a_i, next_i, r_i, te_i, tr_i = (np.array(x) for x in zip(*expected[i]))
+        np.testing.assert_array_equal(rows.obs, obs_i.astype(np.float32))
+        np.testing.assert_array_equal(rows.obs_, next_i.astype(np.float32))
+        np.testing.assert_array_equal(rows.discrete_actions[:, 0], a_i)
+        np.testing.assert_array_equal(rows.individual_rewards, r_i.astype(np.float32))
+        np.testing.assert_array_equal(rows.terminated, te_i)
+        np.testing.assert_array_equal(rows.truncated, tr_i)
+        ends = np.flatnonzero(te_i | tr_i)
+        for first, last in zip(np.r_[0, ends[:-1] + 1], ends):  # G of each ended episode, by a plain loop
+            g, want = 0.0, []
+            for r in r_i[first:last + 1][::-1]:
+                g = r + 0.97 * g
+                want.append(g)
+            np.testing.assert_allclose(rows.G[first:last + 1], want[::-1], rtol=1e-5)
+    assert len(env.buffer) == sum(len(e) for e in expected)
+
+
+class BadRewardAt(gym.vector.VectorWrapper):
+    """Returns text for the rewards at step ``at`` (counted from the first step)."""
+
+    def __init__(self, env: gym.vector.VectorEnv, at: int) -> None:
+        super().__init__(env)
+        self.at, self.t = at, 0
+
+    def step(self, actions: Any) -> Any:
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        self.t += 1
+        return obs, (np.array(["x"] * self.num_envs) if self.t == self.at else rewards), terminated, truncated, info
+
+
+def test_a_step_that_cannot_be_recorded_keeps_every_earlier_step_and_recording_resumes_at_reset() -> None:
+    n = 4
+    env = fe.record(BadRewardAt(gym.make_vec("CartPole-v1", n, vectorization_mode="sync"), at=71), num_steps=500)
+    reference = fe.record(gym.make_vec("CartPole-v1", n, vectorization_mode="sync"), num_steps=500)
+    env.reset(seed=0)
+    reference.reset(seed=0)
+    for _ in range(70):  # more than a block, and the next block partly staged
+        env.step(np.ones(n, dtype=np.int64))
+        reference.step(np.ones(n, dtype=np.int64))
+    recorded = len(reference.buffer)
+    with pytest.raises(fe.EnvValueError, match="rewards must be 4 numbers") as caught:
+        env.step(np.ones(n, dtype=np.int64))
+    assert any("not recorded" in note for note in getattr(caught.value, "__notes__", []))
+    assert len(env.buffer) == recorded  # every step before the failing one is kept
+    for lane in range(n):  # every running episode ends at its last whole step, as truncated
+        episodes = [e for e in env.buffer.episodes() if int(e.idx[0]) // 500 == lane]
+        assert episodes and episodes[-1].truncated[-1] | episodes[-1].terminated[-1]
+    before = len(env.buffer)
+    env.step(np.ones(n, dtype=np.int64))  # no episode runs: nothing is recorded until a reset
+    assert len(env.buffer) == before
+    env.reset()
+    env.step(np.ones(n, dtype=np.int64))
+    assert len(env.buffer) == before + n

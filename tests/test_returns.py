@@ -42,6 +42,26 @@ def test_segmented_returns_equal_a_loop_per_episode(lengths: list[int], gamma: f
         start += length
     np.testing.assert_allclose(discounted_returns(rewards, gamma, ends=ends, bootstrap=bootstrap), expected,
                                rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(segmented_scan(rewards + gamma * bootstrap, gamma, ends), expected, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=40), gamma=st.sampled_from([0.9, 0.99, 0.999]),
+       data=st.data())
+def test_many_long_episodes_back_to_back_stay_precise(lengths: list[int], gamma: float, data: st.DataObject) -> None:
+    """The vector recorder's path: thousands of episodes, some long enough to take the scan."""
+    rewards = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).normal(5.0, 3.0, sum(lengths))
+    boots = np.linspace(-20, 20, len(lengths))
+    ends = np.zeros(rewards.size, dtype=bool)
+    ends[np.cumsum(lengths) - 1] = True
+    bootstrap = np.zeros(rewards.size)
+    bootstrap[ends] = boots
+    got = segmented_scan(rewards + gamma * bootstrap, gamma, ends)
+    start = 0
+    for length, boot in zip(lengths, boots):
+        np.testing.assert_allclose(got[start:start + length], plain_returns(list(rewards[start:start + length]),
+                                                                             gamma, boot), rtol=1e-7, atol=1e-7)
+        start += length
 
 
 def test_long_episode_with_small_gamma_takes_the_stable_path() -> None:

@@ -1,7 +1,7 @@
 """Recording the single-agent lanes of a vector env a block of steps at a time.
 
 `BatchRecorder` copies each vector step into staging arrays (one copy per field) and writes a
-block of up to 64 steps into the buffer in a fixed number of numpy operations: which sub-envs
+block of 64 to 256 steps into the buffer in a fixed number of numpy operations: which sub-envs
 took a transition, where each lands, the next-value chains, episode ends and starts all come
 from the block's flags at once. Nothing runs per sub-env, nor per step beyond the copies.
 
@@ -23,7 +23,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import iterate
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.chain import HeldBatch
+from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
@@ -32,8 +32,9 @@ from flexibuff_envs.wrappers.annotations import ANNOTATIONS, add_feedback
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
 VectorBootstrapFn = Callable[[np.ndarray], Any]
-#: steps staged before they are written (fewer when a ring is shorter or steps are large)
-_BLOCK = 64
+#: sub-env steps staged before they are written: a block is this many over all sub-envs, of 64
+#: to 256 vector steps (fewer when a ring is short or steps are large)
+_BLOCK = 4096
 #: bytes the staging arrays may take
 _STAGE_BYTES = 64 << 20
 
@@ -65,6 +66,7 @@ class BatchRecorder:
         self._action = action
         self._action_space = action_space
         self._discrete = buffer._column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
+        self._discrete_rows = as_rows(self._discrete)
         self._continuous = (buffer._column("continuous_actions")[0][:, :action.continuous_dim]
                             if action.continuous_dim else np.zeros((0, 0)))
         self.obs = HeldBatch(buffer.next_chain("obs_"), 0, n)
@@ -76,32 +78,36 @@ class BatchRecorder:
         # the staging block: per step, what each sub-env returned
         step_bytes = n * (codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities)
                           + 4 * action.continuous_dim + 8)
-        self._block = max(1, min(_BLOCK, buffer.num_steps, _STAGE_BYTES // step_bytes))
+        # lanes make room for blocks an eighth of their ring at a time: at most that much of a lane
+        # (and the episode it cuts into) is forgotten before the single-env recorder would
+        self._block = max(1, min(max(64, min(256, _BLOCK // n)), buffer.num_steps // 8, _STAGE_BYTES // step_bytes))
         k = self._block
         self._k = 0  # steps staged
-        self._obs = np.zeros((k, n, codec.size), dtype=codec.dtype)  # what each sub-env holds after the step
-        self._final: np.ndarray | None = None  # SAME_STEP: the finished sub-envs' last obs_
+        # what each lane holds: [0] when the block began, [j + 1] after its step j
+        self._obs = np.zeros((k + 1, n, codec.size), dtype=codec.dtype)
+        self._obs[0] = self.obs.values()
+        self._final: np.ndarray | None = None  # SAME_STEP: the finished sub-envs' last obs_ per step
         self._has_final = [False] * k
         self._actions = (np.zeros((k, n, len(action.cardinalities)), dtype=np.int64),
                          np.zeros((k, n, action.continuous_dim), dtype=np.float32))
         self._staged_rewards = np.zeros((k, n), dtype=np.float32)
         self._flags = np.zeros((2, k, n), dtype=bool)  # terminated, truncated
-        self._before = self.obs.values()  # what the lanes held when the block began
         self.mask: HeldBatch | None = None
-        self._masks = self._final_masks = self._masks_before = np.zeros((0, 0, 0), dtype=np.uint8)
+        self._masks = self._final_masks = np.zeros((0, 0, 0), dtype=np.uint8)  # as ``_obs``, ``_final``
         if buffer.spec.action_mask:
             self._enable_masks()
         # annotations: name -> (store, value when not given, staged [k, n, ...]); given ones
         self._annotated: dict[str, tuple[np.ndarray, float, np.ndarray]] = {}
         self._given: dict[str, np.ndarray] = {}
         # per lane, as of the last written block: next position, start of the running episode,
-        # running?, the last ended episode's span (feedback), and NEXT_STEP's "next step resets"
+        # running?, and NEXT_STEP's "next step resets"
         self.pos = np.zeros(n, dtype=np.int64)
         self.start = np.zeros(n, dtype=np.int64)
         self.running = np.zeros(n, dtype=bool)
-        self.previous = np.zeros((2, n), dtype=np.int64)
         self._resetting = np.zeros(n, dtype=bool)
-        self._room = np.zeros(n, dtype=np.int64)  # positions from which rows need `Lane.make_room`
+        # per lane: the position from which rows hold its oldest episode, and from which they were never used
+        self._live_end = np.zeros(n, dtype=np.int64)
+        self._opened = np.zeros(n, dtype=np.int64)
         self._foreign = np.zeros(n, dtype=bool)
         self._ended: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # not committed
         self._draining = False
@@ -133,7 +139,8 @@ class BatchRecorder:
         self.start = np.where(self.running, started, self.pos)
         # episodes with steps running in lanes this recorder has not begun (a loaded file's)
         self._foreign = ~self.running & (started >= 0) & (self.pos > started)
-        self._room = np.minimum([lane.live_start + lane.capacity for lane in lanes], [lane.opened for lane in lanes])
+        self._live_end = np.array([lane.live_start + lane.capacity for lane in lanes], dtype=np.int64)
+        self._opened = np.array([lane.opened for lane in lanes], dtype=np.int64)
         self._version = self.buffer._version
 
     def _sync(self) -> None:
@@ -188,7 +195,7 @@ class BatchRecorder:
         k = self._k
         try:
             self.buffer._uncommitted = True
-            self._obs[k] = self._encode_obs(obs)
+            self._obs[k + 1] = self._encode_obs(obs)
             self._staged_rewards[k] = self._checked_rewards(rewards)
             self._stage_actions(k, actions)
             self._flags[0, k] = terminated
@@ -196,11 +203,11 @@ class BatchRecorder:
             self._has_final[k] = obs_ is not None
             if obs_ is not None:
                 if self._final is None:
-                    self._final = np.zeros_like(self._obs)
+                    self._final = np.zeros_like(self._obs[1:])
                 self._final[k] = self._encode_obs(obs_)
             if self.mask is not None:
-                self._masks[k] = self._packed(masks)
-                self._final_masks[k] = self._masks[k] if masks_ is None else self._packed(masks_)
+                self._masks[k + 1] = self._packed(masks)
+                self._final_masks[k] = self._masks[k + 1] if masks_ is None else self._packed(masks_)
             for name, (_, missing, staged) in self._annotated.items():
                 staged[k] = self._given.pop(name, missing)
         except BaseException as error:
@@ -260,40 +267,44 @@ class BatchRecorder:
             terminated, truncated = self._flags[0, :k], self._flags[1, :k]
             steps, resets, running = self._transitions(terminated | truncated)
             counts = steps.sum(axis=0)
-            if (self.pos + counts > self._room).any():
+            needed = self.pos + counts
+            if (needed > self._live_end).any():
                 self._make_room(counts)
+            elif (needed > self._opened).any():
+                self._open(needed)
             positions = self.pos + np.cumsum(steps, axis=0)  # each step's next position, per lane
-            at, lanes = np.nonzero(steps)  # the transitions, in step order
-            rows = self._offsets[lanes] + (positions[at, lanes] - 1) % self._capacity
-            self._write_fields(rows, steps, k)
+            flat = np.flatnonzero(steps)  # the transitions, in step order
+            lanes = flat % self.n
+            rows = self._offsets[lanes] + (positions.reshape(-1).take(flat) - 1) % self._capacity
+            self._write_fields(rows, flat, k)
             ends = steps & (terminated | truncated)
-            ended = ends[steps]
+            ended = ends.reshape(-1).take(flat)
             stepped = counts > 0
             last = k - 1 - np.argmax(steps[::-1], axis=0)  # each lane's last transition
             newest = np.zeros_like(steps)
             newest[last[stepped], stepped] = ~ends[last[stepped], stepped]
-            newest = newest[steps]
+            newest = newest.reshape(-1).take(flat)
             reset = resets.any(axis=0)
             chained = stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
             touched = stepped | reset
-            end_obs = self._ends_of(self._obs[:k], self._final, ends)
-            self.obs.write(rows, lanes, self._held(self._before, self._obs, steps, k), ended, end_obs, newest,
-                           chained, touched, self._obs[k - 1])
+            finished = np.flatnonzero(ends)  # in step order
+            end_obs = self._ends_of(self._obs, self._final, finished)
+            self.obs.write(rows, lanes, self._obs[:k].reshape(k * self.n, -1).take(flat, axis=0), ended, end_obs,
+                           newest, chained, touched, self._obs[k])
+            self._obs[0] = self._obs[k]
             if self.mask is not None:
-                self.mask.write(rows, lanes, self._held(self._masks_before, self._masks, steps, k), ended,
-                                self._ends_of(self._masks[:k], self._final_masks, ends), newest, chained, touched,
-                                self._masks[k - 1])
+                self.mask.write(rows, lanes, self._masks[:k].reshape(k * self.n, -1).take(flat, axis=0), ended,
+                                self._ends_of(self._masks, self._final_masks, finished), newest, chained, touched,
+                                self._masks[k])
+                self._masks[0] = self._masks[k]
             starts = np.maximum.accumulate(np.where(resets, positions, -1), axis=0)  # latest episode start
-            if ended.any():
-                self._end_block(ends, starts, positions, end_obs, truncated & ~terminated)
+            if finished.size:
+                self._end_block(finished, starts, positions, end_obs, truncated & ~terminated)
             self.start = np.where(starts[-1] >= 0, starts[-1], self.start)
             self.pos = self.pos + counts
             self.running = running
             self._k = 0
             self._has_final = [False] * self._block
-            self._before = self.obs.values()
-            if self.mask is not None:
-                self._masks_before = self.mask.values()
             self.buffer._uncommitted = True  # the lanes are behind until `commit`
         finally:
             self._draining = False
@@ -304,56 +315,62 @@ class BatchRecorder:
         self._push()  # what was written before this block
         ring = self.buffer._ring
         forgotten = []
-        for i in np.flatnonzero(self.pos + counts > self._room).tolist():
-            lo, hi = ring[self.lane_ids[i]].make_room(int(counts[i]), defer=True)
+        # room for an eighth of the ring at once (a block is at most that), in every lane that
+        # would need it within that many rows: the lanes then make room together, seldom
+        ahead = np.maximum(counts, self._capacity // 8)
+        for i in np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened)).tolist():
+            lo, hi = ring[self.lane_ids[i]].make_room(int(ahead[i]), defer=True)
             forgotten.append(self._offsets[i] + np.arange(lo, hi) % self._capacity)
         self.buffer._forget_rows(np.concatenate(forgotten))
         self._reload()
 
-    def _write_fields(self, rows: np.ndarray, steps: np.ndarray, k: int) -> None:
-        self._rewards[rows] = rewards = self._staged_rewards[:k][steps]
+    def _open(self, needed: np.ndarray) -> None:
+        """Give rows up to positions ``needed`` their fields' allocated values (no commit: only
+        the rows change)."""
+        ring = self.buffer._ring
+        for i in np.flatnonzero(needed > self._opened).tolist():
+            lane = ring[self.lane_ids[i]]
+            self.buffer._open(lane, int(needed[i]))
+            self._opened[i] = lane.opened
+
+    def _write_fields(self, rows: np.ndarray, flat: np.ndarray, k: int) -> None:
+        """Rewards, end flags, actions and annotations of the transitions ``flat`` (indices into
+        the block's ``[k, n]`` steps) into ``rows``."""
+        self._rewards[rows] = rewards = self._staged_rewards[:k].reshape(-1).take(flat)
         if self._team is not None:
             self._team[rows] = rewards
-        self._terminated[rows] = self._flags[0, :k][steps]
-        self._truncated[rows] = self._flags[1, :k][steps]
+        self._terminated[rows] = self._flags[0, :k].reshape(-1).take(flat)
+        self._truncated[rows] = self._flags[1, :k].reshape(-1).take(flat)
         if self._action.cardinalities:
-            self._discrete[rows] = self._actions[0][:k][steps]
+            self._discrete_rows[rows] = as_rows(self._actions[0][:k].reshape(-1, self._discrete.shape[1]).take(
+                flat, axis=0))
         if self._action.continuous_dim:
-            self._continuous[rows] = self._actions[1][:k][steps]
+            self._continuous[rows] = self._actions[1][:k].reshape(-1, self._action.continuous_dim).take(flat, axis=0)
         for store, _, staged in self._annotated.values():
-            store[rows] = staged[:k][steps]
+            store[rows] = staged[:k].reshape(-1, *staged.shape[2:]).take(flat, axis=0)
 
-    @staticmethod
-    def _held(before: np.ndarray, staged: np.ndarray, steps: np.ndarray, k: int) -> np.ndarray:
-        """What each transition's lane held before its step: the block's start value at its
-        first step, else what the sub-env returned at the step before."""
-        return np.concatenate([before[None], staged[:k - 1]])[steps]
-
-    def _ends_of(self, staged: np.ndarray, final: np.ndarray | None, ends: np.ndarray) -> np.ndarray:
-        """The next values of the transitions that end an episode (SAME_STEP: the final ones)."""
-        values = staged[ends]
+    def _ends_of(self, held: np.ndarray, final: np.ndarray | None, finished: np.ndarray) -> np.ndarray:
+        """The next values of the transitions ``finished`` (flat indices, in step order) that end
+        an episode: what their lane held after the step (SAME_STEP: the final ones)."""
+        values = held[1:].reshape(-1, held.shape[-1]).take(finished, axis=0)
         if final is not None and any(self._has_final):
-            at, lanes = np.nonzero(ends)
-            own = np.array(self._has_final)[at]
-            values[own] = final[at[own], lanes[own]]
+            own = np.flatnonzero(np.array(self._has_final)[finished // self.n])
+            values[own] = final.reshape(-1, held.shape[-1]).take(finished[own], axis=0)
         return values
 
-    def _end_block(self, ends: np.ndarray, starts: np.ndarray, positions: np.ndarray, end_obs: np.ndarray,
+    def _end_block(self, finished: np.ndarray, starts: np.ndarray, positions: np.ndarray, end_obs: np.ndarray,
                    truncated: np.ndarray) -> None:
-        """The episodes that ended in this block, queued for `commit` with their bootstraps."""
-        lanes, at = np.nonzero(ends.T)  # lane by lane, in time order
+        """The episodes that ended in this block (``finished``: flat indices of their last
+        transitions, in step order), queued for `commit` with their bootstraps."""
+        at, lanes = np.divmod(finished, self.n)
         before = np.where(at > 0, starts[np.maximum(at - 1, 0), lanes], -1)
         first = np.where(before >= 0, before, self.start[lanes])
         last = positions[at, lanes]
         boots = np.zeros(lanes.size)
         if self.bootstrap_fn is not None:
-            obs_of = np.empty_like(end_obs)
-            obs_of[np.lexsort((lanes, at))] = end_obs  # end_obs is in step order
             for j in np.flatnonzero(truncated[at, lanes]).tolist():
-                boots[j] = self.bootstrap_fn(one_hot(obs_of[j], self._categories) if self._categories else obs_of[j])
+                boots[j] = self.bootstrap_fn(one_hot(end_obs[j], self._categories) if self._categories else end_obs[j])
         self._ended.append((lanes, first, last, boots))
-        tail = np.flatnonzero(np.append(lanes[1:] != lanes[:-1], True))  # each lane's last one
-        self.previous[:, lanes[tail]] = first[tail], last[tail]
 
     # ----------------------------------------------------------------- resets and failures
 
@@ -377,10 +394,10 @@ class BatchRecorder:
         if cut.size:
             self._cut(cut, bootstrap=True)
         self.obs.hold(lanes, values)
-        self._before = self.obs.values()
+        self._obs[0] = self.obs.values()
         if self.mask is not None and packed is not None:
             self.mask.hold(lanes, packed)
-            self._masks_before = self.mask.values()
+            self._masks[0] = self.mask.values()
         self.start[lanes] = self.pos[lanes]
         self.running[lanes] = True
         self._resetting[lanes] = False
@@ -390,9 +407,9 @@ class BatchRecorder:
         self.mask = HeldBatch(self.buffer.next_chain("action_mask_"), 0, self.n)
         self._all_legal = pack_mask(np.ones((self.n, self._mask_width), dtype=bool))
         self.mask.hold(np.arange(self.n), self._all_legal)
-        self._masks_before = self.mask.values()
-        self._masks = np.zeros((self._block, *self._all_legal.shape), dtype=np.uint8)
-        self._final_masks = np.zeros_like(self._masks)
+        self._masks = np.zeros((self._block + 1, *self._all_legal.shape), dtype=np.uint8)
+        self._masks[0] = self.mask.values()
+        self._final_masks = np.zeros_like(self._masks[1:])
 
     def _packed(self, masks: np.ndarray | None) -> np.ndarray:
         if masks is None:
@@ -412,7 +429,6 @@ class BatchRecorder:
                 value = self.obs.value(lane)
                 boots[k] = self.bootstrap_fn(one_hot(value, self._categories) if self._categories else value)
         self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots))
-        self.previous[:, lanes] = self.start[lanes], self.pos[lanes]
         self.running[lanes] = False
         self.buffer._uncommitted = True
 
@@ -471,12 +487,12 @@ class BatchRecorder:
     def feedback(self, lane: int, value: float, step: int) -> None:
         """Add a human reward to lane ``lane``'s ``step``-th step of its running episode (of the
         episode before while the running one has no step)."""
-        self._drain()
-        self._sync()
-        start, end = ((self.start[lane], self.pos[lane]) if self.running[lane] and self.pos[lane] > self.start[lane]
-                      else self.previous[:, lane])
-        steps = int(end - start)
+        ring = self.buffer._lanes[self.lane_ids[lane]]  # commits
+        running = ring.running
+        episode = (running if running is not None and running.end > running.start
+                   else ring.ended[-1] if ring.ended else None)
+        steps = 0 if episode is None else episode.end - episode.start
         if not -steps <= step < steps:
             raise ValueError(f"add_feedback: step={step} is not a recorded step of sub-env {lane} "
                              f"({steps} in its current episode)")
-        add_feedback(self.buffer, int(self._offsets[lane] + (start + step % steps) % self._capacity), 0, value)
+        add_feedback(self.buffer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]
