@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,10 +14,10 @@ from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
-from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns, gae, segmented_scan
+from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, one_hot, pack_mask
+from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, pack_mask
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
@@ -122,7 +121,8 @@ class FlexibleBuffer(Sampling):
         self._batched: list[Any] = []
         self._uncommitted = self._committing = False
         self._version = 0  # grows whenever the lanes are read (and so may change) from outside
-        # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
+        # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane;
+        # `Writer.claim_lanes`)
         self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
         wanted = {
             "obs": True, "terminated": True, "truncated": True, "active": True,
@@ -196,7 +196,7 @@ class FlexibleBuffer(Sampling):
 
     def check_matches(self, spec: BufferSpec) -> None:
         """Raise `SpecMismatchError` naming the first layout field where this buffer differs (the
-        number of lanes aside: recorders claim lanes, see `claim_lanes`)."""
+        number of lanes aside: recorders claim lanes, see `Writer.claim_lanes`)."""
         for name in BufferSpec.LAYOUT_FIELDS:
             if name == "n_envs":
                 continue
@@ -207,35 +207,7 @@ class FlexibleBuffer(Sampling):
                 raise SpecMismatchError(f"buffer does not match the env: {name} is {mine!r} in the "
                                         f"buffer but the env needs {theirs!r}")
 
-    # ------------------------------------------------------------------ recording (recorders)
-
-    def claim_lanes(self, n: int, writer: object) -> list[int]:
-        """``n`` lanes no other recorder writes, written by ``writer`` from now on (until it is
-        closed or dropped): several recorders can share a buffer, one lane each.
-
-        Raises:
-            SpecMismatchError: fewer than ``n`` lanes are free; the message says what to do.
-        """
-        self._commit()
-        self._batched = [batch for batch in self._batched if batch.owner() is not None]
-        free = [i for i, ref in enumerate(self._writers) if ref is None or ref() is None]
-        if len(free) < n:
-            taken = self.spec.n_envs - len(free)
-            raise SpecMismatchError(
-                f"this buffer has {self.spec.n_envs} lane(s), {taken} written by another recorder, and this "
-                f"recorder needs {n}: recorders that share a buffer write one lane each (one per sub-env). "
-                f"Make the buffer with a lane per recorder, fe.FlexibleBuffer.from_spec(spec, num_steps=..., "
-                f"n_envs=<recorders>), or record one vector env (gymnasium.vector.SyncVectorEnv) instead")
-        ref = weakref.ref(writer)
-        for lane in free[:n]:
-            self._writers[lane] = ref
-        return free[:n]
-
-    def release_lanes(self, writer: object) -> None:
-        """The lanes ``writer`` claimed are free again (its env was closed)."""
-        self._commit()
-        self._batched = [batch for batch in self._batched if batch.owner() not in (writer, None)]
-        self._writers = [None if ref is not None and ref() is writer else ref for ref in self._writers]
+    # ------------------------------------------------------------------ filling (by hand; recorders use `Writer`)
 
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
         """The storage array of ``name``, allocated on first use, to fill a buffer by hand.
@@ -267,26 +239,6 @@ class FlexibleBuffer(Sampling):
                 self._storage.chain(next_name)
         return array
 
-    def next_chain(self, name: str) -> Chain:
-        """The chain a recorder writes next-value field ``name`` through (next values written out
-        by hand are compacted first)."""
-        if name in self._storage.arrays:
-            self.compact()
-        return self._storage.chain(name)
-
-    def next_value(self, name: str, row: int, agent: int = 0) -> np.ndarray:
-        """The value of next-value field ``name`` at ``row`` for ``agent`` (a copy)."""
-        chain = self._storage.chains.get(name)
-        if chain is None:
-            explicit = self._storage.arrays[name]
-            return (explicit[agent, row] if FIELDS[name].per_agent else explicit[row]).copy()
-        return chain.value(row, int(self._successors(np.array(row))), agent if chain.per_agent else None)
-
-    def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
-        """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""
-        value = self.next_value("obs_", row, agent)
-        return one_hot(value, self.spec.obs_categories) if self.spec.obs_categories else value
-
     def compact(self) -> None:
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
@@ -315,7 +267,7 @@ class FlexibleBuffer(Sampling):
                                       index=index, tail=parts[name, "tail"])
                           for (name, part), index in parts.items() if part == "index"}
 
-    def enable_action_mask(self) -> None:
+    def _enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
         self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
         chain = self._storage.chain("action_mask_")
@@ -340,21 +292,6 @@ class FlexibleBuffer(Sampling):
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
         return self._lanes[lane].claim()
-
-    def unclaim_row(self, lane: int = 0) -> None:
-        """Give back ``lane``'s last claimed row: the step it was for could not be recorded."""
-        self._lanes[lane].unclaim()
-
-    def row_claimer(self, lane: int = 0) -> Callable[[], int]:
-        """`claim_row` bound to one lane, for a recorder's per-step path."""
-        return self._lanes[lane].claim
-
-    def reclaim(self) -> None:
-        """Next-value slots lost by an eviction that was interrupted (Ctrl-C) come back; a
-        recorder calls this when a step could not be recorded."""
-        live = live_rows(self._lanes)
-        for chain in self._storage.chains.values():
-            chain.reclaim(live)
 
     def _open(self, lane: Lane, needed: int, *, block: int = _OPEN_ROWS, fill: bool = True) -> None:
         """Give the rows of ``lane`` up to position ``needed`` (and ``block`` more) their fields'
@@ -385,50 +322,6 @@ class FlexibleBuffer(Sampling):
         if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
             self._write_returns(lane_, running, bootstrap)
         lane_.end()
-
-    def end_agent(self, lane: int, agent: int, bootstrap: float | None = None) -> None:
-        """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
-        its own rows (those where it is active since it joined), bootstrapped by ``bootstrap``.
-        Its ``G`` is final: `end_episode` and `finish_path` leave it alone."""
-        lane_ = self._lanes[lane]
-        if lane_.running is None:
-            return
-        self._write_returns(lane_, lane_.running, bootstrap, only=agent)
-        lane_.agent_start[agent] = -1
-
-    def rejoin_agent(self, lane: int, agent: int) -> None:
-        """Agent ``agent`` appears again in ``lane``'s running episode after its own ended: its
-        next episode starts with its next row."""
-        running = self._lanes[lane].running
-        if running is not None:
-            self._lanes[lane].agent_start[agent] = running.end
-
-    def claim_cleared_row(self, lane: int = 0) -> int:
-        """`claim_row`, the row reset by `clear_row` (a row never written before needs less)."""
-        lane_ = self._lanes[lane]
-        fresh = lane_.dirty <= lane_.written < lane_.capacity  # the ring's first pass: allocated values
-        row = self.claim_row(lane)
-        self.clear_row(row, fresh=fresh)
-        return row
-
-    def clear_row(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
-        """Reset ``row`` to "nothing happened": agents inactive, rewards 0, no legal actions.
-
-        Args:
-            agents: clear only these agents' per-agent fields (None: every field of the row).
-            fresh: the row was never written: only fields allocated with another value are set.
-        """
-        who = slice(None) if agents is None else agents
-        for array, value, per_agent in self._storage.clearing(fresh):
-            if per_agent:
-                array[who, row] = value
-            elif agents is None:
-                array[row] = value
-        for chain in [] if fresh else self._storage.chains.values():  # a fresh row reads slot 0
-            if chain.per_agent:
-                chain.index[slice(None) if agents is None else agents, row] = 0
-            elif agents is None:
-                chain.index[row] = 0
 
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
         """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.
@@ -483,30 +376,6 @@ class FlexibleBuffer(Sampling):
                 own = all_rows[skipped:][mine]
             if acted:
                 self._store_returns(slice(agent, agent + 1), own, boot_)
-
-    def _write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                           bootstrap: np.ndarray) -> None:
-        """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
-        pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
-        lengths = ends - starts
-        if not lengths.size:
-            return
-        first = np.cumsum(lengths) - lengths
-        which = np.repeat(np.arange(lengths.size), lengths)
-        positions = np.arange(int(lengths.sum())) + (starts - first)[which]
-        rows = lanes[which] * self.num_steps + positions % self.num_steps
-        arrays = self._store.arrays
-        last = np.zeros(rows.size, dtype=bool)
-        last[first + lengths - 1] = True
-        boot = np.zeros(rows.size)
-        boot[last] = bootstrap
-        rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
-        arrays["G"][0, rows] = segmented_scan(rewards + self.gamma * boot, self.gamma, last)
-        if "values" in arrays:
-            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), last, self.gamma,
-                                            self.gae_lambda, boot)
-            self._column("advantages")[0, rows] = advantages
-            self._column("returns")[0, rows] = value_targets
 
     def _store_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None) -> None:
         """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition

@@ -93,7 +93,7 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
     if any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # next values filled in by hand are chained first, like the chunk's
     if chunk.spec.action_mask and not buffer.spec.action_mask:
-        buffer.enable_action_mask()
+        buffer._enable_action_mask()
     for name, array in chunk.arrays.items():
         buffer._column(name, width=array.shape[-1] if name == "continuous_log_probs" else None)
     start = int(chunk.lengths[:skip].sum())

@@ -16,6 +16,7 @@ import flexibuff_envs as fe
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.wrappers.core import held
+from flexibuff_envs.writer import Writer
 
 AGENTS, LANES, CAPACITY, WIDTH = 2, 2, 7, 3
 
@@ -44,7 +45,8 @@ class Model:
 def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[Any, ...]]) -> None:
     buffer = fe.FlexibleBuffer(CAPACITY, WIDTH, n_agents=AGENTS, n_envs=LANES)  # small: rings wrap
     codec = obs_codec(spaces.Box(-1e9, 1e9, (WIDTH,), np.float32))
-    holders = {(lane, a): held(buffer, "obs_", codec, a, lane) for lane in range(LANES) for a in range(AGENTS)}
+    writer = Writer(buffer, buffer)  # what a recorder writes through
+    holders = {(lane, a): held(writer, "obs_", codec, a, lane) for lane in range(LANES) for a in range(AGENTS)}
     model, running, counter = Model(), [False] * LANES, iter(range(1, 10**6))
     undo: list[Any] = [None] * LANES  # what the lane's last step changed, to give it back
 
@@ -65,7 +67,7 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
                 model.last.pop((lane, a), None)
             running[lane], undo[lane] = True, None
         elif kind == "step" and running[lane]:
-            row = buffer.claim_cleared_row(lane)
+            row = writer.claim_cleared_row(lane)
             for a in range(AGENTS):  # a row the ring hands out again is no agent's last row any more
                 if model.last.get((lane, a)) == row:
                     del model.last[lane, a]
@@ -88,7 +90,7 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
             row, wrote, held_before, last_before = undo[lane]
             for a in wrote:
                 holders[lane, a].undo(row)
-            buffer.unclaim_row(lane)
+            writer.unclaim_row(lane)
             model.held.update(held_before)
             for a in range(AGENTS):
                 model.last.pop((lane, a), None)

@@ -209,10 +209,12 @@ def test_a_fresh_huge_buffer_costs_memory_only_as_it_records() -> None:
     result = subprocess.run([sys.executable, "-c", f"""
 import numpy as np
 import flexibuff_envs as fe
+from flexibuff_envs.writer import Writer
 buffer = fe.FlexibleBuffer(2 * 10**8, 4, [2], n_agents=2, memory_weights=True, values=True, action_mask=True)
+writer = Writer(buffer, buffer)  # the rows a multi-agent recorder claims and clears
 buffer.begin_episode()
 for _ in range(5000):
-    buffer.claim_cleared_row()
+    writer.claim_cleared_row(0)
 buffer.end_episode()
 assert np.isnan(buffer.sample_transitions(8).values).all() and (buffer.sample_transitions(8).memory_weights == 1).all()
 print({PEAK})

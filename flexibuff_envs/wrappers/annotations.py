@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.writer import Writer
 
 #: annotation -> (what it is, per agent?)
 ANNOTATIONS = {
@@ -24,18 +24,21 @@ class Annotations:
     given for that step), so a reused ring row never shows a stale value.
     """
 
-    def __init__(self, buffer: FlexibleBuffer, n_agents: int) -> None:
-        self.buffer = buffer
+    def __init__(self, writer: Writer, n_agents: int) -> None:
+        self.writer = writer
+        self.buffer = writer.buffer
         self.pending: list[dict[str, Any]] = [{} for _ in range(n_agents)]
         self.fields: list[str] = []
+        self._stores: dict[str, np.ndarray] = {}  # each annotated field's storage
 
     def add(self, index: int, agent: str, fields: dict[str, Any]) -> None:
         """Check ``fields`` and hold them for agent ``index``'s next step."""
         checked = {name: self._check(name, agent, value) for name, value in fields.items()}
         # storage is allocated only once every field passed: a refused call changes nothing
         for name, value in checked.items():
-            self.buffer._column(name, width=np.size(value) if name == "continuous_log_probs" else None)
             if name not in self.fields:
+                self._stores[name] = self.writer.column(
+                    name, width=np.size(value) if name == "continuous_log_probs" else None)
                 self.fields.append(name)
         self.pending[index].update(checked)
 
@@ -47,8 +50,7 @@ class Annotations:
         heads = len(self.buffer.spec.discrete_action_cardinalities)
         expected = {"discrete_log_probs": heads, "values": 1, "memory_weights": 1}.get(name)
         if name == "continuous_log_probs":
-            existing = self.buffer._storage.arrays.get(name)
-            expected = array.size if existing is None else existing.shape[-1]
+            expected = self._width(name, array.size)
         if array.size != expected or expected == 0:
             raise ValueError(f"annotate: {name} of agent {agent!r} must have {expected} value(s) "
                              f"({ANNOTATIONS[name]}); got shape {np.shape(value)}")
@@ -59,19 +61,22 @@ class Annotations:
     def write(self, row: int, index: int) -> None:
         """Write agent ``index``'s held annotations (or the "not given" value) into ``row``."""
         pending = self.pending[index]
-        arrays = self.buffer._storage.arrays
         for name in self.fields:
             value = pending.pop(name, 1.0 if name == "memory_weights" else np.nan)
             if name == "memory_weights":
-                arrays[name][row] = value
+                self._stores[name][row] = value
             else:
-                arrays[name][index, row] = value
+                self._stores[name][index, row] = value
+
+    def _width(self, name: str, given: int) -> int:
+        """The width field ``name`` is stored with (``given``, before its storage exists)."""
+        return self.writer.column(name).shape[-1] if self.writer.has(name) else given
 
 
-def add_feedback(buffer: FlexibleBuffer, row: int, index: int, value: float) -> None:
+def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:
     """Add a human reward to agent ``index`` at ``row`` (individual and team auxiliary rewards)."""
     number = float(value)
     if not np.isfinite(number):
         raise ValueError(f"add_feedback: value must be a finite number, got {value!r}")
-    buffer._column("individual_auxiliary_rewards")[index, row] += number
-    buffer._column("global_auxiliary_rewards")[row] += number
+    writer.column("individual_auxiliary_rewards")[index, row] += number
+    writer.column("global_auxiliary_rewards")[row] += number

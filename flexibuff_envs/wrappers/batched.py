@@ -13,7 +13,6 @@ recorded so far, exactly as if each had been written on its own.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,13 +21,13 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import iterate
 
-from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.storage import one_hot, pack_mask
 from flexibuff_envs.wrappers.annotations import ANNOTATIONS, add_feedback
+from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
 VectorBootstrapFn = Callable[[np.ndarray], Any]
@@ -40,7 +39,7 @@ _STAGE_BYTES = 64 << 20
 
 
 class BatchRecorder:
-    """Records ``len(lanes)`` single-agent lanes of ``buffer``: sub-env ``i`` into ``lanes[i]``.
+    """Records ``len(lanes)`` single-agent lanes of ``writer``'s buffer: sub-env ``i`` into ``lanes[i]``.
 
     ``mode`` is the vector env's autoreset mode: it says which sub-env steps are transitions.
     A step that cannot be recorded (a value its space does not allow, or an interrupt) ends every
@@ -49,11 +48,12 @@ class BatchRecorder:
     (at the latest when the buffer is next read).
     """
 
-    def __init__(self, buffer: FlexibleBuffer, obs: ObsCodec, action: ActionCodec, lanes: list[int], *,
-                 owner: object, mode: AutoresetMode, obs_space: spaces.Space, action_space: spaces.Space,
+    def __init__(self, writer: Writer, obs: ObsCodec, action: ActionCodec, lanes: list[int], *,
+                 mode: AutoresetMode, obs_space: spaces.Space, action_space: spaces.Space,
                  bootstrap_fn: VectorBootstrapFn | None = None) -> None:
-        self.buffer = buffer
-        self.owner = weakref.ref(owner)
+        self.writer = writer
+        self.owner = writer.owner  # the recorder: its lanes are freed when it is closed or dropped
+        buffer = writer.buffer
         self.n = n = len(lanes)
         self.lane_ids = lanes
         self.mode = mode
@@ -65,15 +65,15 @@ class BatchRecorder:
         self._categories = buffer.spec.obs_categories
         self._action = action
         self._action_space = action_space
-        self._discrete = buffer._column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
+        self._discrete = writer.column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
         self._discrete_rows = as_rows(self._discrete)
-        self._continuous = (buffer._column("continuous_actions")[0][:, :action.continuous_dim]
+        self._continuous = (writer.column("continuous_actions")[0][:, :action.continuous_dim]
                             if action.continuous_dim else np.zeros((0, 0)))
-        self.obs = HeldBatch(buffer.next_chain("obs_"), 0, n)
-        self._rewards = buffer._column("individual_rewards")[0]
-        self._team = buffer._column("global_rewards") if "global_rewards" in buffer._storage.arrays else None
-        self._terminated = buffer._column("terminated")[0]
-        self._truncated = buffer._column("truncated")[0]
+        self.obs = HeldBatch(writer.chain("obs_"), 0, n)
+        self._rewards = writer.column("individual_rewards")[0]
+        self._team = writer.column("global_rewards") if writer.has("global_rewards") else None
+        self._terminated = writer.column("terminated")[0]
+        self._truncated = writer.column("truncated")[0]
         self._mask_width = sum(action.cardinalities)
         # the staging block: per step, what each sub-env returned
         step_bytes = n * (codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities)
@@ -112,7 +112,7 @@ class BatchRecorder:
         self._ended: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # not committed
         self._draining = False
         self._version = -1
-        buffer._batched.append(self)
+        writer.attach(self)
         self._reload()
 
     @staticmethod
@@ -128,7 +128,7 @@ class BatchRecorder:
     # ----------------------------------------------------------------- bookkeeping
 
     def _lanes(self) -> list[Lane]:
-        return [self.buffer._ring[i] for i in self.lane_ids]
+        return self.writer.lanes(self.lane_ids)
 
     def _reload(self) -> None:
         """Read the lanes again: the buffer was read (and maybe changed) since the last block."""
@@ -141,10 +141,10 @@ class BatchRecorder:
         self._foreign = ~self.running & (started >= 0) & (self.pos > started)
         self._live_end = np.array([lane.live_start + lane.capacity for lane in lanes], dtype=np.int64)
         self._opened = np.array([lane.opened for lane in lanes], dtype=np.int64)
-        self._version = self.buffer._version
+        self._version = self.writer.version
 
     def _sync(self) -> None:
-        if self._version != self.buffer._version:
+        if self._version != self.writer.version:
             self._reload()
 
     def commit(self) -> None:
@@ -170,7 +170,7 @@ class BatchRecorder:
                 lane.running.end = last[lo]  # type: ignore[union-attr]
                 lane.end()
                 lane.ended.extend(map(Episode, first[lo + 1:hi], last[lo + 1:hi]))
-            self.buffer._write_run_returns(self._offsets[which] // self._capacity, starts, ends, boots)
+            self.writer.write_run_returns(self._offsets[which] // self._capacity, starts, ends, boots)
         for lane, pos, start, running in zip(lanes, self.pos.tolist(), self.start.tolist(), self.running.tolist()):
             lane.written = pos
             lane.dirty = max(lane.dirty, pos)
@@ -194,7 +194,7 @@ class BatchRecorder:
         sub-envs' final ones); ``masks``/``masks_`` likewise for legal actions."""
         k = self._k
         try:
-            self.buffer._uncommitted = True
+            self.writer.uncommitted()
             self._obs[k + 1] = self._encode_obs(obs)
             self._staged_rewards[k] = self._checked_rewards(rewards)
             self._stage_actions(k, actions)
@@ -305,7 +305,7 @@ class BatchRecorder:
             self.running = running
             self._k = 0
             self._has_final = [False] * self._block
-            self.buffer._uncommitted = True  # the lanes are behind until `commit`
+            self.writer.uncommitted()  # the lanes are behind until `commit`
         finally:
             self._draining = False
 
@@ -313,25 +313,22 @@ class BatchRecorder:
         """Lanes whose next ``counts`` rows hold their oldest episodes, or were never used:
         `Lane.make_room` (the lanes are committed first)."""
         self._push()  # what was written before this block
-        ring = self.buffer._ring
+        ring = self._lanes()
         forgotten = []
         # room for an eighth of the ring at once (a block is at most that), in every lane that
         # would need it within that many rows: the lanes then make room together, seldom
         ahead = np.maximum(counts, self._capacity // 8)
         for i in np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened)).tolist():
-            lo, hi = ring[self.lane_ids[i]].make_room(int(ahead[i]), defer=True)
+            lo, hi = ring[i].make_room(int(ahead[i]), defer=True)
             forgotten.append(self._offsets[i] + np.arange(lo, hi) % self._capacity)
-        self.buffer._forget_rows(np.concatenate(forgotten))
+        self.writer.forget_rows(np.concatenate(forgotten))
         self._reload()
 
     def _open(self, needed: np.ndarray) -> None:
         """Give rows up to positions ``needed`` their fields' allocated values (no commit: only
         the rows change)."""
-        ring = self.buffer._ring
         for i in np.flatnonzero(needed > self._opened).tolist():
-            lane = ring[self.lane_ids[i]]
-            self.buffer._open(lane, int(needed[i]))
-            self._opened[i] = lane.opened
+            self._opened[i] = self.writer.open(self.lane_ids[i], int(needed[i]))
 
     def _write_fields(self, rows: np.ndarray, flat: np.ndarray, k: int) -> None:
         """Rewards, end flags, actions and annotations of the transitions ``flat`` (indices into
@@ -381,13 +378,13 @@ class BatchRecorder:
         values = self._encode_obs(obs)[lanes]  # may raise: then nothing has changed
         self._drain()
         if masks is not None and self.mask is None and self._mask_width:
-            self.buffer.enable_action_mask()  # reads the lanes: before anything changes here
+            self.writer.enable_action_mask()  # reads the lanes: before anything changes here
             self._enable_masks()
         packed = self._packed(masks)[lanes] if self.mask is not None else None
         self._sync()
         foreign = lanes[self._foreign[lanes]]
         for i in foreign.tolist():  # an episode a loaded file left running: closed as `begin_episode` does
-            self.buffer.begin_episode(self.lane_ids[i])
+            self.writer.buffer.begin_episode(self.lane_ids[i])
         if foreign.size:
             self._sync()
         cut = lanes[self.running[lanes] & (self.pos[lanes] > self.start[lanes])]
@@ -401,10 +398,10 @@ class BatchRecorder:
         self.start[lanes] = self.pos[lanes]
         self.running[lanes] = True
         self._resetting[lanes] = False
-        self.buffer._uncommitted = True
+        self.writer.uncommitted()
 
     def _enable_masks(self) -> None:
-        self.mask = HeldBatch(self.buffer.next_chain("action_mask_"), 0, self.n)
+        self.mask = HeldBatch(self.writer.chain("action_mask_"), 0, self.n)
         self._all_legal = pack_mask(np.ones((self.n, self._mask_width), dtype=bool))
         self.mask.hold(np.arange(self.n), self._all_legal)
         self._masks = np.zeros((self._block + 1, *self._all_legal.shape), dtype=np.uint8)
@@ -430,7 +427,7 @@ class BatchRecorder:
                 boots[k] = self.bootstrap_fn(one_hot(value, self._categories) if self._categories else value)
         self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots))
         self.running[lanes] = False
-        self.buffer._uncommitted = True
+        self.writer.uncommitted()
 
     def abandon(self, error: BaseException) -> None:
         """The step being staged failed with ``error``: the steps before it are written, every
@@ -442,7 +439,7 @@ class BatchRecorder:
             self._cut(cut, bootstrap=False)
         self.running[:] = False
         self._resetting[:] = False
-        self.buffer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
+        self.writer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note("flexibuff_envs: this vector step was not recorded; each sub-env's episode is kept up to "
@@ -458,7 +455,7 @@ class BatchRecorder:
             if name not in self._annotated:
                 width = values.shape[1] if name == "continuous_log_probs" else None
                 self._drain()  # earlier steps of the block were not annotated
-                store = self.buffer._column(name, width=width)
+                store = self.writer.column(name, width=width)
                 missing = 1.0 if name == "memory_weights" else np.nan
                 self._annotated[name] = (store if name == "memory_weights" else store[0], missing,
                                          np.full((self._block, *values.shape), missing, dtype=np.float32))
@@ -472,7 +469,7 @@ class BatchRecorder:
             raise ValueError(f"annotate: {name} needs a leading axis of {self.n} sub-envs, "
                              f"got shape {np.shape(value)}")
         values = np.asarray(value, dtype=np.float32).reshape(self.n, -1)
-        expected = {"discrete_log_probs": len(self.buffer.spec.discrete_action_cardinalities),
+        expected = {"discrete_log_probs": len(self.writer.buffer.spec.discrete_action_cardinalities),
                     "values": 1, "memory_weights": 1}.get(name)
         if name == "continuous_log_probs":
             existing = self._annotated.get(name)
@@ -487,7 +484,7 @@ class BatchRecorder:
     def feedback(self, lane: int, value: float, step: int) -> None:
         """Add a human reward to lane ``lane``'s ``step``-th step of its running episode (of the
         episode before while the running one has no step)."""
-        ring = self.buffer._lanes[self.lane_ids[lane]]  # commits
+        ring = self.writer.lane(self.lane_ids[lane])
         running = ring.running
         episode = (running if running is not None and running.end > running.start
                    else ring.ended[-1] if ring.ended else None)
@@ -495,4 +492,4 @@ class BatchRecorder:
         if not -steps <= step < steps:
             raise ValueError(f"add_feedback: step={step} is not a recorded step of sub-env {lane} "
                              f"({steps} in its current episode)")
-        add_feedback(self.buffer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]
+        add_feedback(self.writer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import mask_bytes, pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
+from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the observation
 #: after a truncated episode's last step, exactly as a batch shows that row's ``obs_``. The core
@@ -118,39 +119,39 @@ class MaskCodec:
         return write
 
 
-def held(buffer: FlexibleBuffer, name: str, codec: ObsCodec | MaskCodec, agent: int | None,
-         lane: int = 0) -> Held:
+def held(writer: Writer, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int = 0) -> Held:
     """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` in ``lane``."""
-    first = lane * buffer.num_steps
-    return Held(buffer.next_chain(name), agent, codec.writer, codec.size, (first, first + buffer.num_steps))
+    first = lane * writer.buffer.num_steps
+    return Held(writer.chain(name), agent, codec.writer, codec.size, (first, first + writer.buffer.num_steps))
 
 
 class AgentSlot:
     """Writes one agent's transitions into its slice of the buffer."""
 
-    def __init__(self, buffer: FlexibleBuffer, index: int, obs: ObsCodec, action: ActionCodec, lane: int) -> None:
+    def __init__(self, writer: Writer, index: int, obs: ObsCodec, action: ActionCodec, lane: int) -> None:
+        spec = writer.buffer.spec
         self.index = index
         self.lane = lane
-        self.name = buffer.spec.agent_ids[index]
+        self.name = spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = held(buffer, "obs_", obs.compact() if buffer.spec.obs_categories else obs, index, lane)
+        self.obs = held(writer, "obs_", obs.compact() if spec.obs_categories else obs, index, lane)
         self._write_obs = self.obs.write
         self._write_action = action.writer(
-            buffer._column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
-            buffer._column("continuous_actions")[index][:, :action.continuous_dim]
+            writer.column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
+            writer.column("continuous_actions")[index][:, :action.continuous_dim]
             if action.continuous_dim else np.zeros((0, 0)),
         )
-        self.rewards = buffer._column("individual_rewards")[index]
-        self.terminated = buffer._column("terminated")[index]
-        self.truncated = buffer._column("truncated")[index]
-        self.active = buffer._column("active")[index]
+        self.rewards = writer.column("individual_rewards")[index]
+        self.terminated = writer.column("terminated")[index]
+        self.truncated = writer.column("truncated")[index]
+        self.active = writer.column("active")[index]
         self.mask: Held | None = None  # action masks, once recorded
-        self._mask_codec = MaskCodec(action.cardinalities, buffer.spec.discrete_action_cardinalities)
+        self._mask_codec = MaskCodec(action.cardinalities, spec.discrete_action_cardinalities)
         self.own_width = sum(action.cardinalities)
 
-    def enable_masks(self, buffer: FlexibleBuffer) -> None:
+    def enable_masks(self, writer: Writer) -> None:
         """Start recording this agent's action masks."""
-        self.mask = held(buffer, "action_mask_", self._mask_codec, self.index, self.lane)
+        self.mask = held(writer, "action_mask_", self._mask_codec, self.index, self.lane)
         self.mask.hold(None)
 
     def undo(self, row: int) -> None:
@@ -221,7 +222,7 @@ class LaneRecorder:
 
     def __init__(
         self,
-        buffer: FlexibleBuffer,
+        writer: Writer,
         obs: Sequence[ObsCodec],
         actions: Sequence[ActionCodec],
         *,
@@ -230,19 +231,20 @@ class LaneRecorder:
         global_reward: GlobalReward = "sum",
         state: ObsCodec | None = None,
     ) -> None:
-        self.buffer = buffer
+        self.writer = writer
+        self.buffer = buffer = writer.buffer
         self.lane = lane
         self.bootstrap_fn = bootstrap_fn
-        self.slots = [AgentSlot(buffer, i, o, a, lane) for i, (o, a) in enumerate(zip(obs, actions))]
+        self.slots = [AgentSlot(writer, i, o, a, lane) for i, (o, a) in enumerate(zip(obs, actions))]
         self._single = self.slots[0]
-        self.annotations = Annotations(buffer, len(self.slots))
+        self.annotations = Annotations(writer, len(self.slots))
         self._annotated = self.annotations.fields  # the same list: empty until a first annotation
         self.previous_rows: list[int] = []  # the last episode's rows, for feedback after a reset
         self.reduce = reducer(global_reward)
-        self.global_rewards = buffer._column("global_rewards") if self.reduce is not None else None
+        self.global_rewards = writer.column("global_rewards") if self.reduce is not None else None
         # "sum" is kept as a running sum per row; other reductions look at the finished row
         self._summing = global_reward == "sum"
-        self.state = None if state is None else held(buffer, "state_", state, None, lane)
+        self.state = None if state is None else held(writer, "state_", state, None, lane)
         self.running = False
         n = len(self.slots)
         self.open = [False] * n  # which agents are in the running episode
@@ -253,17 +255,17 @@ class LaneRecorder:
         # the episode ends when its last open agent does (AEC: when the env has no agents left,
         # as agents that have not acted yet are not open)
         self.end_with_last_agent = True
-        self._claim = buffer.row_claimer(lane)
+        self._claim = writer.row_claimer(lane)
         if buffer.spec.action_mask:
             for slot in self.slots:
-                slot.enable_masks(buffer)
+                slot.enable_masks(writer)
 
     def _discover_masks(self, info: Mapping[str, Any]) -> None:
         # info["action_mask"] is visible only once the env has been reset: turn masks on then.
         if "action_mask" in info and self.slots[0].mask is None and self.slots[0].own_width:
-            self.buffer.enable_action_mask()
+            self.writer.enable_action_mask()
             for slot in self.slots:
-                slot.enable_masks(self.buffer)
+                slot.enable_masks(self.writer)
 
     def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None) -> None:
         """A reset: close any episode still running (as truncated by the user), start a new one.
@@ -294,7 +296,7 @@ class LaneRecorder:
         self._discover_masks(info)
         self.slots[index].begin(obs, info)
         if not self.open[index] and self.steps[index]:  # back after its own episode ended: a new one
-            self.buffer.rejoin_agent(self.lane, index)
+            self.writer.rejoin_agent(self.lane, index)
             self.steps[index], self.last[index] = 0, -1
         self.carry[index] += number(reward, f"reward of agent {self.slots[index].name!r}")
         self.open[index] = True
@@ -322,7 +324,7 @@ class LaneRecorder:
     def row(self, k: int) -> int:
         """The buffer row of the running episode's ``k``-th step, claimed and cleared if new."""
         while len(self.rows) <= k:
-            self.rows.append(self.buffer.claim_cleared_row(self.lane))
+            self.rows.append(self.writer.claim_cleared_row(self.lane))
         return self.rows[k]
 
     def next_row(self) -> int:
@@ -337,7 +339,7 @@ class LaneRecorder:
         """Clear the agents of ``row`` that `write` did not reach (dead, not yet spawned, or
         sitting the step out)."""
         if len(written) < len(self.slots):
-            self.buffer.clear_row(row, [i for i in range(len(self.slots)) if i not in written])
+            self.writer.clear_row(row, [i for i in range(len(self.slots)) if i not in written])
 
     def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
               truncated: Any, info: Mapping[str, Any]) -> None:
@@ -391,7 +393,7 @@ class LaneRecorder:
     def team_reward(self, row: int) -> None:
         """The row's team reward, from its agents' rewards (after they are written)."""
         if self.reduce is not None and not self._summing:
-            field = self.buffer._column
+            field = self.writer.column
             self.global_rewards[row] = self.reduce(  # type: ignore[index]
                 field("individual_rewards")[:, row], field("active")[:, row])
 
@@ -406,7 +408,7 @@ class LaneRecorder:
     def own_rows(self, index: int, rows: list[int]) -> np.ndarray:
         """The rows among ``rows`` (in order) that hold a transition of agent ``index``."""
         rows_ = np.asarray(rows, dtype=np.int64)
-        return rows_ if len(self.slots) == 1 else rows_[self.buffer._column("active")[index, rows_]]
+        return rows_ if len(self.slots) == 1 else rows_[self.writer.column("active")[index, rows_]]
 
     def feedback(self, index: int, value: float, step: int) -> None:
         """Add a human reward to agent ``index``'s ``step``-th transition of the running episode
@@ -417,7 +419,7 @@ class LaneRecorder:
         if not -len(rows) <= step < len(rows):
             raise ValueError(f"add_feedback: step={step} is not a recorded step of agent "
                              f"{self.slots[index].name!r} ({len(rows)} in its current episode)")
-        add_feedback(self.buffer, int(rows[step]), index, value)
+        add_feedback(self.writer, int(rows[step]), index, value)
 
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
         """Agents ``indices`` are done: write their ``G``; the episode ends with its last agent."""
@@ -428,7 +430,7 @@ class LaneRecorder:
                     self.unrewarded(index, 0.0, self.rows[-1] if self.rows else self.row(0))
             elif boot and self.bootstrap_fn is not None:
                 values = np.zeros(len(self.slots)) if values is None else values
-                values[index] = self.bootstrap_fn(self.buffer.next_obs(self.last[index], index),
+                values[index] = self.bootstrap_fn(self.writer.next_obs(self.last[index], index),
                                                   self.slots[index].name)
             self.open[index] = False
         if self.end_with_last_agent and not any(self.open):  # the episode ends with these agents
@@ -436,7 +438,7 @@ class LaneRecorder:
             self.running = False
             return
         for index in indices:
-            self.buffer.end_agent(self.lane, index, None if values is None else values[index])
+            self.writer.end_agent(self.lane, index, None if values is None else values[index])
 
     def abandon(self, rows: int, error: BaseException) -> None:
         """The step being recorded failed with ``error``: give back the rows it claimed (beyond
@@ -450,13 +452,13 @@ class LaneRecorder:
                 slot.undo(row)
             if self.state is not None:
                 self.state.undo(row)
-            self.buffer.unclaim_row(self.lane)
+            self.writer.unclaim_row(self.lane)
         for index in range(len(self.slots)):
             if self.last[index] in popped:  # its latest transition is gone: the one before is latest
                 own = self.own_rows(index, self.rows)
                 self.last[index] = int(own[-1]) if len(own) else -1
                 self.steps[index] = max(self.steps[index] - 1, 0)
-        self.buffer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
+        self.writer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
         if self.running:
             self.cut(bootstrap=False)
         add_note = getattr(error, "add_note", None)  # Python 3.11+

@@ -10,6 +10,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, prepare_buffer
+from flexibuff_envs.writer import Writer
 
 
 class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -51,9 +52,10 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed)
-        (lane,) = self.buffer.claim_lanes(1, self)
+        self._writer = Writer(self.buffer, self)
+        (lane,) = self._writer.claim_lanes(1)
         self._recorder = LaneRecorder(
-            self.buffer, [obs_codec(env.observation_space)], [action_codec(env.action_space)], lane=lane,
+            self._writer, [obs_codec(env.observation_space)], [action_codec(env.action_space)], lane=lane,
             bootstrap_fn=None if bootstrap_fn is None else lambda obs_, agent: bootstrap_fn(obs_),
         )
 
@@ -76,7 +78,7 @@ class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def close(self) -> None:
         """Close the env; the buffer's lane is free for another recorder."""
-        self.buffer.release_lanes(self)
+        self._writer.release_lanes()
         super().close()
 
     def annotate(self, agent: None = None, **fields: Any) -> None:

@@ -13,6 +13,7 @@ from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.wrappers.core import prepare_buffer
+from flexibuff_envs.writer import Writer
 
 
 def batch_masks(info: Mapping[str, Any], n: int) -> np.ndarray | None:
@@ -50,9 +51,10 @@ class VectorRecorder(VectorWrapper):
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed)
         self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
-            self.buffer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
-            self.buffer.claim_lanes(env.num_envs, self), owner=self, mode=self._mode,
+            writer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
+            writer.claim_lanes(env.num_envs), mode=self._mode,
             obs_space=env.observation_space, action_space=env.action_space, bootstrap_fn=bootstrap_fn)
 
     @property
@@ -96,7 +98,7 @@ class VectorRecorder(VectorWrapper):
 
     def close(self, **kwargs: Any) -> None:
         """Close the envs; the buffer's lanes are free for another recorder."""
-        self.buffer.release_lanes(self)
+        self._recorder.writer.release_lanes()
         super().close(**kwargs)
 
     def annotate(self, agent: None = None, **fields: Any) -> None:

@@ -9,6 +9,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LaneRecorder, prepare_buffer
+from flexibuff_envs.writer import Writer
 
 
 def agent_codecs(env: Any) -> tuple[list[str], list[Any], list[Any], Any]:
@@ -38,8 +39,9 @@ class PettingZooRecorderMixin:
                                      seed=seed, global_reward=global_reward)
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
-        (lane,) = self.buffer.claim_lanes(1, self)
-        self._recorder = LaneRecorder(self.buffer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn,
+        self._writer = Writer(self.buffer, self)
+        (lane,) = self._writer.claim_lanes(1)
+        self._recorder = LaneRecorder(self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn,
                                       global_reward=global_reward, state=state)
         self._raw = env.unwrapped
         # the raw env's state(): the wrappers around it only check that reset came first
@@ -65,7 +67,7 @@ class PettingZooRecorderMixin:
 
     def close(self) -> None:
         """Close the env; the buffer's lane is free for another recorder."""
-        self.buffer.release_lanes(self)
+        self._writer.release_lanes()
         self.env.close()
 
     @property

@@ -1,0 +1,216 @@
+"""`Writer`: the one interface recorders write a `FlexibleBuffer` through.
+
+A recorder claims lanes, claims and clears rows, writes next values through chains, ends agents'
+own episodes, and (a batch recorder) writes ``G`` of many episodes at once. None of this is on
+the buffer's public surface: users fill a buffer by hand with ``field``, ``claim_row``,
+``begin_episode`` and ``end_episode``, and read it through the sampling methods.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flexibuff_envs.chain import Chain
+from flexibuff_envs.episodes import Lane
+from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.returns import gae, segmented_scan
+from flexibuff_envs.sampling import live_rows
+from flexibuff_envs.storage import one_hot
+
+if TYPE_CHECKING:
+    from flexibuff_envs.buffer import FlexibleBuffer
+
+
+class Writer:
+    """Writes ``buffer`` for one recorder (``owner``)."""
+
+    def __init__(self, buffer: FlexibleBuffer, owner: object) -> None:
+        self.buffer = buffer
+        self.owner = weakref.ref(owner)
+
+    # ----------------------------------------------------------------- lanes
+
+    def claim_lanes(self, n: int) -> list[int]:
+        """``n`` lanes no other recorder writes, written by the owner from now on (until it is
+        closed or dropped): several recorders can share a buffer, one lane each.
+
+        Raises:
+            SpecMismatchError: fewer than ``n`` lanes are free; the message says what to do.
+        """
+        buffer = self.buffer
+        buffer._commit()
+        buffer._batched = [batch for batch in buffer._batched if batch.owner() is not None]
+        free = [i for i, ref in enumerate(buffer._writers) if ref is None or ref() is None]
+        if len(free) < n:
+            lanes = buffer.spec.n_envs
+            raise SpecMismatchError(
+                f"this buffer has {lanes} lane(s), {lanes - len(free)} written by another recorder, and this "
+                f"recorder needs {n}: recorders that share a buffer write one lane each (one per sub-env). "
+                f"Make the buffer with a lane per recorder, fe.FlexibleBuffer.from_spec(spec, num_steps=..., "
+                f"n_envs=<recorders>), or record one vector env (gymnasium.vector.SyncVectorEnv) instead")
+        for lane in free[:n]:
+            buffer._writers[lane] = self.owner
+        return free[:n]
+
+    def release_lanes(self) -> None:
+        """The lanes the owner claimed are free again (its env was closed)."""
+        buffer, owner = self.buffer, self.owner()
+        buffer._commit()
+        buffer._batched = [batch for batch in buffer._batched if batch.owner() not in (owner, None)]
+        buffer._writers = [None if ref is not None and ref() is owner else ref for ref in buffer._writers]
+
+    def lane(self, lane: int) -> Lane:
+        """Lane ``lane`` with every staged step committed."""
+        return self.buffer._lanes[lane]
+
+    def lanes(self, ids: list[int]) -> list[Lane]:
+        """Lanes ``ids`` as they stand, without committing (for a batch recorder's own lanes)."""
+        return [self.buffer._ring[i] for i in ids]
+
+    def attach(self, batch: Any) -> None:
+        """Register a batch recorder: it is committed (``batch.commit()``) before the buffer is read."""
+        self.buffer._batched.append(batch)
+
+    def uncommitted(self) -> None:
+        """A batch recorder holds steps the lanes do not show yet."""
+        self.buffer._uncommitted = True
+
+    @property
+    def version(self) -> int:
+        """Grows whenever the lanes were read from outside (and so may have changed)."""
+        return self.buffer._version
+
+    # ----------------------------------------------------------------- fields
+
+    def column(self, name: str, *, width: int | None = None) -> np.ndarray:
+        """The storage array of ``name`` (allocated on first use); rows get their default values
+        as they are claimed."""
+        return self.buffer._column(name, width=width)
+
+    def has(self, name: str) -> bool:
+        """Whether field ``name`` is allocated."""
+        return name in self.buffer._storage.arrays
+
+    def chain(self, name: str) -> Chain:
+        """The chain next-value field ``name`` is written through (next values written out by
+        hand are compacted first)."""
+        buffer = self.buffer
+        if name in buffer._storage.arrays:
+            buffer.compact()
+        return buffer._storage.chain(name)
+
+    def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
+        """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""
+        buffer = self.buffer
+        chain = buffer._storage.chain("obs_")
+        value = chain.value(row, int(buffer._successors(np.array(row))), agent)
+        return one_hot(value, buffer.spec.obs_categories) if buffer.spec.obs_categories else value
+
+    def enable_action_mask(self) -> None:
+        """Record action masks from now on (masks first appeared in an info)."""
+        self.buffer._enable_action_mask()
+
+    # ----------------------------------------------------------------- rows
+
+    def row_claimer(self, lane: int) -> Callable[[], int]:
+        """`FlexibleBuffer.claim_row` bound to one lane, for a recorder's per-step path."""
+        return self.buffer._lanes[lane].claim
+
+    def unclaim_row(self, lane: int) -> None:
+        """Give back ``lane``'s last claimed row: the step it was for could not be recorded."""
+        self.buffer._lanes[lane].unclaim()
+
+    def claim_cleared_row(self, lane: int) -> int:
+        """A claimed row reset by `clear_row` (a row never written before needs less)."""
+        lane_ = self.buffer._lanes[lane]
+        fresh = lane_.dirty <= lane_.written < lane_.capacity  # the ring's first pass: allocated values
+        row = lane_.claim()
+        self.clear_row(row, fresh=fresh)
+        return row
+
+    def clear_row(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
+        """Reset ``row`` to "nothing happened": agents inactive, rewards 0, no legal actions.
+
+        Args:
+            agents: clear only these agents' per-agent fields (None: every field of the row).
+            fresh: the row was never written: only fields allocated with another value are set.
+        """
+        storage = self.buffer._storage
+        who = slice(None) if agents is None else agents
+        for array, value, per_agent in storage.clearing(fresh):
+            if per_agent:
+                array[who, row] = value
+            elif agents is None:
+                array[row] = value
+        for chain in [] if fresh else storage.chains.values():  # a fresh row reads slot 0
+            if chain.per_agent:
+                chain.index[who, row] = 0
+            elif agents is None:
+                chain.index[row] = 0
+
+    def open(self, lane: int, needed: int) -> int:
+        """Give lane ``lane``'s rows up to position ``needed`` their allocated values (no commit);
+        returns the position up to which the lane is open."""
+        lane_ = self.buffer._ring[lane]
+        self.buffer._open(lane_, needed)
+        return lane_.opened
+
+    def forget_rows(self, rows: np.ndarray) -> None:
+        """``rows`` (of lanes whose episode index already left them) are no longer recorded."""
+        self.buffer._forget_rows(rows)
+
+    def reclaim(self) -> None:
+        """Next-value slots lost by an eviction that was interrupted (Ctrl-C) come back; called
+        when a step could not be recorded."""
+        storage = self.buffer._storage
+        live = live_rows(self.buffer._lanes)
+        for chain in storage.chains.values():
+            chain.reclaim(live)
+
+    # ----------------------------------------------------------------- episodes
+
+    def end_agent(self, lane: int, agent: int, bootstrap: float | None = None) -> None:
+        """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
+        its own rows (those where it is active since it joined), bootstrapped by ``bootstrap``.
+        Its ``G`` is final: `end_episode` and `finish_path` leave it alone."""
+        lane_ = self.buffer._lanes[lane]
+        if lane_.running is None:
+            return
+        self.buffer._write_returns(lane_, lane_.running, bootstrap, only=agent)
+        lane_.agent_start[agent] = -1
+
+    def rejoin_agent(self, lane: int, agent: int) -> None:
+        """Agent ``agent`` appears again in ``lane``'s running episode after its own ended: its
+        next episode starts with its next row."""
+        lane_ = self.buffer._lanes[lane]
+        if lane_.running is not None:
+            lane_.agent_start[agent] = lane_.running.end
+
+    def write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                          bootstrap: np.ndarray) -> None:
+        """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
+        pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
+        buffer = self.buffer
+        lengths = ends - starts
+        if not lengths.size:
+            return
+        first = np.cumsum(lengths) - lengths
+        which = np.repeat(np.arange(lengths.size), lengths)
+        positions = np.arange(int(lengths.sum())) + (starts - first)[which]
+        rows = lanes[which] * buffer.num_steps + positions % buffer.num_steps
+        arrays = buffer._store.arrays
+        last = np.zeros(rows.size, dtype=bool)
+        last[first + lengths - 1] = True
+        boot = np.zeros(rows.size)
+        boot[last] = bootstrap
+        rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
+        arrays["G"][0, rows] = segmented_scan(rewards + buffer.gamma * boot, buffer.gamma, last)
+        if "values" in arrays:
+            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), last, buffer.gamma,
+                                            buffer.gae_lambda, boot)
+            self.column("advantages")[0, rows] = advantages
+            self.column("returns")[0, rows] = value_targets
