@@ -1,9 +1,10 @@
-"""Sampling: which rows to gather (uniform, weighted, whole episodes, sequences) and the gather."""
+"""Sampling: which rows to gather (one `Sampler` class per mode) and the gather into a `FlexiBatch`."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -90,6 +91,122 @@ def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
     return rows, valid
 
 
+# ----------------------------------------------------------------------------- samplers
+
+
+@dataclass(frozen=True)
+class Draw:
+    """The rows of one batch (any integer shape), and for sequences which of them are inside
+    their window's episode."""
+
+    rows: np.ndarray
+    valid: np.ndarray | None = None
+
+
+class Sampler(Protocol):
+    """Which rows to gather: ``draws`` yields one `Draw` per batch. A sampling mode is one class."""
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        """The batches to gather from the live rows of ``lanes``, drawn with ``rng``."""
+        ...
+
+
+def _require(lanes: Sequence[Lane], what: str) -> None:
+    if not any(lane.size for lane in lanes):
+        raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """``n`` rows drawn uniformly with replacement (all agents of a row together)."""
+
+    n: int
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        _require(lanes, "sample_transitions")
+        yield Draw(uniform_rows(lanes, rng, self.n))
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """``n`` rows drawn with replacement in proportion to ``memory_weights``."""
+
+    n: int
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        _require(lanes, "sample_transitions")
+        yield Draw(weighted_rows(lanes, storage.ensure("memory_weights"), rng, self.n))
+
+
+@dataclass(frozen=True)
+class Given:
+    """Exactly the rows ``idx`` (a batch's ``idx``, say)."""
+
+    idx: np.ndarray
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        yield Draw(checked_rows("sample_transitions", self.idx, storage.rows))
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """``n`` windows of ``length`` consecutive steps, each inside one episode."""
+
+    n: int
+    length: int
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        _require(lanes, "sample_sequences")
+        yield Draw(*sequence_rows(lanes, rng, self.n, self.length))
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """Whole ended episodes in recording order: ``n`` distinct random ones; with ``n=None``,
+    random ones while their total length fits ``max_rows`` (at least one); with ``every``, all."""
+
+    n: int | None = None
+    max_rows: int = 256
+    every: bool = False
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        pool = whole_episodes(list(lanes))
+        if self.every:
+            order = np.arange(len(pool))
+        else:
+            want = 1 if self.n is None else self.n
+            if want > len(pool):
+                raise EmptyBufferError(f"sample_episodes: asked for {want} whole episodes but the "
+                                       f"buffer holds {len(pool)}")
+            order = rng.permutation(len(pool))
+            if self.n is None:
+                lengths = np.array([pool[i][1].end - pool[i][1].start for i in order])
+                fits = np.cumsum(lengths) <= self.max_rows
+                order = np.sort(order[: max(1, int(np.argmin(fits)) if not fits.all() else len(order))])
+            else:
+                order = np.sort(order[:want])
+        for i in order.tolist():
+            yield Draw(pool[i][0].rows(pool[i][1]))
+
+
+@dataclass(frozen=True)
+class Minibatches:
+    """One pass over every live row in batches of ``size`` (shuffled, or in order)."""
+
+    size: int
+    shuffle: bool = True
+    drop_last: bool = False
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        _require(lanes, "minibatches")
+        rows = live_rows(lanes)
+        if self.shuffle:
+            rows = rng.permutation(rows)
+        stop = len(rows) - (len(rows) % self.size if self.drop_last else 0)
+        for first in range(0, stop, self.size):
+            yield Draw(rows[first: first + self.size])
+
+
 _CHECKED: dict[tuple[str, ...], frozenset[str]] = {}
 
 
@@ -137,10 +254,6 @@ class Sampling:
         last = self._storage.rows - 1
         return succ % (last + 1) if mode == "wrap" else np.minimum(succ, last) if mode == "clip" else succ
 
-    def _require(self, what: str) -> None:
-        if not any(lane.size for lane in self._lanes):
-            raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
-
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
                normalize_advantages: bool = False, valid: np.ndarray | None = None,
                fields: Collection[str] | None = None) -> FlexiBatch:
@@ -187,6 +300,15 @@ class Sampling:
             out = {name: convert(name, value) for name, value in out.items() if value is not None}
         return FlexiBatch(**out)
 
+    def draw(self, sampler: Sampler, *, as_torch: bool = False, device: Any = None,
+             normalize_advantages: bool = False, fields: Collection[str] | None = None) -> Iterator[FlexiBatch]:
+        """The batches ``sampler`` (`Uniform`, `Weighted`, `Given`, `Sequences`, `Episodes`,
+        `Minibatches`, or one of your own) picks, gathered one at a time; the sampling methods
+        below are this with their sampler."""
+        for draw in sampler.draws(self._lanes, self.rng, self._storage):
+            yield self.gather(draw.rows, as_torch=as_torch, device=device, valid=draw.valid,
+                              normalize_advantages=normalize_advantages, fields=fields)
+
     def sample_transitions(
         self,
         batch_size: int = 256,
@@ -205,14 +327,9 @@ class Sampling:
             fields: gather only these (a DQN wants obs, obs_, discrete_actions,
                 individual_rewards, terminated); the others are None on the batch.
         """
-        if idx is None:
-            self._require("sample_transitions")
-            n = positive_int("batch_size", batch_size)
-            idx = (weighted_rows(self._lanes, self._storage.ensure("memory_weights"), self.rng, n) if weighted
-                   else uniform_rows(self._lanes, self.rng, n))
-        else:
-            idx = checked_rows("sample_transitions", idx, self._storage.rows)
-        return self.gather(idx, as_torch=as_torch, device=device, fields=fields)
+        sampler: Sampler = (Given(idx) if idx is not None else Weighted(positive_int("batch_size", batch_size))
+                            if weighted else Uniform(positive_int("batch_size", batch_size)))
+        return next(self.draw(sampler, as_torch=as_torch, device=device, fields=fields))
 
     def episodes(self, *, as_torch: bool = False, device: Any = None) -> Iterator[FlexiBatch]:
         """Every whole ended episode, one `FlexiBatch` of its rows in time order, lane by lane and
@@ -222,8 +339,7 @@ class Sampling:
         >>> [len(e) for e in buffer.episodes()]  # doctest: +SKIP
         [23, 17, 41]
         """
-        for owner, episode in whole_episodes(self._lanes):
-            yield self.gather(owner.rows(episode), as_torch=as_torch, device=device)
+        return self.draw(Episodes(every=True), as_torch=as_torch, device=device)
 
     def sample_episodes(
         self,
@@ -237,20 +353,8 @@ class Sampling:
         Draws ``n_episodes`` distinct episodes, or (when None) random episodes while their total
         length fits ``max_batch_size`` (at least one, never cut). The list is in recording order.
         """
-        pool = whole_episodes(self._lanes)
-        want = 1 if n_episodes is None else positive_int("n_episodes", n_episodes)
-        if want > len(pool):
-            raise EmptyBufferError(f"sample_episodes: asked for {want} whole episodes but the "
-                                   f"buffer holds {len(pool)}")
-        order = self.rng.permutation(len(pool))
-        if n_episodes is None:
-            lengths = np.array([pool[i][1].end - pool[i][1].start for i in order])
-            fits = np.cumsum(lengths) <= max_batch_size
-            order = order[: max(1, int(np.argmin(fits)) if not fits.all() else len(order))]
-        else:
-            order = order[:want]
-        return [self.gather(pool[i][0].rows(pool[i][1]), as_torch=as_torch, device=device)
-                for i in sorted(order)]
+        n = None if n_episodes is None else positive_int("n_episodes", n_episodes)
+        return list(self.draw(Episodes(n, max_batch_size), as_torch=as_torch, device=device))
 
     def sample_sequences(
         self,
@@ -265,10 +369,8 @@ class Sampling:
         that last row and ``valid`` is False there. Fields are ``[n_agents, batch, seq_len, ...]``
         (``[batch, seq_len, ...]`` for global fields or one agent); ``valid`` is ``[batch, seq_len]``.
         """
-        self._require("sample_sequences")
-        rows, valid = sequence_rows(self._lanes, self.rng, positive_int("batch_size", batch_size),
-                                    positive_int("seq_len", seq_len))
-        return self.gather(rows, as_torch=as_torch, device=device, valid=valid)
+        sampler = Sequences(positive_int("batch_size", batch_size), positive_int("seq_len", seq_len))
+        return next(self.draw(sampler, as_torch=as_torch, device=device))
 
     def minibatches(
         self,
@@ -286,13 +388,6 @@ class Sampling:
         ``normalize_advantages``: each minibatch's advantages to mean 0, std 1 (CleanRL's norm_adv).
         ``fields``: gather only these, as `sample_transitions`.
         """
-        self._require("minibatches")
-        batch_size = positive_int("batch_size", batch_size)
-        rows = live_rows(self._lanes)
-        if shuffle:
-            rows = self.rng.permutation(rows)
-        stop = len(rows) - (len(rows) % batch_size if drop_last else 0)
-        for first in range(0, stop, batch_size):
-            yield self.gather(rows[first: first + batch_size], as_torch=as_torch, device=device,
-                              normalize_advantages=normalize_advantages, fields=fields)
-
+        sampler = Minibatches(positive_int("batch_size", batch_size), shuffle, drop_last)
+        return self.draw(sampler, as_torch=as_torch, device=device, normalize_advantages=normalize_advantages,
+                         fields=fields)

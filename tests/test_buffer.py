@@ -317,3 +317,31 @@ def test_fields_gathers_only_what_is_asked_for(as_torch: bool) -> None:
         env.buffer.sample_transitions(4, fields=["rewards"])
     with pytest.raises(TypeError, match="string"):
         env.buffer.sample_transitions(4, fields="obs")
+
+
+def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
+    """A sampler of one's own (here: each lane's newest rows) gives batches like the built-in
+    modes, and the built-in methods are `draw` with theirs."""
+    from flexibuff_envs.sampling import Draw, Minibatches, Uniform
+
+    class Newest:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def draws(self, lanes, rng, storage):  # type: ignore[no-untyped-def]
+            for lane in lanes:
+                yield Draw(lane.offset + (lane.written - 1 - np.arange(self.n)) % lane.capacity)
+
+    envs = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=100)
+    envs.reset(seed=0)
+    for _ in range(30):
+        envs.step(np.array([0, 1]))
+    rows = np.concatenate([b.idx for b in envs.buffer.draw(Minibatches(7, shuffle=False))])
+    assert len(rows) == len(envs.buffer) and (np.diff(rows[rows < 100]) == 1).all()  # every row, in order
+    newest = list(envs.buffer.draw(Newest(3), fields=("obs", "terminated")))
+    assert [b.idx.tolist() for b in newest] == [rows[rows < 100][:-4:-1].tolist(), rows[rows >= 100][:-4:-1].tolist()]
+    assert newest[0].obs.shape == (3, 4) and newest[0].G is None
+    envs.buffer.rng = np.random.default_rng(5)
+    one = envs.buffer.sample_transitions(16)
+    envs.buffer.rng = np.random.default_rng(5)
+    np.testing.assert_array_equal(next(envs.buffer.draw(Uniform(16))).idx, one.idx)
