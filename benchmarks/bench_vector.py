@@ -3,7 +3,9 @@
 gymnasium's natively vectorized CartPole (``vectorization_mode="vector_entry_point"``, one numpy
 step for all sub-envs) with 64 sub-envs, and a SyncVectorEnv of 8 CartPole-v1. Each is recorded
 into a ring that holds the whole run, and into one that wraps (its oldest episodes forgotten as
-it goes). Prints the median of interleaved rounds in microseconds per sub-env step, and ratios.
+it goes), and recorded while a DQN-style loop samples 256 rows after every step (the bare loop
+does not sample: that ratio prices the sampling too). Prints the median of interleaved rounds in
+microseconds per sub-env step, and ratios.
 Run: python benchmarks/bench_vector.py [--rounds N]
 """
 
@@ -19,6 +21,7 @@ import numpy as np
 
 import flexibuff_envs as fe
 
+SAMPLING = "recorded + sample(256) each step"
 CASES = {  # name: (make, vector steps per round, target)
     "native CartPole x64 (vector_entry_point)": (
         lambda: gym.make_vec("CartPole-v1", 64, vectorization_mode="vector_entry_point"), 2_000, 1.30),
@@ -26,11 +29,13 @@ CASES = {  # name: (make, vector steps per round, target)
 }
 
 
-def run(env: Any, actions: np.ndarray) -> float:
+def run(env: Any, actions: np.ndarray, sample: bool = False) -> float:
     env.reset(seed=0)
     start = time.perf_counter()
     for action in actions:
         env.step(action)
+        if sample:  # a DQN-style loop reads the buffer after every step: each read writes the block
+            env.buffer.sample_transitions(256)
     len(getattr(env, "buffer", ()))  # a recorder's last block is written when the buffer is read
     return (time.perf_counter() - start) / actions.size * 1e6
 
@@ -43,18 +48,20 @@ def main() -> None:
         bare = make()
         actions = np.random.default_rng(0).integers(0, 2, (steps, bare.num_envs))
         recorders = {"recorded": fe.record(make(), num_steps=steps * args.rounds),
-                     "recorded, ring wrapping": fe.record(make(), num_steps=steps)}
+                     "recorded, ring wrapping": fe.record(make(), num_steps=steps),
+                     SAMPLING: fe.record(make(), num_steps=steps * args.rounds)}
         timings: dict[str, list[float]] = {"bare": [], **{label: [] for label in recorders}}
         for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all alike
             timings["bare"].append(run(bare, actions))
             for label, env in recorders.items():
-                timings[label].append(run(env, actions))
+                timings[label].append(run(env, actions[: steps // 10] if label == SAMPLING else actions,
+                                          sample=label == SAMPLING))
         us = {label: statistics.median(t) for label, t in timings.items()}
         print(f"{name}, {steps} steps x {args.rounds} rounds (median us per sub-env step; ratio to bare)")
         for label, value in us.items():
             ratio = "" if label == "bare" else f"  {value / us['bare']:5.2f}x"
             goal = f"  (target <= {target:.2f}x)" if label == "recorded" else ""
-            print(f"  {label:<26} {value:7.3f} us{ratio}{goal}")
+            print(f"  {label:<34} {value:7.3f} us{ratio}{goal}")
 
 
 if __name__ == "__main__":

@@ -159,6 +159,13 @@ class FlexibleBuffer(Sampling):
         self._version += 1
         return self._ring
 
+    @property
+    def _read_lanes(self) -> list[Lane]:
+        """`_lanes` for reading only (sampling, counting): batch writers need not read them again."""
+        if self._uncommitted:
+            self._commit()
+        return self._ring
+
     def _commit(self) -> None:
         if self._committing:  # reached again from inside a writer's commit: it is under way
             return
@@ -243,8 +250,9 @@ class FlexibleBuffer(Sampling):
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
-        live = live_rows(self._lanes)
-        newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in self._lanes if lane.size])
+        lanes = self._read_lanes
+        live = live_rows(lanes)
+        newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size])
         for name in [name for name in NEXT if name in self._storage.arrays]:
             explicit = self._storage.pop(name)
             self._storage.chain(name).absorb(explicit, live, self._successors(live), ~np.isin(live, newest))
@@ -420,12 +428,12 @@ class FlexibleBuffer(Sampling):
     # ------------------------------------------------------------------ sampling
 
     def __len__(self) -> int:
-        return sum(lane.size for lane in self._lanes)
+        return sum(lane.size for lane in self._read_lanes)
 
     @property
     def n_episodes(self) -> int:
         """Ended episodes held whole."""
-        return len(whole_episodes(self._lanes))
+        return len(whole_episodes(self._read_lanes))
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -469,7 +477,7 @@ class FlexibleBuffer(Sampling):
 
     def episode_stats(self) -> dict[str, np.ndarray]:
         """Per ended whole episode, in recording order: ``lengths [E]`` and ``returns [E, n_agents]``."""
-        episodes = whole_episodes(self._lanes)
+        episodes = whole_episodes(self._read_lanes)
         rewards = self._storage.ensure("individual_rewards")
         returns = [rewards[:, lane.rows(e)].sum(axis=1) for lane, e in episodes]
         return {

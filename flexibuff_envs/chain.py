@@ -356,9 +356,12 @@ class HeldBatch:
         return self.chain.tail[self.held[lane]].copy()
 
     def _settle(self, lanes: np.ndarray) -> None:
-        """The pending rows of ``lanes`` keep the values held till now in slots of their own."""
-        pending = self.pending[lanes]
-        lanes = lanes[pending >= 0]
+        """The pending rows of ``lanes`` (indices, or a mask) keep the values held till now in
+        slots of their own."""
+        if lanes.dtype == bool:
+            lanes = np.flatnonzero(lanes & (self.pending >= 0))
+        else:
+            lanes = lanes[self.pending[lanes] >= 0]
         if lanes.size:
             slots = self.chain.alloc(lanes.size)
             self.chain.tail[slots] = self.chain.tail[self.held[lanes]]
@@ -386,7 +389,7 @@ class HeldBatch:
         old = self.pending[chained]
         self.index[old[old >= 0]] = CHAINED
         self.pending[chained] = -1
-        self._settle(np.flatnonzero(touched))
+        self._settle(touched)
         self._rows[rows] = as_rows(before)
         index = np.full(rows.size, CHAINED, dtype=np.int32)
         if ends.any():

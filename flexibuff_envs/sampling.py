@@ -238,12 +238,12 @@ class Sampling:
         def _storage(self) -> Storage: ...
 
         @property
-        def _lanes(self) -> list[Lane]: ...
+        def _read_lanes(self) -> list[Lane]: ...
 
     def _succ(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
         """Each row's successor in its lane (where a chained next value is read), as indices and
         the ``take`` mode that makes them rows."""
-        if len(self._lanes) == 1:  # one lane is the whole ring
+        if len(self._read_lanes) == 1:  # one lane is the whole ring
             return rows + 1, "wrap"
         following = rows + 1
         return following - self.num_steps * (following % self.num_steps == 0), "raise"
@@ -305,7 +305,7 @@ class Sampling:
         """The batches ``sampler`` (`Uniform`, `Weighted`, `Given`, `Sequences`, `Episodes`,
         `Minibatches`, or one of your own) picks, gathered one at a time; the sampling methods
         below are this with their sampler."""
-        for draw in sampler.draws(self._lanes, self.rng, self._storage):
+        for draw in sampler.draws(self._read_lanes, self.rng, self._storage):
             yield self.gather(draw.rows, as_torch=as_torch, device=device, valid=draw.valid,
                               normalize_advantages=normalize_advantages, fields=fields)
 

@@ -280,10 +280,8 @@ class BatchRecorder:
             ends = steps & (terminated | truncated)
             ended = ends.reshape(-1).take(flat)
             stepped = counts > 0
-            last = k - 1 - np.argmax(steps[::-1], axis=0)  # each lane's last transition
-            newest = np.zeros_like(steps)
-            newest[last[stepped], stepped] = ~ends[last[stepped], stepped]
-            newest = newest.reshape(-1).take(flat)
+            # each lane's last transition, unless it ends an episode: it will chain to the next block
+            newest = (positions.reshape(-1).take(flat) == (self.pos + counts).take(lanes)) & ~ended
             reset = resets.any(axis=0)
             chained = stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
             touched = stepped | reset
