@@ -7,8 +7,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium import spaces
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 
 import flexibuff_envs as fe
+from flexibuff_envs.codecs import obs_codec
+from flexibuff_envs.storage import one_hot, pack_mask, unpack_mask
 from tests.envs import ToyEnv
 
 FRAME = spaces.Box(0, 255, (32, 32, 4), np.uint8)
@@ -110,3 +115,30 @@ def test_obs_categories_must_add_up_to_obs_size() -> None:
     buffer.begin_episode()
     buffer.field("obs")[0, buffer.claim_row()] = [3, 1]  # stored as index + 1
     assert buffer.sample_transitions(idx=np.array([0])).obs.tolist() == [[0, 0, 1, 1, 0, 0, 0]]
+
+
+# ----------------------------------------------------------------------------- encodings, any value
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), width=st.integers(1, 70), rows=st.integers(0, 9))
+def test_mask_bits_give_back_every_flag(data: st.DataObject, width: int, rows: int) -> None:
+    flags = data.draw(arrays(bool, (rows, width)))
+    bits = pack_mask(flags)
+    assert bits.shape == (rows, -(-width // 8)) and bits.dtype == np.uint8
+    np.testing.assert_array_equal(unpack_mask(bits, width), flags)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), nvec=st.lists(st.integers(1, 9), min_size=1, max_size=5), start=st.integers(-3, 3))
+def test_category_indices_give_back_gymnasium_s_one_hot(data: st.DataObject, nvec: list[int], start: int) -> None:
+    """Observations made of categories are stored as one index per category and batched as the
+    flattening Gymnasium gives, for any values (Discrete with a start, MultiDiscrete, a Tuple)."""
+    space = spaces.Tuple([spaces.Discrete(nvec[0], start=start), spaces.MultiDiscrete(nvec)])
+    space.seed(data.draw(st.integers(0, 2**31 - 1)))
+    values = [space.sample() for _ in range(data.draw(st.integers(1, 6)))]
+    codec = obs_codec(space)
+    stored = np.stack([codec.indices(v) for v in values]).astype(codec.compact().dtype)  # type: ignore[misc]
+    expected = np.stack([spaces.flatten(space, v) for v in values]).astype(np.float32)
+    np.testing.assert_array_equal(one_hot(stored, codec.categories), expected)
+    assert not one_hot(np.zeros_like(stored), codec.categories).any()  # index 0: no observation
