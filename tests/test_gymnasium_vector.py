@@ -208,7 +208,7 @@ def test_blocks_of_steps_equal_single_env_recorders_across_wraps_reads_and_reset
     record_side_by_side(BLOCK_ENVS[name], mode, num_steps, reads=range(0, 400, 53))
 
 
-@settings(max_examples=int(os.environ.get("FLEXIBUFF_EXAMPLES", 40)), deadline=None)
+@settings(max_examples=int(os.environ.get("FLEXIBUFF_EXAMPLES", "40")), deadline=None)
 @given(mode=st.sampled_from(list(AutoresetMode)), n=st.integers(1, 4), num_steps=st.integers(8, 300),
        lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), truncate=st.booleans(),
        reads=st.sets(st.integers(0, 199), max_size=30), resets=st.sets(st.integers(0, 199), max_size=4),
