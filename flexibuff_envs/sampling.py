@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -94,8 +94,7 @@ def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
 # ----------------------------------------------------------------------------- samplers
 
 
-@dataclass(frozen=True)
-class Draw:
+class Draw(NamedTuple):
     """The rows of one batch (any integer shape), and for sequences which of them are inside
     their window's episode."""
 
@@ -104,9 +103,9 @@ class Draw:
 
 
 class Sampler(Protocol):
-    """Which rows to gather: ``draws`` yields one `Draw` per batch. A sampling mode is one class."""
+    """Which rows to gather: ``draws`` gives one `Draw` per batch. A sampling mode is one class."""
 
-    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
         """The batches to gather from the live rows of ``lanes``, drawn with ``rng``."""
         ...
 
@@ -116,51 +115,51 @@ def _require(lanes: Sequence[Lane], what: str) -> None:
         raise EmptyBufferError(f"{what}: the buffer holds no rows yet; record some steps first")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Uniform:
     """``n`` rows drawn uniformly with replacement (all agents of a row together)."""
 
     n: int
 
-    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
         _require(lanes, "sample_transitions")
-        yield Draw(uniform_rows(lanes, rng, self.n))
+        return (Draw(uniform_rows(lanes, rng, self.n)),)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Weighted:
     """``n`` rows drawn with replacement in proportion to ``memory_weights``."""
 
     n: int
 
-    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
         _require(lanes, "sample_transitions")
-        yield Draw(weighted_rows(lanes, storage.ensure("memory_weights"), rng, self.n))
+        return (Draw(weighted_rows(lanes, storage.ensure("memory_weights"), rng, self.n)),)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Given:
     """Exactly the rows ``idx`` (a batch's ``idx``, say)."""
 
     idx: np.ndarray
 
-    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
-        yield Draw(checked_rows("sample_transitions", self.idx, storage.rows))
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
+        return (Draw(checked_rows("sample_transitions", self.idx, storage.rows)),)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Sequences:
     """``n`` windows of ``length`` consecutive steps, each inside one episode."""
 
     n: int
     length: int
 
-    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
         _require(lanes, "sample_sequences")
-        yield Draw(*sequence_rows(lanes, rng, self.n, self.length))
+        return (Draw(*sequence_rows(lanes, rng, self.n, self.length)),)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Episodes:
     """Whole ended episodes in recording order: ``n`` distinct random ones; with ``n=None``,
     random ones while their total length fits ``max_rows`` (at least one); with ``every``, all."""
@@ -189,7 +188,7 @@ class Episodes:
             yield Draw(pool[i][0].rows(pool[i][1]))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Minibatches:
     """One pass over every live row in batches of ``size`` (shuffled, or in order)."""
 
@@ -263,17 +262,20 @@ class Sampling:
         ``valid`` (sequences) is carried along like the fields; ``fields`` gathers only those
         (the others are None on the batch).
         """
-        wanted = FIELDS.keys() if fields is None else checked_fields(fields)
+        storage = self._storage
         single = self.spec.n_agents == 1
         out: dict[str, Any] = {"idx": idx, "valid": valid}
-        for name, array in self._storage:
-            if name not in wanted:
+        arrays = storage.arrays
+        wanted = None if fields is None else checked_fields(fields)
+        for name in arrays if wanted is None else wanted:
+            array = arrays.get(name)
+            if array is None:
                 continue
             if FIELDS[name].per_agent:
                 out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
             else:
                 out[name] = array.take(idx, axis=0)
-        chains = [(name, chain) for name, chain in self._storage.chains.items() if name in wanted]
+        chains = [(name, chain) for name, chain in storage.chains.items() if wanted is None or name in wanted]
         if chains:
             succ, mode = self._succ(idx)
             for name, chain in chains:
@@ -288,7 +290,7 @@ class Sampling:
                 out[name] = np.split(unpack_mask(out[name], sum(cards)), np.cumsum(cards)[:-1], axis=-1)
         if normalize_advantages:
             advantages = out.get("advantages")
-            if "advantages" not in wanted:
+            if wanted is not None and "advantages" not in wanted:
                 raise ValueError("normalize_advantages=True but fields leaves out 'advantages'")
             if advantages is None:
                 raise ValueError("normalize_advantages=True but no advantages were recorded: "
@@ -329,7 +331,12 @@ class Sampling:
         """
         sampler: Sampler = (Given(idx) if idx is not None else Weighted(positive_int("batch_size", batch_size))
                             if weighted else Uniform(positive_int("batch_size", batch_size)))
-        return next(self.draw(sampler, as_torch=as_torch, device=device, fields=fields))
+        return self._one(sampler, as_torch=as_torch, device=device, fields=fields)
+
+    def _one(self, sampler: Sampler, **options: Any) -> FlexiBatch:
+        """The one batch ``sampler`` picks (`draw` without the iterator)."""
+        (draw,) = sampler.draws(self._read_lanes, self.rng, self._storage)
+        return self.gather(draw.rows, valid=draw.valid, **options)
 
     def episodes(self, *, as_torch: bool = False, device: Any = None) -> Iterator[FlexiBatch]:
         """Every whole ended episode, one `FlexiBatch` of its rows in time order, lane by lane and
@@ -370,7 +377,7 @@ class Sampling:
         (``[batch, seq_len, ...]`` for global fields or one agent); ``valid`` is ``[batch, seq_len]``.
         """
         sampler = Sequences(positive_int("batch_size", batch_size), positive_int("seq_len", seq_len))
-        return next(self.draw(sampler, as_torch=as_torch, device=device))
+        return self._one(sampler, as_torch=as_torch, device=device)
 
     def minibatches(
         self,
