@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 class Writer:
-    """Writes ``buffer`` for one recorder (``owner``)."""
+    """Writes ``buffer`` for one recorder (``owner``). Row and agent methods touch only the
+    recorder's own lanes, so they skip committing other recorders' staged steps."""
 
     def __init__(self, buffer: FlexibleBuffer, owner: object) -> None:
         self.buffer = buffer
@@ -118,15 +119,15 @@ class Writer:
 
     def row_claimer(self, lane: int) -> Callable[[], int]:
         """`FlexibleBuffer.claim_row` bound to one lane, for a recorder's per-step path."""
-        return self.buffer._lanes[lane].claim
+        return self.buffer._ring[lane].claim
 
     def unclaim_row(self, lane: int) -> None:
         """Give back ``lane``'s last claimed row: the step it was for could not be recorded."""
-        self.buffer._lanes[lane].unclaim()
+        self.buffer._ring[lane].unclaim()
 
     def claim_cleared_row(self, lane: int) -> int:
         """A claimed row reset by `clear_row` (a row never written before needs less)."""
-        lane_ = self.buffer._lanes[lane]
+        lane_ = self.buffer._ring[lane]
         fresh = lane_.dirty <= lane_.written < lane_.capacity  # the ring's first pass: allocated values
         row = lane_.claim()
         self.clear_row(row, fresh=fresh)
@@ -139,7 +140,7 @@ class Writer:
             agents: clear only these agents' per-agent fields (None: every field of the row).
             fresh: the row was never written: only fields allocated with another value are set.
         """
-        storage = self.buffer._storage
+        storage = self.buffer._store
         who = slice(None) if agents is None else agents
         for array, value, per_agent in storage.clearing(fresh):
             if per_agent:
@@ -177,7 +178,7 @@ class Writer:
         """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
         its own rows (those where it is active since it joined), bootstrapped by ``bootstrap``.
         Its ``G`` is final: `end_episode` and `finish_path` leave it alone."""
-        lane_ = self.buffer._lanes[lane]
+        lane_ = self.buffer._ring[lane]
         if lane_.running is None:
             return
         self.buffer._write_returns(lane_, lane_.running, bootstrap, only=agent)
@@ -186,7 +187,7 @@ class Writer:
     def rejoin_agent(self, lane: int, agent: int) -> None:
         """Agent ``agent`` appears again in ``lane``'s running episode after its own ended: its
         next episode starts with its next row."""
-        lane_ = self.buffer._lanes[lane]
+        lane_ = self.buffer._ring[lane]
         if lane_.running is not None:
             lane_.agent_start[agent] = lane_.running.end
 
