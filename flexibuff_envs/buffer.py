@@ -10,14 +10,13 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs import chunk, io
-from flexibuff_envs.chain import Chain
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, pack_mask
+from flexibuff_envs.storage import NEXT, Storage
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
@@ -237,7 +236,7 @@ class FlexibleBuffer(Sampling):
                 raise ValueError(f"{name} is stored once, in the next row of {NEXT[name]}, while a "
                                  f"recorder writes this buffer; read it from a sampled batch")
             rows = np.arange(self._storage.rows)
-            explicit = chain.gather(rows, *self._succ(rows))
+            explicit = chain.gather(rows, *self._storage.successors(rows))
             del self._storage.chains[name]
             self._storage.put(name, explicit)
         array = self._storage.ensure(name, width=width)
@@ -255,25 +254,7 @@ class FlexibleBuffer(Sampling):
         newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size])
         for name in [name for name in NEXT if name in self._storage.arrays]:
             explicit = self._storage.pop(name)
-            self._storage.chain(name).absorb(explicit, live, self._successors(live), ~np.isin(live, newest))
-
-    def _map(self, path: str, start: int, fields: list[dict[str, Any]]) -> None:
-        """Use the arrays of a buffer file in place (copy-on-write memory maps; `io.load`). The
-        file holds every row of every lane, in ring order."""
-        def mapped(meta: dict[str, Any]) -> np.ndarray:
-            return np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
-                                        offset=start + meta["offset"], shape=tuple(meta["shape"])))
-
-        storage = self._storage
-        arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
-        for name in MASKS:
-            if name in arrays and arrays[name].dtype == bool:  # formats 1-2
-                arrays[name] = pack_mask(arrays[name])
-        storage.replace(arrays)
-        parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
-        storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
-                                      index=index, tail=parts[name, "tail"])
-                          for (name, part), index in parts.items() if part == "index"}
+            self._storage.chain(name).absorb(explicit, live, self._storage.successor_rows(live), ~np.isin(live, newest))
 
     def _enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""

@@ -70,7 +70,7 @@ def take(buffer: FlexibleBuffer) -> Chunk:
     rows, last = episode_rows(whole_episodes(buffer._lanes))
     storage = buffer._storage
     arrays = {name: array.take(rows, axis=1 if FIELDS[name].per_agent else 0) for name, array in storage}
-    chains = {name: chain.extract(rows, last, buffer._successors(rows[last]))
+    chains = {name: chain.extract(rows, last, storage.successor_rows(rows[last]))
               for name, chain in storage.chains.items()}
     for lane in buffer._lanes:
         lane.forget_ended()

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED
+from flexibuff_envs.chain import CHAINED, Chain
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.header import BadHeader, Truncated, parse, stored_range
 from flexibuff_envs.sampling import live_rows
-from flexibuff_envs.storage import FIELDS, MASKS, NEXT, pack_mask
+from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, pack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -332,7 +332,7 @@ def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> Flexibl
         buffer.rng.bit_generator.state = header.rng
         segments = [(lane.offset + info.lo, lane.offset + info.hi) for lane, info in zip(buffer._lanes, header.lanes)]
         if mmap and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
-            buffer._map(file.path, file.data_start, header.fields)
+            _map(buffer._storage, file.path, file.data_start, header.fields)
         else:
             _read_into(buffer, file, header.fields, segments)
         for lane, info in zip(buffer._lanes, header.lanes):
@@ -387,6 +387,24 @@ def data_problem(buffer: FlexibleBuffer, segments: list[tuple[int, int]]) -> str
         if (chain.index.take(newest, axis=-1) == CHAINED).any():
             return f"{name} chains a lane's newest row to a row not recorded"
     return None
+
+
+def _map(storage: Storage, path: str, start: int, fields: list[dict[str, Any]]) -> None:
+    """``storage`` uses the arrays of a buffer file in place (copy-on-write memory maps). The
+    file holds every row of every lane, in ring order."""
+    def mapped(meta: dict[str, Any]) -> np.ndarray:
+        return np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
+                                    offset=start + meta["offset"], shape=tuple(meta["shape"])))
+
+    arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
+    for name in MASKS:
+        if name in arrays and arrays[name].dtype == bool:  # formats 1-2
+            arrays[name] = pack_mask(arrays[name])
+    storage.replace(arrays)
+    parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
+    storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
+                                  index=index, tail=parts[name, "tail"])
+                      for (name, part), index in parts.items() if part == "index"}
 
 
 def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]],

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.chain import TakeMode
 from flexibuff_envs.episodes import Lane, whole_episodes
 from flexibuff_envs.errors import EmptyBufferError, positive_int
-from flexibuff_envs.storage import FIELDS, MASKS, one_hot, unpack_mask
+from flexibuff_envs.storage import FIELDS
 
 if TYPE_CHECKING:
     from flexibuff_envs.spec import BufferSpec
@@ -239,20 +238,6 @@ class Sampling:
         @property
         def _read_lanes(self) -> list[Lane]: ...
 
-    def _succ(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
-        """Each row's successor in its lane (where a chained next value is read), as indices and
-        the ``take`` mode that makes them rows."""
-        if len(self._read_lanes) == 1:  # one lane is the whole ring
-            return rows + 1, "wrap"
-        following = rows + 1
-        return following - self.num_steps * (following % self.num_steps == 0), "raise"
-
-    def _successors(self, rows: np.ndarray) -> np.ndarray:
-        """`_succ` as plain buffer rows."""
-        succ, mode = self._succ(rows)
-        last = self._storage.rows - 1
-        return succ % (last + 1) if mode == "wrap" else np.minimum(succ, last) if mode == "clip" else succ
-
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
                normalize_advantages: bool = False, valid: np.ndarray | None = None,
                fields: Collection[str] | None = None) -> FlexiBatch:
@@ -262,32 +247,8 @@ class Sampling:
         ``valid`` (sequences) is carried along like the fields; ``fields`` gathers only those
         (the others are None on the batch).
         """
-        storage = self._storage
-        single = self.spec.n_agents == 1
-        out: dict[str, Any] = {"idx": idx, "valid": valid}
-        arrays = storage.arrays
         wanted = None if fields is None else checked_fields(fields)
-        for name in arrays if wanted is None else wanted:
-            array = arrays.get(name)
-            if array is None:
-                continue
-            if FIELDS[name].per_agent:
-                out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
-            else:
-                out[name] = array.take(idx, axis=0)
-        chains = [(name, chain) for name, chain in storage.chains.items() if wanted is None or name in wanted]
-        if chains:
-            succ, mode = self._succ(idx)
-            for name, chain in chains:
-                out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
-        if self.spec.obs_categories:
-            for name in ("obs", "obs_"):
-                if name in out:
-                    out[name] = one_hot(out[name], self.spec.obs_categories)
-        cards = self.spec.discrete_action_cardinalities
-        for name in MASKS:
-            if name in out:
-                out[name] = np.split(unpack_mask(out[name], sum(cards)), np.cumsum(cards)[:-1], axis=-1)
+        out: dict[str, Any] = {"idx": idx, "valid": valid, **self._storage.gather(idx, wanted)}
         if normalize_advantages:
             advantages = out.get("advantages")
             if wanted is not None and "advantages" not in wanted:

@@ -8,12 +8,13 @@ catching an exception, and an absent field is ``None`` on every batch. The next-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.chain import Chain
+from flexibuff_envs.chain import Chain, TakeMode
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.spec import BufferSpec
 
@@ -86,6 +87,8 @@ def one_hot(indices: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
 
 #: each next-value field and the field whose next row holds it
 NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
+#: fields stored in another form than batches show (`Storage.decode`)
+DECODED = ("obs", "obs_", *MASKS)
 
 
 class Storage:
@@ -199,6 +202,60 @@ class Storage:
         if chain is None:
             chain = self.chains[name] = Chain(self.ensure(NEXT[name]), FIELDS[name].per_agent)
         return chain
+
+    # ----------------------------------------------------------------- reading: every encoding undone here
+
+    def successors(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
+        """Each row's successor in its lane (where a chained next value is read), as indices and
+        the ``take`` mode that makes them rows."""
+        if len(self.opened) == 1:  # one lane is the whole ring
+            return rows + 1, "wrap"
+        following = rows + 1
+        return following - self.lane_rows * (following % self.lane_rows == 0), "raise"
+
+    def successor_rows(self, rows: np.ndarray) -> np.ndarray:
+        """`successors` as plain buffer rows."""
+        succ, mode = self.successors(rows)
+        return succ % self.rows if mode == "wrap" else succ
+
+    def gather(self, idx: np.ndarray, wanted: Collection[str] | None = None) -> dict[str, Any]:
+        """The rows ``idx`` (any integer shape) of the fields ``wanted`` (None: every allocated
+        one) as a batch shows them: next values read through their chains, category indices as
+        their one-hot flattening, mask bits as one bool array per action head."""
+        single = self.spec.n_agents == 1
+        out: dict[str, Any] = {}
+        arrays = self.arrays
+        for name in arrays if wanted is None else wanted:
+            array = arrays.get(name)
+            if array is None:
+                continue
+            if FIELDS[name].per_agent:
+                out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
+            else:
+                out[name] = array.take(idx, axis=0)
+        chains = [(name, chain) for name, chain in self.chains.items() if wanted is None or name in wanted]
+        if chains:
+            succ, mode = self.successors(idx)
+            for name, chain in chains:
+                out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
+        for name in [name for name in DECODED if name in out]:
+            out[name] = self.decode(name, out[name])
+        return out
+
+    def decode(self, name: str, values: np.ndarray) -> Any:
+        """Stored values of field ``name`` as a batch shows them."""
+        if name in MASKS:
+            cards = self.spec.discrete_action_cardinalities
+            return np.split(unpack_mask(values, sum(cards)), np.cumsum(cards)[:-1], axis=-1)
+        if name in ("obs", "obs_") and self.spec.obs_categories:
+            return one_hot(values, self.spec.obs_categories)
+        return values
+
+    def next_value(self, name: str, row: int, agent: int | None = None) -> np.ndarray:
+        """Next-value field ``name`` of one row (of ``agent``'s), as a batch shows it."""
+        chain = self.chains[name]
+        value = chain.value(row, int(self.successor_rows(np.array(row))), agent if chain.per_agent else None)
+        return self.decode(name, value)
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
         return iter(self.arrays.items())

@@ -19,7 +19,6 @@ from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.returns import reverse_scan, segmented_scan
 from flexibuff_envs.sampling import live_rows
-from flexibuff_envs.storage import one_hot
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -106,10 +105,11 @@ class Writer:
 
     def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
         """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""
-        buffer = self.buffer
-        chain = buffer._storage.chain("obs_")
-        value = chain.value(row, int(buffer._successors(np.array(row))), agent)
-        return one_hot(value, buffer.spec.obs_categories) if buffer.spec.obs_categories else value
+        return self.buffer._storage.next_value("obs_", row, agent)
+
+    def as_batch(self, name: str, values: np.ndarray) -> Any:
+        """Stored values of field ``name`` as a batch shows them (`Storage.decode`)."""
+        return self.buffer._store.decode(name, values)
 
     def enable_action_mask(self) -> None:
         """Record action masks from now on (masks first appeared in an info)."""

@@ -25,7 +25,7 @@ from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
-from flexibuff_envs.storage import one_hot, pack_mask
+from flexibuff_envs.storage import pack_mask
 from flexibuff_envs.wrappers.annotations import ANNOTATIONS, add_feedback
 from flexibuff_envs.writer import Writer
 
@@ -62,7 +62,6 @@ class BatchRecorder:
         self._offsets = np.array(lanes, dtype=np.int64) * buffer.num_steps
         codec = obs.compact() if buffer.spec.obs_categories else obs
         self._encode_obs = codec.batch or self._one_by_one(codec, obs_space)
-        self._categories = buffer.spec.obs_categories
         self._action = action
         self._action_space = action_space
         self._discrete = writer.column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
@@ -364,7 +363,7 @@ class BatchRecorder:
         boots = np.zeros(lanes.size)
         if self.bootstrap_fn is not None:
             for j in np.flatnonzero(truncated[at, lanes]).tolist():
-                boots[j] = self.bootstrap_fn(one_hot(end_obs[j], self._categories) if self._categories else end_obs[j])
+                boots[j] = self.bootstrap_fn(self.writer.as_batch("obs_", end_obs[j]))
         self._ended.append((lanes, first, last, boots))
 
     # ----------------------------------------------------------------- resets and failures
@@ -422,7 +421,7 @@ class BatchRecorder:
         if bootstrap and self.bootstrap_fn is not None:
             for k, lane in enumerate(lanes.tolist()):
                 value = self.obs.value(lane)
-                boots[k] = self.bootstrap_fn(one_hot(value, self._categories) if self._categories else value)
+                boots[k] = self.bootstrap_fn(self.writer.as_batch("obs_", value))
         self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots))
         self.running[lanes] = False
         self.writer.uncommitted()
