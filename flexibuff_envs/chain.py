@@ -16,6 +16,7 @@ and come back when their rows are forgotten.
 from __future__ import annotations
 
 import math
+import mmap
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal
@@ -31,6 +32,29 @@ _TAIL_BYTES = 1 << 20
 TakeMode = Literal["raise", "wrap", "clip"]
 
 
+#: arrays from this size on are mapped anonymously, with transparent huge pages asked for
+_HUGE = 4 << 20
+
+
+def zeroed(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """Zeros that cost memory only where written, as ``np.zeros`` (calloc), but for large arrays
+    in huge pages where the system allows: writing a fresh 1 GiB array (a loaded file, a ring
+    being recorded) then takes a fifth of the page faults' time."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.zeros(shape, dtype=dtype)
+    try:
+        memory = mmap.mmap(-1, nbytes)
+    except OSError as error:  # as np.zeros says it
+        raise MemoryError(f"cannot allocate {nbytes:,} bytes: {error}") from None
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # huge pages not available here: ordinary pages
+        pass
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
+
+
 class Chain:
     """The next-values of one base field (``obs``, ``state`` or ``action_mask``)."""
 
@@ -40,7 +64,7 @@ class Chain:
         self.base = base  # [n_agents, rows, width] or [rows, width]
         self.per_agent = per_agent
         # calloc: every row reads slot 0 (zeros) until written
-        self.index = np.zeros(base.shape[:-1], dtype=np.int32) if index is None else index
+        self.index = zeroed(base.shape[:-1], np.int32) if index is None else index
         slots = max(4, min(64, _TAIL_BYTES // max(1, base.shape[-1] * base.itemsize)))
         self.tail = np.zeros((slots, base.shape[-1]), dtype=base.dtype) if tail is None else tail
         self.reserved = np.zeros(len(self.tail), dtype=bool)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.chain import Chain, TakeMode
+from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.spec import BufferSpec
 
@@ -127,8 +127,8 @@ class Storage:
             field = FIELDS[name]
             if width is not None:
                 self._widths[field.width] = width
-            # zeros come from calloc: untouched rows of a huge buffer cost no memory
-            array = np.zeros(self.shape(name), dtype=self.dtype(name))
+            # zeros that cost memory only where written: untouched rows of a huge buffer cost none
+            array = zeroed(self.shape(name), self.dtype(name))
             fill = self.fill(name)
             if fill:
                 for lane, opened in enumerate(self.opened):
