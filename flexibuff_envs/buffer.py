@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from typing import Any
 
 import numpy as np
 
 from flexibuff_envs import chunk, io
 from flexibuff_envs.chunk import Chunk
-from flexibuff_envs.episodes import ALL, Episode, Lane, episode_rows, whole_episodes
+from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
@@ -113,16 +112,8 @@ class FlexibleBuffer(Sampling):
         self.rng = np.random.default_rng(seed)
         self._store = Storage(self.spec, self.num_steps * self.spec.n_envs, lanes=self.spec.n_envs,
                               log_prob_continuous=int(log_prob_continuous))
-        self._ring = [Lane(i * self.num_steps, self.num_steps, self._forget, n_agents, self._open)
-                      for i in range(self.spec.n_envs)]
-        # batch writers (`BatchRecorder`) keep their lanes' positions and ended episodes to
-        # themselves while they record; anything that reads the buffer commits them first
-        self._batched: list[Any] = []
-        self._uncommitted = self._committing = False
-        self._version = 0  # grows whenever the lanes are read (and so may change) from outside
-        # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane;
-        # `Writer.claim_lanes`)
-        self._writers: list[weakref.ref[Any] | None] = [None] * self.spec.n_envs
+        self._index = EpisodeIndex(self.spec.n_envs, self.num_steps, n_agents, self._forget, self._open)
+        self._ring = self._index.ring  # the lanes as they stand (recorders' own lanes; commits skipped)
         wanted = {
             "obs": True, "terminated": True, "truncated": True, "active": True,
             "G": True, "state": state_size is not None,
@@ -144,37 +135,20 @@ class FlexibleBuffer(Sampling):
 
     @property
     def _storage(self) -> Storage:
-        """The arrays, with every step a batch writer holds committed."""
-        if self._uncommitted:
-            self._commit()
+        """The arrays, with every step a batch recorder holds committed."""
+        if self._index.uncommitted:
+            self._index.commit()
         return self._store
 
     @property
     def _lanes(self) -> list[Lane]:
-        """The lanes, with every step a batch writer holds committed; a batch writer reads them
-        again before its next step."""
-        if self._uncommitted:
-            self._commit()
-        self._version += 1
-        return self._ring
+        """The lanes, to change: `EpisodeIndex.lanes`."""
+        return self._index.lanes
 
     @property
     def _read_lanes(self) -> list[Lane]:
-        """`_lanes` for reading only (sampling, counting): batch writers need not read them again."""
-        if self._uncommitted:
-            self._commit()
-        return self._ring
-
-    def _commit(self) -> None:
-        if self._committing:  # reached again from inside a writer's commit: it is under way
-            return
-        self._committing = True
-        try:
-            for writer in self._batched:
-                writer.commit()
-        finally:
-            self._committing = False
-        self._uncommitted = False
+        """The lanes, to read only: `EpisodeIndex.read_lanes`."""
+        return self._index.read_lanes
 
     @classmethod
     def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:

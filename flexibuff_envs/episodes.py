@@ -8,9 +8,11 @@ one episode and episodes are contiguous, so the live rows are always one ring se
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -180,6 +182,53 @@ class Lane:
     def size(self) -> int:
         """Live rows in this lane."""
         return self.written - self.live_start
+
+
+class EpisodeIndex:
+    """A buffer's lanes, which recorder writes each, and what batch recorders hold back.
+
+    Batch recorders (`BatchRecorder`) keep their lanes' newest steps to themselves until
+    something reads the lanes: `lanes` and `read_lanes` commit them first, so a reader always
+    sees every recorded step. `version` grows whenever the lanes are handed out to be changed,
+    which tells a batch recorder to read them again.
+    """
+
+    def __init__(self, n_lanes: int, capacity: int, n_agents: int, on_forget: Callable[[Lane, Episode], None],
+                 on_open: Callable[[Lane, int], None]) -> None:
+        self.ring = [Lane(i * capacity, capacity, on_forget, n_agents, on_open) for i in range(n_lanes)]
+        # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
+        self.writers: list[weakref.ref[Any] | None] = [None] * n_lanes
+        self.batched: list[Any] = []  # batch recorders, each with commit() and owner()
+        self.uncommitted = False
+        self._committing = False
+        self.version = 0
+
+    @property
+    def lanes(self) -> list[Lane]:
+        """The lanes to change, every staged step committed first."""
+        if self.uncommitted:
+            self.commit()
+        self.version += 1
+        return self.ring
+
+    @property
+    def read_lanes(self) -> list[Lane]:
+        """The lanes to read only (sampling, counting), every staged step committed first."""
+        if self.uncommitted:
+            self.commit()
+        return self.ring
+
+    def commit(self) -> None:
+        """Every batch recorder's staged steps into the lanes."""
+        if self._committing:  # reached again from inside a recorder's commit: it is under way
+            return
+        self._committing = True
+        try:
+            for batch in self.batched:
+                batch.commit()
+        finally:
+            self._committing = False
+        self.uncommitted = False
 
 
 def whole_episodes(lanes: list[Lane]) -> list[tuple[Lane, Episode]]:

@@ -41,10 +41,10 @@ class Writer:
         Raises:
             SpecMismatchError: fewer than ``n`` lanes are free; the message says what to do.
         """
-        buffer = self.buffer
-        buffer._commit()
-        buffer._batched = [batch for batch in buffer._batched if batch.owner() is not None]
-        free = [i for i, ref in enumerate(buffer._writers) if ref is None or ref() is None]
+        buffer, index = self.buffer, self.buffer._index
+        index.commit()
+        index.batched = [batch for batch in index.batched if batch.owner() is not None]
+        free = [i for i, ref in enumerate(index.writers) if ref is None or ref() is None]
         if len(free) < n:
             lanes = buffer.spec.n_envs
             raise SpecMismatchError(
@@ -53,15 +53,15 @@ class Writer:
                 f"Make the buffer with a lane per recorder, fe.FlexibleBuffer.from_spec(spec, num_steps=..., "
                 f"n_envs=<recorders>), or record one vector env (gymnasium.vector.SyncVectorEnv) instead")
         for lane in free[:n]:
-            buffer._writers[lane] = self.owner
+            index.writers[lane] = self.owner
         return free[:n]
 
     def release_lanes(self) -> None:
         """The lanes the owner claimed are free again (its env was closed)."""
-        buffer, owner = self.buffer, self.owner()
-        buffer._commit()
-        buffer._batched = [batch for batch in buffer._batched if batch.owner() not in (owner, None)]
-        buffer._writers = [None if ref is not None and ref() is owner else ref for ref in buffer._writers]
+        index, owner = self.buffer._index, self.owner()
+        index.commit()
+        index.batched = [batch for batch in index.batched if batch.owner() not in (owner, None)]
+        index.writers = [None if ref is not None and ref() is owner else ref for ref in index.writers]
 
     def lane(self, lane: int) -> Lane:
         """Lane ``lane`` with every staged step committed."""
@@ -73,16 +73,16 @@ class Writer:
 
     def attach(self, batch: Any) -> None:
         """Register a batch recorder: it is committed (``batch.commit()``) before the buffer is read."""
-        self.buffer._batched.append(batch)
+        self.buffer._index.batched.append(batch)
 
     def uncommitted(self) -> None:
         """A batch recorder holds steps the lanes do not show yet."""
-        self.buffer._uncommitted = True
+        self.buffer._index.uncommitted = True
 
     @property
     def version(self) -> int:
         """Grows whenever the lanes were read from outside (and so may have changed)."""
-        return self.buffer._version
+        return self.buffer._index.version
 
     # ----------------------------------------------------------------- fields
 
