@@ -12,7 +12,7 @@ from flexibuff_envs import chunk, io
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
-from flexibuff_envs.returns import check_gamma, episode_gae, episode_returns
+from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Storage
@@ -283,7 +283,7 @@ class FlexibleBuffer(Sampling):
         lane_ = self._lanes[lane]
         running = lane_.running
         if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
-            self._write_returns(lane_, running, bootstrap)
+            self._storage.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
 
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
@@ -301,62 +301,7 @@ class FlexibleBuffer(Sampling):
         ), (self.spec.n_envs, self.spec.n_agents))
         for i, lane in enumerate(self._lanes):
             if lane.running is not None and lane.running.end > lane.running.start:
-                self._write_returns(lane, lane.running, values[i])
-
-    def _write_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None,
-                       only: int | None = None) -> None:
-        """``G`` (and GAE) of the agents still in ``episode`` (or of agent ``only``), each over its
-        own rows: those since it joined where it is active, discounted transition by transition."""
-        first = lane.offset + episode.start % lane.capacity
-        steps = episode.end - episode.start
-        # an episode that does not wrap is a slice: no index array on the per-episode path
-        rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
-                                    else lane.rows(episode))
-        arrays = self._storage.arrays
-        boot = None if bootstrap is None else np.broadcast_to(np.asarray(bootstrap, dtype=np.float64),
-                                                              (self.spec.n_agents,))
-        if self.spec.n_agents == 1:
-            self._store_returns(slice(None), rows, boot)
-            return
-        starts = lane.agent_start
-        agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
-        if not agents:
-            return
-        active = arrays["active"][:, rows]
-        if len(agents) == len(starts) and max(starts) <= episode.start and active.all():
-            self._store_returns(slice(None), rows, boot)  # every agent acted at every step: one pass
-            return
-        all_rows = None
-        for agent in agents:
-            mine = active[agent, max(starts[agent] - episode.start, 0):]
-            skipped = steps - mine.size
-            acted = int(np.count_nonzero(mine))
-            boot_ = None if boot is None else boot[agent:agent + 1]
-            if isinstance(rows, slice) and mine[:acted].all():  # its rows are one run (AEC turns): a slice
-                own: slice | np.ndarray = slice(first + skipped, first + skipped + acted)
-            else:
-                all_rows = lane.rows(episode) if all_rows is None else all_rows
-                own = all_rows[skipped:][mine]
-            if acted:
-                self._store_returns(slice(agent, agent + 1), own, boot_)
-
-    def _store_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None) -> None:
-        """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition
-        after the other, into the buffer."""
-        arrays = self._storage.arrays
-        if "individual_rewards" in arrays:
-            rewards = arrays["individual_rewards"][agents, rows]
-        elif "global_rewards" in arrays:  # a hand-made buffer holding the team reward only
-            team = arrays["global_rewards"][rows]
-            rewards = np.broadcast_to(team, (self.spec.n_agents, team.shape[0]))[agents]
-        else:
-            return
-        arrays["G"][agents, rows] = episode_returns(rewards, self.gamma, bootstrap)
-        if "values" in arrays:
-            advantages, value_targets = episode_gae(rewards, arrays["values"][agents, rows], self.gamma,
-                                                    self.gae_lambda, bootstrap)
-            self._column("advantages")[agents, rows] = advantages
-            self._column("returns")[agents, rows] = value_targets
+                self._storage.write_episode_returns(lane, lane.running, values[i], self.gamma, self.gae_lambda)
 
     # ------------------------------------------------------------------ moving episodes
 

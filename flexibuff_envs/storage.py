@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
+from flexibuff_envs.returns import episode_gae, episode_returns
 from flexibuff_envs.spec import BufferSpec
+
+if TYPE_CHECKING:
+    from flexibuff_envs.episodes import Episode, Lane
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,63 @@ class Storage:
         if chain is None:
             chain = self.chains[name] = Chain(self.ensure(NEXT[name]), FIELDS[name].per_agent)
         return chain
+
+    # ----------------------------------------------------------------- returns
+
+    def write_episode_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None,
+                              gamma: float, lam: float, only: int | None = None) -> None:
+        """``G`` (and GAE) of the agents still in ``episode`` of ``lane`` (or of agent ``only``),
+        each over its own rows: those since it joined where it is active, discounted transition by
+        transition; ``bootstrap`` is V after each agent's last step (None: 0)."""
+        first = lane.offset + episode.start % lane.capacity
+        steps = episode.end - episode.start
+        # an episode that does not wrap is a slice: no index array on the per-episode path
+        rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
+                                    else lane.rows(episode))
+        n_agents = self.spec.n_agents
+        boot = None if bootstrap is None else np.broadcast_to(np.asarray(bootstrap, dtype=np.float64), (n_agents,))
+        if n_agents == 1:
+            self._write_returns(slice(None), rows, boot, gamma, lam)
+            return
+        starts = lane.agent_start
+        agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
+        if not agents:
+            return
+        active = self.arrays["active"][:, rows]
+        if len(agents) == len(starts) and max(starts) <= episode.start and active.all():
+            self._write_returns(slice(None), rows, boot, gamma, lam)  # every agent acted at every step: one pass
+            return
+        all_rows = None
+        for agent in agents:
+            mine = active[agent, max(starts[agent] - episode.start, 0):]
+            skipped = steps - mine.size
+            acted = int(np.count_nonzero(mine))
+            boot_ = None if boot is None else boot[agent:agent + 1]
+            if isinstance(rows, slice) and mine[:acted].all():  # its rows are one run (AEC turns): a slice
+                own: slice | np.ndarray = slice(first + skipped, first + skipped + acted)
+            else:
+                all_rows = lane.rows(episode) if all_rows is None else all_rows
+                own = all_rows[skipped:][mine]
+            if acted:
+                self._write_returns(slice(agent, agent + 1), own, boot_, gamma, lam)
+
+    def _write_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float,
+                       lam: float) -> None:
+        """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition
+        after the other."""
+        arrays = self.arrays
+        if "individual_rewards" in arrays:
+            rewards = arrays["individual_rewards"][agents, rows]
+        elif "global_rewards" in arrays:  # a hand-made buffer holding the team reward only
+            team = arrays["global_rewards"][rows]
+            rewards = np.broadcast_to(team, (self.spec.n_agents, team.shape[0]))[agents]
+        else:
+            return
+        arrays["G"][agents, rows] = episode_returns(rewards, gamma, bootstrap)
+        if "values" in arrays:
+            advantages, value_targets = episode_gae(rewards, arrays["values"][agents, rows], gamma, lam, bootstrap)
+            self.ensure("advantages")[agents, rows] = advantages
+            self.ensure("returns")[agents, rows] = value_targets
 
     # ----------------------------------------------------------------- reading: every encoding undone here
 

@@ -181,7 +181,8 @@ class Writer:
         lane_ = self.buffer._ring[lane]
         if lane_.running is None:
             return
-        self.buffer._write_returns(lane_, lane_.running, bootstrap, only=agent)
+        self.buffer._storage.write_episode_returns(lane_, lane_.running, bootstrap, self.buffer.gamma,
+                                                   self.buffer.gae_lambda, only=agent)
         lane_.agent_start[agent] = -1
 
     def rejoin_agent(self, lane: int, agent: int) -> None:
