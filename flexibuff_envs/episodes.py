@@ -94,7 +94,8 @@ class Lane:
 
     def claim(self) -> int:
         """The row for the running episode's next step; forgets the oldest episode if it is there."""
-        self.make_room()
+        if self.written - self.capacity >= self.live_start or self.written >= self.opened:
+            self.make_room()
         row = self.offset + self.written % self.capacity
         self.written += 1
         self.running.end = self.written  # type: ignore[union-attr]
