@@ -159,12 +159,7 @@ class Chain:
         else:
             out = self.base.take(succ, axis=0, mode=mode)
             index = self.index.take(idx)
-        if index.ndim == 1:  # one agent's: a flat search is cheaper
-            mine = np.flatnonzero(index >= 0)  # not CHAINED: a slot of the row's own
-            if mine.size:
-                out[mine] = self.tail[index[mine]]
-            return out
-        own = (index >= 0).nonzero()
+        own = (index >= 0).nonzero()  # not CHAINED: a slot of the row's own
         if own[0].size:
             out[own] = self.tail[index[own]]
         return out
