@@ -299,7 +299,7 @@ class Storage:
             succ, mode = self.successors(idx)
             for name, chain in chains:
                 out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
-        if self.spec.obs_categories or self.spec.action_mask:  # else nothing is stored in another form
+        if self.spec.obs_categories or "action_mask" in arrays:  # else nothing is stored in another form
             for name in [name for name in DECODED if name in out]:
                 out[name] = self.decode(name, out[name])
         return out
