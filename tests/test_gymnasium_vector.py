@@ -25,6 +25,24 @@ ENVS: dict[str, Callable[[], gym.Env]] = {
 }
 
 
+def follow(singles: list[Any], actions: np.ndarray, done: np.ndarray, resetting: np.ndarray,
+           mode: AutoresetMode) -> None:
+    """Each single-env recorder does what its sub-env of the vector env did this step: the reset
+    that follows an episode's end (the next step under NEXT_STEP, the same one otherwise), or
+    the step. ``resetting`` (per sub-env, updated): the next step only resets."""
+    for i, single in enumerate(singles):
+        if resetting[i]:
+            single.reset()
+            resetting[i] = False
+            continue
+        single.step(int(actions[i]))
+        if done[i]:
+            if mode == AutoresetMode.NEXT_STEP:
+                resetting[i] = True
+            else:
+                single.reset()
+
+
 def run(make: Callable[[], gym.Env], mode: AutoresetMode, vectorization: str, steps: int = 60) -> tuple[Any, list]:
     vec = fe.record(gym.vector.SyncVectorEnv([make] * N, autoreset_mode=mode) if vectorization == "sync"
                     else gym.vector.AsyncVectorEnv([make] * N, autoreset_mode=mode), num_steps=200, gamma=0.9)
@@ -38,17 +56,7 @@ def run(make: Callable[[], gym.Env], mode: AutoresetMode, vectorization: str, st
         actions = rng.integers(0, 2, N)
         _, _, terminated, truncated, _ = vec.step(actions)
         done = terminated | truncated
-        for i, single in enumerate(singles):
-            if resetting[i]:
-                single.reset()
-                resetting[i] = False
-                continue
-            single.step(int(actions[i]))
-            if done[i]:
-                if mode == AutoresetMode.NEXT_STEP:
-                    resetting[i] = True
-                else:
-                    single.reset()
+        follow(singles, actions, done, resetting, mode)
         if mode == AutoresetMode.DISABLED and done.any():
             vec.reset(options={"reset_mask": done})
     vec.close()
@@ -164,17 +172,7 @@ def record_side_by_side(make: Callable[[], gym.Env], mode: AutoresetMode, num_st
                     single.annotate(values=values[i], discrete_log_probs=log_probs[i])
         _, _, terminated, truncated, _ = vec.step(actions)
         done = terminated | truncated
-        for i, single in enumerate(singles):
-            if resetting[i]:
-                single.reset()
-                resetting[i] = False
-                continue
-            single.step(int(actions[i]))
-            if done[i]:
-                if mode == AutoresetMode.NEXT_STEP:
-                    resetting[i] = True
-                else:
-                    single.reset()
+        follow(singles, actions, done, resetting, mode)
         if mode == AutoresetMode.DISABLED and done.any():
             vec.reset(options={"reset_mask": done})
         if t in reads:  # a read in the middle of a block writes it
