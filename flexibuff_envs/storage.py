@@ -222,7 +222,7 @@ class Storage:
         n_agents = self.spec.n_agents
         boot = None if bootstrap is None else np.broadcast_to(np.asarray(bootstrap, dtype=np.float64), (n_agents,))
         if n_agents == 1:
-            self._write_returns(slice(None), rows, boot, gamma, lam)
+            self.write_returns(slice(None), rows, boot, gamma, lam)
             return
         starts = lane.agent_start
         agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
@@ -230,7 +230,7 @@ class Storage:
             return
         active = self.arrays["active"][:, rows]
         if len(agents) == len(starts) and max(starts) <= episode.start and active.all():
-            self._write_returns(slice(None), rows, boot, gamma, lam)  # every agent acted at every step: one pass
+            self.write_returns(slice(None), rows, boot, gamma, lam)  # every agent acted at every step: one pass
             return
         all_rows = None
         for agent in agents:
@@ -244,9 +244,9 @@ class Storage:
                 all_rows = lane.rows(episode) if all_rows is None else all_rows
                 own = all_rows[skipped:][mine]
             if acted:
-                self._write_returns(slice(agent, agent + 1), own, boot_, gamma, lam)
+                self.write_returns(slice(agent, agent + 1), own, boot_, gamma, lam)
 
-    def _write_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float,
+    def write_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float,
                        lam: float) -> None:
         """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition
         after the other."""

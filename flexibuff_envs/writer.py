@@ -200,6 +200,15 @@ class Writer:
         lengths = ends - starts
         if not lengths.size:
             return
+        if lengths.size <= _FEW:  # an episode or two (a read after every step): each on its own
+            capacity = buffer.num_steps
+            for lane, start, end, boot in zip(lanes.tolist(), starts.tolist(), ends.tolist(), bootstrap.tolist()):
+                first = start % capacity
+                rows: slice | np.ndarray = (slice(lane * capacity + first, lane * capacity + first + end - start)
+                                            if first + end - start <= capacity
+                                            else lane * capacity + np.arange(start, end) % capacity)
+                buffer._store.write_returns(slice(None), rows, np.array([boot]), buffer.gamma, buffer.gae_lambda)
+            return
         first = np.cumsum(lengths) - lengths
         which = np.repeat(np.arange(lengths.size), lengths)
         positions = np.arange(int(lengths.sum())) + (starts - first)[which]
@@ -221,6 +230,8 @@ class Writer:
             self.column("returns")[0, rows] = advantages + values
 
 
+#: this few ended episodes are written one by one (a reversed cumulative sum each)
+_FEW = 2
 #: below this many steps, recursive doubling beats the blocked scan's fixed cost
 _DOUBLING = 8192
 
