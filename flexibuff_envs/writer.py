@@ -204,10 +204,10 @@ class Writer:
             capacity = buffer.num_steps
             for lane, start, end, boot in zip(lanes.tolist(), starts.tolist(), ends.tolist(), bootstrap.tolist()):
                 first = start % capacity
-                rows: slice | np.ndarray = (slice(lane * capacity + first, lane * capacity + first + end - start)
+                span: slice | np.ndarray = (slice(lane * capacity + first, lane * capacity + first + end - start)
                                             if first + end - start <= capacity
                                             else lane * capacity + np.arange(start, end) % capacity)
-                buffer._store.write_returns(slice(None), rows, np.array([boot]), buffer.gamma, buffer.gae_lambda)
+                buffer._store.write_returns(slice(None), span, np.array([boot]), buffer.gamma, buffer.gae_lambda)
             return
         first = np.cumsum(lengths) - lengths
         which = np.repeat(np.arange(lengths.size), lengths)
