@@ -298,3 +298,43 @@ def test_a_step_that_cannot_be_recorded_keeps_every_earlier_step_and_recording_r
     env.reset()
     env.step(np.ones(n, dtype=np.int64))
     assert len(env.buffer) == before + n
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_composite_spaces_are_recorded_as_single_env_recorders_do(mode: AutoresetMode) -> None:
+    """Observations and actions without a batch encoding (a Dict of a Box and a Discrete; a
+    Tuple of a Discrete and a Box) are flattened one sub-env at a time, with the same rows."""
+    def make() -> gym.Env:  # spaces of its own: a space samples (and is seeded) by its own generator
+        return ToyEnv(gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "room": gym.spaces.Discrete(3)}),
+                      gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (2,), np.float32))),
+                      lengths=(3, 5), truncate=True)
+
+    vec = fe.record(gym.vector.SyncVectorEnv([make] * 2, autoreset_mode=mode), num_steps=100)
+    singles = [fe.record(make(), num_steps=100) for _ in range(2)]
+    vec.reset(seed=4)
+    for i, single in enumerate(singles):
+        single.reset(seed=4 + i)
+    vec.action_space.seed(0)
+    resetting = np.zeros(2, dtype=bool)
+    for _ in range(20):
+        actions = vec.action_space.sample()
+        _, _, terminated, truncated, _ = vec.step(actions)
+        done = terminated | truncated
+        for i, single in enumerate(singles):  # as `follow`, with each sub-env's own action
+            if resetting[i]:
+                single.reset()
+                resetting[i] = False
+                continue
+            single.step((int(actions[0][i]), actions[1][i]))
+            if done[i]:
+                if mode == AutoresetMode.NEXT_STEP:
+                    resetting[i] = True
+                else:
+                    single.reset()
+        if mode == AutoresetMode.DISABLED and done.any():
+            vec.reset(options={"reset_mask": done})
+    for i, single in enumerate(singles):
+        rows = np.arange(len(single.buffer))
+        mine, theirs = vec.buffer.sample_transitions(idx=i * 100 + rows), single.buffer.sample_transitions(idx=rows)
+        for field in (*FIELDS, "continuous_actions", "G"):
+            np.testing.assert_array_equal(getattr(mine, field), getattr(theirs, field), err_msg=f"lane {i} {field}")

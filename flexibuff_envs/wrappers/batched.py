@@ -62,6 +62,7 @@ class BatchRecorder:
         self._offsets = np.array(lanes, dtype=np.int64) * buffer.num_steps
         codec = obs.compact() if buffer.spec.obs_categories else obs
         self._encode_obs = codec.batch or self._one_by_one(codec, obs_space)
+        self._flatten = codec.flatten
         self._action = action
         self._action_space = action_space
         self._discrete = writer.column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
@@ -187,10 +188,12 @@ class BatchRecorder:
     # ----------------------------------------------------------------- staging
 
     def step(self, actions: Any, obs: Any, rewards: Any, terminated: np.ndarray, truncated: np.ndarray, *,
-             obs_: Any = None, masks: np.ndarray | None = None, masks_: np.ndarray | None = None) -> None:
-        """Stage one vector step: ``obs`` is what each sub-env returned (and holds next),
-        ``obs_`` the transitions' next observations where they differ (SAME_STEP: finished
-        sub-envs' final ones); ``masks``/``masks_`` likewise for legal actions."""
+             final: tuple[np.ndarray, list[Any]] | None = None, masks: np.ndarray | None = None,
+             masks_: np.ndarray | None = None) -> None:
+        """Stage one vector step: ``obs`` is what each sub-env returned (and holds next);
+        ``final`` (SAME_STEP), the sub-envs whose transition ends elsewhere and their final
+        observations; ``masks``/``masks_``, the legal actions of ``obs`` and of the transitions'
+        next observations."""
         k = self._k
         try:
             self.writer.uncommitted()
@@ -199,11 +202,12 @@ class BatchRecorder:
             self._stage_actions(k, actions)
             self._flags[0, k] = terminated
             self._flags[1, k] = truncated
-            self._has_final[k] = obs_ is not None
-            if obs_ is not None:
+            self._has_final[k] = final is not None
+            if final is not None:  # one sub-env at a time: they come as separate objects
                 if self._final is None:
                     self._final = np.zeros_like(self._obs[1:])
-                self._final[k] = self._encode_obs(obs_)
+                lanes, values = final
+                self._final[k][lanes] = np.stack([self._flatten(value) for value in values])
             if self.mask is not None:
                 self._masks[k + 1] = self._packed(masks)
                 self._final_masks[k] = self._masks[k + 1] if masks_ is None else self._packed(masks_)

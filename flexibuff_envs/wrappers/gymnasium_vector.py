@@ -77,24 +77,18 @@ class VectorRecorder(VectorWrapper):
     def step(self, actions: Any) -> Any:
         result = self.env.step(actions)
         obs, rewards, terminations, truncations, info = result
-        obs_ = masks_ = None
+        final = masks_ = None
+        masks = batch_masks(info, self.num_envs)
         if self._mode == AutoresetMode.SAME_STEP and "final_obs" in info:
-            obs_, masks_ = self._final(obs, info, terminations | truncations)
-        self._recorder.step(actions, obs, rewards, terminations, truncations, obs_=obs_,
-                            masks=batch_masks(info, self.num_envs), masks_=masks_)
+            done = terminations | truncations
+            ended = np.flatnonzero(done)
+            final = (ended, [info["final_obs"][i] for i in ended.tolist()])
+            final_masks = batch_masks(info.get("final_info", {}), self.num_envs)
+            if final_masks is not None:  # each finished sub-env's last mask in place of its reset one
+                masks_ = final_masks if masks is None else np.where(done[:, None], final_masks, masks)
+        self._recorder.step(actions, obs, rewards, terminations, truncations, final=final, masks=masks,
+                            masks_=masks_)
         return result
-
-    def _final(self, obs: Any, info: Mapping[str, Any], done: np.ndarray) -> tuple[Any, np.ndarray | None]:
-        """SAME_STEP: the batch of next observations (and masks) with each finished sub-env's
-        final one (``info["final_obs"]``, ``info["final_info"]``) in place of its reset one."""
-        obs_ = np.array(obs, copy=True)
-        ended = np.flatnonzero(done)
-        obs_[ended] = np.stack([np.asarray(info["final_obs"][i]) for i in ended.tolist()])
-        masks_ = batch_masks(info, self.num_envs)
-        final_masks = batch_masks(info.get("final_info", {}), self.num_envs)
-        if final_masks is not None:
-            masks_ = final_masks if masks_ is None else np.where(done[:, None], final_masks, masks_)
-        return obs_, masks_
 
     def close(self, **kwargs: Any) -> None:
         """Close the envs; the buffer's lanes are free for another recorder."""
