@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import iterate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +26,7 @@ ENVS: dict[str, Callable[[], gym.Env]] = {
 }
 
 
-def follow(singles: list[Any], actions: np.ndarray, done: np.ndarray, resetting: np.ndarray,
-           mode: AutoresetMode) -> None:
+def follow(singles: list[Any], actions: Any, done: np.ndarray, resetting: np.ndarray, mode: AutoresetMode) -> None:
     """Each single-env recorder does what its sub-env of the vector env did this step: the reset
     that follows an episode's end (the next step under NEXT_STEP, the same one otherwise), or
     the step. ``resetting`` (per sub-env, updated): the next step only resets."""
@@ -35,7 +35,7 @@ def follow(singles: list[Any], actions: np.ndarray, done: np.ndarray, resetting:
             single.reset()
             resetting[i] = False
             continue
-        single.step(int(actions[i]))
+        single.step(actions[i])
         if done[i]:
             if mode == AutoresetMode.NEXT_STEP:
                 resetting[i] = True
@@ -300,44 +300,10 @@ def test_a_step_that_cannot_be_recorded_keeps_every_earlier_step_and_recording_r
     assert len(env.buffer) == before + n
 
 
-@pytest.mark.parametrize("mode", list(AutoresetMode))
-def test_composite_spaces_are_recorded_as_single_env_recorders_do(mode: AutoresetMode) -> None:
-    """Observations and actions without a batch encoding (a Dict of a Box and a Discrete; a
-    Tuple of a Discrete and a Box) are flattened one sub-env at a time, with the same rows."""
-    def make() -> gym.Env:  # spaces of its own: a space samples (and is seeded) by its own generator
-        return ToyEnv(gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "room": gym.spaces.Discrete(3)}),
-                      gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (2,), np.float32))),
-                      lengths=(3, 5), truncate=True)
-
-    vec = fe.record(gym.vector.SyncVectorEnv([make] * 2, autoreset_mode=mode), num_steps=100)
-    singles = [fe.record(make(), num_steps=100) for _ in range(2)]
-    vec.reset(seed=4)
-    for i, single in enumerate(singles):
-        single.reset(seed=4 + i)
-    vec.action_space.seed(0)
-    resetting = np.zeros(2, dtype=bool)
-    for _ in range(20):
-        actions = vec.action_space.sample()
-        _, _, terminated, truncated, _ = vec.step(actions)
-        done = terminated | truncated
-        for i, single in enumerate(singles):  # as `follow`, with each sub-env's own action
-            if resetting[i]:
-                single.reset()
-                resetting[i] = False
-                continue
-            single.step((int(actions[0][i]), actions[1][i]))
-            if done[i]:
-                if mode == AutoresetMode.NEXT_STEP:
-                    resetting[i] = True
-                else:
-                    single.reset()
-        if mode == AutoresetMode.DISABLED and done.any():
-            vec.reset(options={"reset_mask": done})
-    for i, single in enumerate(singles):
-        rows = np.arange(len(single.buffer))
-        mine, theirs = vec.buffer.sample_transitions(idx=i * 100 + rows), single.buffer.sample_transitions(idx=rows)
-        for field in (*FIELDS, "continuous_actions", "G"):
-            np.testing.assert_array_equal(getattr(mine, field), getattr(theirs, field), err_msg=f"lane {i} {field}")
+def composite() -> gym.Env:  # spaces of its own: a space samples (and is seeded) by its own generator
+    return ToyEnv(gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "room": gym.spaces.Discrete(3)}),
+                  gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (2,), np.float32))),
+                  lengths=(3, 5), truncate=True)
 
 
 SPACES: dict[str, Callable[[], gym.Env]] = {
@@ -346,15 +312,18 @@ SPACES: dict[str, Callable[[], gym.Env]] = {
     "MultiDiscrete both": lambda: ToyEnv(gym.spaces.MultiDiscrete([3, 4], start=[1, -1]),
                                          gym.spaces.MultiDiscrete([2, 5]), lengths=(4, 6)),
     "MultiBinary both": lambda: ToyEnv(gym.spaces.MultiBinary(5), gym.spaces.MultiBinary(3), lengths=(2, 5)),
+    "Dict observations, Tuple actions (one by one)": composite,
 }
 
 
+@pytest.mark.parametrize("mode", list(AutoresetMode))
 @pytest.mark.parametrize("name", list(SPACES))
-def test_every_batch_encoding_gives_a_single_env_recorder_s_rows(name: str) -> None:
-    """Each space kind's batch encoding (Box and category observations, Box, MultiDiscrete and
-    MultiBinary actions) and the one-by-one fallback write what one recorder per sub-env writes."""
+def test_every_batch_encoding_gives_a_single_env_recorder_s_rows(name: str, mode: AutoresetMode) -> None:
+    """Each space kind's batch encoding (Box and category observations; Box, MultiDiscrete and
+    MultiBinary actions) and the one-by-one fallback (a Dict, a Tuple; SAME_STEP's final
+    observations) write what one recorder per sub-env writes."""
     make = SPACES[name]
-    vec = fe.record(gym.vector.SyncVectorEnv([make] * 3), num_steps=100, gamma=0.9)
+    vec = fe.record(gym.vector.SyncVectorEnv([make] * 3, autoreset_mode=mode), num_steps=100, gamma=0.9)
     singles = [fe.record(make(), num_steps=100, gamma=0.9) for _ in range(3)]
     vec.reset(seed=2)
     for i, single in enumerate(singles):
@@ -364,13 +333,10 @@ def test_every_batch_encoding_gives_a_single_env_recorder_s_rows(name: str) -> N
     for _ in range(30):
         actions = vec.action_space.sample()
         _, _, terminated, truncated, _ = vec.step(actions)
-        for i, single in enumerate(singles):  # NEXT_STEP, as `follow`, with each sub-env's own action
-            if resetting[i]:
-                single.reset()
-                resetting[i] = False
-            else:
-                single.step(actions[i])
-                resetting[i] = terminated[i] or truncated[i]
+        done = terminated | truncated
+        follow(singles, list(iterate(vec.action_space, actions)), done, resetting, mode)
+        if mode == AutoresetMode.DISABLED and done.any():
+            vec.reset(options={"reset_mask": done})
     for i, single in enumerate(singles):
         rows = np.arange(len(single.buffer))
         mine, theirs = vec.buffer.sample_transitions(idx=i * 100 + rows), single.buffer.sample_transitions(idx=rows)
