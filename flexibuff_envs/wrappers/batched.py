@@ -278,15 +278,18 @@ class BatchRecorder:
             positions = self.pos + np.cumsum(steps, axis=0)  # each step's next position, per lane
             flat = np.flatnonzero(steps)  # the transitions, in step order
             lanes = flat % self.n
-            rows = self._offsets[lanes] + (positions.reshape(-1).take(flat) - 1) % self._capacity
+            after = positions.reshape(-1).take(flat)  # each transition's next position
+            rows = self._offsets[lanes] + (after - 1) % self._capacity
             self._write_fields(rows, flat, k)
             ends = steps & (terminated | truncated)
             ended = ends.reshape(-1).take(flat)
             stepped = counts > 0
             # each lane's last transition, unless it ends an episode: it will chain to the next block
-            newest = (positions.reshape(-1).take(flat) == (self.pos + counts).take(lanes)) & ~ended
+            newest = (after == needed.take(lanes)) & ~ended
             reset = resets.any(axis=0)
-            chained = stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
+            # the pending row chains on unless the lane's first event here is a reset (a lone step
+            # comes before its own reset)
+            chained = stepped if k == 1 else stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
             touched = stepped | reset
             finished = np.flatnonzero(ends)  # in step order
             end_obs = self._ends_of(self._obs, self._final, finished)
