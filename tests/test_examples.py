@@ -76,3 +76,11 @@ def test_ray_collect_collects_and_trains_on_two_workers(capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "collected 2,000 steps (80 episodes)" in out and "on 2 workers" in out
     assert "trained on 3 chunks" in out and "whole episodes" in out
+
+
+def test_sb3_ppo_cartpole_records_what_sb3_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("stable_baselines3")
+    load("sb3_ppo_cartpole").main(["--timesteps", "512"])
+    out = capsys.readouterr().out
+    assert "512 SB3 steps in" in out and "512 recorded in" in out and "obs (256, 4)" in out

@@ -1,0 +1,64 @@
+"""Stable-Baselines3 trains on a recorded VecEnv as on the bare one, and the buffer holds exactly
+SB3's steps: one lane per sub-env, each episode whole, as its Monitor counted it."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("stable_baselines3")
+pytest.importorskip("torch")
+
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_util import make_vec_env
+
+import flexibuff_envs as fe
+from flexibuff_envs.integrations.sb3 import RecordingVecEnv
+from flexibuff_envs.testing.reference import plain_returns
+
+
+def test_sb3_ppo_on_four_recorded_cartpoles_leaves_every_step_whole_in_the_buffer() -> None:
+    venv = RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=4, seed=0), num_steps=2000, gamma=0.9)
+    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
+    model.learn(total_timesteps=1024)
+    buffer = venv.buffer
+    assert len(buffer) == model.num_timesteps == 1024
+    lengths, returns = venv.get_attr("episode_lengths"), venv.get_attr("episode_returns")  # each Monitor's
+    episodes = list(buffer.episodes())
+    for lane in range(4):
+        mine = [e for e in episodes if int(e.idx[0]) // 2000 == lane]
+        assert [len(e) for e in mine] == lengths[lane]
+        np.testing.assert_allclose([e.individual_rewards.sum() for e in mine], returns[lane], rtol=1e-6)
+        for e in mine:  # G by a plain loop over the episode's rewards (terminated: no bootstrap)
+            assert e.terminated[-1] and not e.truncated.any()
+            np.testing.assert_allclose(e.G, plain_returns(list(e.individual_rewards), 0.9, 0.0), rtol=1e-5)
+            np.testing.assert_array_equal(e.obs[1:], e.obs_[:-1])  # each observation follows the last
+
+
+def test_a_time_limit_is_a_truncation_with_the_final_observation_and_a_bootstrap() -> None:
+    seen: list[np.ndarray] = []
+    venv = RecordingVecEnv(make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=5), n_envs=2, seed=1),
+                           num_steps=100, gamma=0.5, bootstrap_fn=lambda obs_: seen.append(obs_) or 2.0)
+    venv.reset()
+    finals = []
+    for _ in range(12):
+        _, _, dones, infos = venv.step(np.zeros((2, 1), dtype=np.float32))
+        finals += [info["terminal_observation"] for info, done in zip(infos, dones) if done]
+    episodes = list(venv.buffer.episodes())
+    assert len(episodes) == len(finals) == 4 and all(len(e) == 5 for e in episodes)
+    for e in episodes:
+        assert e.truncated[-1] and not e.terminated.any()
+        np.testing.assert_allclose(e.G[-1], e.individual_rewards[-1] + 0.5 * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(sorted(map(tuple, [e.obs_[-1] for e in episodes])), sorted(map(tuple, finals)))
+    np.testing.assert_allclose(sorted(map(tuple, seen)), sorted(map(tuple, finals)), rtol=1e-6)
+
+
+def test_recording_vec_envs_share_a_buffer_a_lane_each_and_free_them_when_closed() -> None:
+    spec = fe.infer_spec(gym.make("CartPole-v1"))
+    shared = fe.FlexibleBuffer.from_spec(spec, num_steps=50, n_envs=3)
+    first = RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=2), buffer=shared)
+    with pytest.raises(fe.SpecMismatchError, match="needs 2"):
+        RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=2), buffer=shared)
+    first.close()
+    assert RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=3), buffer=shared).buffer is shared
