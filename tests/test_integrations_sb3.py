@@ -12,14 +12,17 @@ pytest.importorskip("torch")
 
 from stable_baselines3 import PPO
 from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 import flexibuff_envs as fe
 from flexibuff_envs.integrations.sb3 import RecordingVecEnv
 from flexibuff_envs.testing.reference import plain_returns
 
 
-def test_sb3_ppo_on_four_recorded_cartpoles_leaves_every_step_whole_in_the_buffer() -> None:
-    venv = RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=4, seed=0), num_steps=2000, gamma=0.9)
+@pytest.mark.parametrize("vec_env_cls", [DummyVecEnv, SubprocVecEnv])
+def test_sb3_ppo_on_four_recorded_cartpoles_leaves_every_step_whole_in_the_buffer(vec_env_cls: type) -> None:
+    venv = RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=vec_env_cls), num_steps=2000,
+                           gamma=0.9)
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
     model.learn(total_timesteps=1024)
     buffer = venv.buffer
@@ -34,6 +37,7 @@ def test_sb3_ppo_on_four_recorded_cartpoles_leaves_every_step_whole_in_the_buffe
             assert e.terminated[-1] and not e.truncated.any()
             np.testing.assert_allclose(e.G, plain_returns(list(e.individual_rewards), 0.9, 0.0), rtol=1e-5)
             np.testing.assert_array_equal(e.obs[1:], e.obs_[:-1])  # each observation follows the last
+    venv.close()
 
 
 def test_a_time_limit_is_a_truncation_with_the_final_observation_and_a_bootstrap() -> None:
