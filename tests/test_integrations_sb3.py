@@ -66,3 +66,47 @@ def test_recording_vec_envs_share_a_buffer_a_lane_each_and_free_them_when_closed
         RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=2), buffer=shared)
     first.close()
     assert RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=3), buffer=shared).buffer is shared
+
+
+def test_sb3_dqn_learns_cartpole_from_this_replay_buffer() -> None:
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    model = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                learning_starts=1000, target_update_interval=10, train_freq=256, gradient_steps=128,
+                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
+                replay_buffer_class=ReplayBuffer, seed=1, device="cpu")  # RL Zoo's CartPole settings
+    before, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10)
+    model.learn(total_timesteps=12_000)
+    assert len(model.replay_buffer.buffer) == model.num_timesteps  # every step, once
+    after, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10)
+    assert before < 50 and after >= 150  # SB3's own buffer reaches 100-130 in as many steps
+
+
+def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_does_not_end_it() -> None:
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    venv = DummyVecEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=4)] * 2)
+    replay = ReplayBuffer(100, venv.observation_space, venv.action_space, device="cpu", n_envs=2)
+    obs = venv.reset()
+    finals = []
+    for _ in range(10):  # as SB3's off-policy collection adds: next_obs is the final one where done
+        action = np.zeros((2, 1), dtype=np.float32)
+        next_obs, reward, done, infos = venv.step(action)
+        real_next = next_obs.copy()
+        for i, info in enumerate(infos):
+            if done[i]:
+                real_next[i] = info["terminal_observation"]
+                finals.append(info["terminal_observation"])
+        replay.add(obs, real_next, action, reward, done, infos)
+        obs = next_obs
+    assert replay.size() == 10 and len(finals) == 4
+    samples = replay.sample(4000)
+    assert samples.dones.sum() == 0  # time limits are no terminations
+    drawn = {tuple(np.round(o, 5)) for o in samples.next_observations.numpy()}
+    assert {tuple(np.round(f, 5)) for f in finals} <= drawn  # every final observation can be drawn

@@ -1,5 +1,6 @@
 """Stable-Baselines3: `RecordingVecEnv` records any SB3 ``VecEnv`` (``DummyVecEnv``,
-``SubprocVecEnv``, SuperSuit's conversions) into one buffer, one lane per sub-env.
+``SubprocVecEnv``, SuperSuit's conversions) into one buffer, one lane per sub-env; `ReplayBuffer`
+is SB3's replay buffer kept in a `FlexibleBuffer` (``DQN(..., replay_buffer_class=ReplayBuffer)``).
 
 SB3 resets a finished sub-env within its step: the observation it returns is the reset one, the
 last one is ``infos[i]["terminal_observation"]``, and ``infos[i]["TimeLimit.truncated"]`` says a
@@ -25,7 +26,11 @@ from flexibuff_envs.wrappers.core import prepare_buffer
 from flexibuff_envs.writer import Writer
 
 try:
-    from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
+    import torch as th
+    from gymnasium import spaces
+    from stable_baselines3.common import buffers
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+    from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 except ImportError as error:  # pragma: no cover - the test extra installs it
     raise MissingExtraError("flexibuff_envs.integrations.sb3 needs Stable-Baselines3: "
                             "pip install 'flexibuff_envs[sb3]'") from error
@@ -83,3 +88,76 @@ class RecordingVecEnv(VecEnvWrapper):
         """Close the sub-envs; the buffer's lanes are free for another recorder."""
         self._recorder.writer.release_lanes()
         self.venv.close()
+
+
+class ReplayBuffer(buffers.ReplayBuffer):
+    """SB3's ``ReplayBuffer``, kept in a `FlexibleBuffer` (``self.buffer``): each observation is
+    stored once, yet the final observation of a time-limited episode is kept (SB3's own
+    ``optimize_memory_usage`` reads the next episode's first observation there instead).
+
+    Use it as ``DQN(..., replay_buffer_class=ReplayBuffer)`` (or SAC, TD3, ...): SB3 passes the
+    arguments below. Observations must be a ``Box`` (SB3 keeps Dict ones in ``DictReplayBuffer``).
+    ``optimize_memory_usage`` changes nothing: observations are always stored once.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True) -> None:
+        if not isinstance(observation_space, spaces.Box):
+            raise TypeError(f"ReplayBuffer keeps Box observations; got {observation_space!r} "
+                            "(SB3 keeps Dict ones in DictReplayBuffer)")
+        buffers.BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        self.optimize_memory_usage = optimize_memory_usage
+        self.handle_timeout_termination = handle_timeout_termination
+        obs, action = obs_codec(observation_space), action_codec(action_space)
+        # draws follow numpy's global generator, which SB3 seeds (set_random_seed), as its own buffer's do
+        self.buffer = FlexibleBuffer.from_spec(spec_from_codecs(obs, action, n_envs=n_envs),
+                                               num_steps=self.buffer_size, global_reward=False,
+                                               seed=int(np.random.randint(2**31)))
+        writer = Writer(self.buffer, self)
+        self._recorder = BatchRecorder(
+            writer, obs, action, writer.claim_lanes(n_envs), mode=AutoresetMode.DISABLED,
+            obs_space=batch_space(observation_space, n_envs), action_space=batch_space(action_space, n_envs))
+        self._action_shape = (n_envs, *(action_space.shape or ()))
+        self._resetting: np.ndarray | None = None  # sub-envs whose next add starts an episode (None: all)
+        self._continuous = isinstance(action_space, spaces.Box)
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
+            infos: list[dict[str, Any]]) -> None:
+        """One transition per sub-env: ``next_obs`` is the final observation where ``done``."""
+        recorder = self._recorder
+        if self._resetting is None or self._resetting.any():  # episodes begin here (their first observation)
+            recorder.begin(np.arange(self.n_envs) if self._resetting is None else np.flatnonzero(self._resetting),
+                           obs)
+        done = np.asarray(done, dtype=bool)
+        self._resetting = done
+        timeouts = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos]) & done
+        truncated = timeouts if self.handle_timeout_termination else np.zeros_like(done)
+        recorder.step(np.reshape(action, self._action_shape), next_obs, reward, done & ~truncated, truncated)
+        self.pos = (self.pos + 1) % self.buffer_size
+        self.full = self.full or self.pos == 0
+
+    def size(self) -> int:
+        """Transitions held per sub-env (SB3's count)."""
+        return len(self.buffer) // self.n_envs
+
+    def reset(self) -> None:
+        """Forget every transition."""
+        self.buffer.clear()
+        self.pos, self.full = 0, False
+        self._resetting = None
+
+    def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
+        """``batch_size`` transitions drawn uniformly over every sub-env's, as SB3's tensors."""
+        batch = self.buffer.sample_transitions(batch_size, fields=(
+            "obs", "obs_", "continuous_actions" if self._continuous else "discrete_actions",
+            "individual_rewards", "terminated"))
+        shape = (batch_size, *self.obs_shape)
+        actions = batch.continuous_actions if self._continuous else batch.discrete_actions
+        data = (self._normalize_obs(batch.obs.reshape(shape), env),
+                actions.reshape(batch_size, self.action_dim),
+                self._normalize_obs(batch.obs_.reshape(shape), env),
+                batch.terminated.astype(np.float32).reshape(-1, 1),
+                self._normalize_reward(batch.individual_rewards.reshape(-1, 1), env))
+        return ReplayBufferSamples(*map(self.to_torch, data))
