@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import OURS, PEERS, REQUIRES, FrameEnv, fill, installed
+from peers import OURS, OURS_AS, PEERS, REQUIRES, FrameEnv, fill, installed
 
 
 def resident_bytes() -> int:
@@ -51,14 +51,14 @@ def main() -> None:
     raw = int(FrameEnv().observation_space.sample().nbytes)
     print(f"bytes per stored transition, 84x84x4 uint8 frames ({raw:,} bytes raw), {args.steps:,} transitions "
           f"in episodes of 500 steps")
-    for name in [OURS, *PEERS]:
+    for name in [OURS, *OURS_AS, *PEERS]:
         if not installed(name):
-            print(f"  {name:<28} not installed (pip install -e '.[bench]')")
+            print(f"  {name:<38} not installed (pip install -e '.[bench]')")
             continue
         result = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
                                 capture_output=True, text=True, check=True)
         per = json.loads(result.stdout.strip().splitlines()[-1])["bytes"] / args.steps
-        print(f"  {name:<28} {per:10,.0f} bytes  {per / raw:5.2f}x raw")
+        print(f"  {name:<38} {per:10,.0f} bytes  {per / raw:5.2f}x raw")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,12 @@ def flexibuff_031(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
     return add, lambda n: buffer.sample_transitions(n, as_torch=True, device="cpu")
 
 
-def sb3(obs_space: spaces.Box, capacity: int, optimize_memory_usage: bool = False) -> tuple[Add, Sample]:
-    from stable_baselines3.common.buffers import ReplayBuffer
+def sb3(obs_space: spaces.Box, capacity: int, optimize_memory_usage: bool = False,
+        kept_in_ours: bool = False) -> tuple[Add, Sample]:
+    if kept_in_ours:  # SB3's replay buffer API, kept in a FlexibleBuffer
+        from flexibuff_envs.integrations.sb3 import ReplayBuffer
+    else:
+        from stable_baselines3.common.buffers import ReplayBuffer
 
     buffer = ReplayBuffer(capacity, obs_space, spaces.Discrete(2), device="cpu",
                           optimize_memory_usage=optimize_memory_usage,
@@ -56,6 +60,10 @@ def sb3(obs_space: spaces.Box, capacity: int, optimize_memory_usage: bool = Fals
 
 def sb3_optimized(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
     return sb3(obs_space, capacity, optimize_memory_usage=True)
+
+
+def sb3_kept_in_ours(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
+    return sb3(obs_space, capacity, kept_in_ours=True)
 
 
 def tianshou(obs_space: spaces.Box, capacity: int, ignore_obs_next: bool = False) -> tuple[Add, Sample]:
@@ -106,8 +114,11 @@ PEERS: dict[str, Peer] = {
 
 
 OURS = "flexibuff_envs"
+#: our buffers behind the peers' APIs (measured like the peers)
+OURS_AS = {"flexibuff_envs as SB3's ReplayBuffer": sb3_kept_in_ours}
 #: the module each peer needs
 REQUIRES = {"flexibuff 0.3.1": "flexibuff", "SB3 ReplayBuffer": "stable_baselines3",
+            "flexibuff_envs as SB3's ReplayBuffer": "stable_baselines3",
             "SB3 optimize_memory_usage": "stable_baselines3", "Tianshou ReplayBuffer": "tianshou",
             "Tianshou ignore_obs_next": "tianshou", "TorchRL LazyTensorStorage": "torchrl"}
 
@@ -212,7 +223,7 @@ def fill(name: str, env: gym.Env, steps: int, capacity: int) -> Sample:
         def sample(n: int) -> Any:
             return buffer.sample_transitions(n, as_torch=True)
     else:
-        add, sample = PEERS[name](env.observation_space, capacity)
+        add, sample = {**PEERS, **OURS_AS}[name](env.observation_space, capacity)
     obs, _ = env.reset(seed=0)
     for t in range(steps):
         action = t % 2
