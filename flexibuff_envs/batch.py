@@ -7,7 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flexibuff_envs.errors import require_torch
+import numpy as np
+
+from flexibuff_envs.errors import MissingExtraError, require_torch
 
 
 @dataclass
@@ -58,6 +60,87 @@ class FlexiBatch:
 
     def __len__(self) -> int:
         return 0 if self.idx is None else int(self.idx.shape[0])
+
+    def to_tensordict(self, device: Any = None) -> Any:
+        """This batch as a ``tensordict.TensorDict`` keyed as TorchRL's losses and collectors read.
+
+        ``"observation"``, ``"action"`` (a discrete action's index, or ``[heads]`` indices; continuous
+        values; both: ``"action"`` the discrete, ``"continuous_action"`` the rest), ``("next",
+        "observation")``, ``("next", "reward")``, ``("next", "done" | "terminated" | "truncated")``
+        (``[..., 1]``), ``"action_mask"`` (heads side by side), ``"action_log_prob"``,
+        ``"state_value"``, ``"advantage"``, ``"value_target"``, ``"G"``, ``"index"``. With several
+        agents these are per agent under ``"agents"`` (``[batch, n_agents, ...]``, as TorchRL's
+        multi-agent envs lay them out); the root holds ``"state"``, the team ``("next",
+        "reward")`` and ``("next", "done")`` (all agents done). Needs ``pip install
+        'flexibuff-envs[torchrl]'``.
+        """
+        try:
+            import torch
+            from tensordict import TensorDict
+        except ImportError as exc:
+            raise MissingExtraError("to_tensordict needs TorchRL's tensordict: "
+                                    "pip install 'flexibuff-envs[torchrl]'") from exc
+        dims = tuple(self.idx.shape)
+        multi = np.ndim(self.obs) == len(dims) + 2  # per-agent fields lead with the agent axis
+
+        def tensor(value: Any, kind: str = "float") -> Any:
+            if isinstance(value, list):  # a mask's heads, side by side
+                value = np.concatenate(value, axis=-1) if isinstance(value[0], np.ndarray) else torch.cat(value, -1)
+            out = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+            if kind == "bool":
+                return out.bool()
+            if kind == "long":
+                return out.long()
+            return out if out.dtype in (torch.float32, torch.uint8) else out.float()
+
+        def own(value: Any, kind: str = "float", flag: bool = False) -> Any:
+            """A per-agent field, batch dims first; ``flag``: a trailing axis of 1, as TorchRL's."""
+            out = tensor(value, kind)
+            if multi:
+                out = out.movedim(0, len(dims))
+            return out.unsqueeze(-1) if flag else out
+
+        data: dict[str, Any] = {}
+        agents: dict[str, Any] = {}
+        after: dict[str, Any] = {}
+        agents_after: dict[str, Any] = {}
+        mine, mine_after = (agents, agents_after) if multi else (data, after)
+        mine["observation"] = own(self.obs)
+        mine_after["observation"] = own(self.obs_)
+        if self.discrete_actions is not None:
+            discrete = own(self.discrete_actions, "long")
+            mine["action"] = discrete[..., 0] if discrete.shape[-1] == 1 else discrete
+        if self.continuous_actions is not None:
+            mine["continuous_action" if self.discrete_actions is not None else "action"] = own(self.continuous_actions)
+        if self.individual_rewards is not None:
+            mine_after["reward"] = own(self.individual_rewards, flag=True)
+        terminated, truncated = own(self.terminated, "bool", True), own(self.truncated, "bool", True)
+        mine_after.update(done=terminated | truncated, terminated=terminated, truncated=truncated)
+        for name, key in (("action_mask", "action_mask"), ("discrete_log_probs", "action_log_prob"),
+                          ("values", "state_value"), ("advantages", "advantage"), ("returns", "value_target"),
+                          ("G", "G"), ("individual_auxiliary_rewards", "auxiliary_reward")):
+            value = getattr(self, name)
+            if value is not None:
+                mine[key] = own(value, "bool" if name == "action_mask" else "float")
+        if self.action_mask_ is not None:
+            mine_after["action_mask"] = own(self.action_mask_, "bool")
+        if multi:
+            agent_axis = len(dims)
+            after.update(done=agents_after["done"].all(agent_axis), terminated=agents_after["terminated"].all(agent_axis),
+                         truncated=agents_after["truncated"].any(agent_axis))
+            if self.global_rewards is not None:
+                after["reward"] = tensor(self.global_rewards).unsqueeze(-1)
+            data["agents"] = agents
+            after["agents"] = agents_after
+        for name, key in (("state", "state"), ("state_", "state")):
+            value = getattr(self, name)
+            if value is not None:
+                (data if name == "state" else after)[key] = tensor(value)
+        data["index"] = tensor(self.idx, "long")
+        if self.valid is not None:
+            data["valid"] = tensor(self.valid, "bool")
+        data["next"] = after
+        return TensorDict(data, batch_size=dims, device=device)
 
 
 #: fields kept as uint8 in torch batches: images stay a byte per value (normalise in the network)
