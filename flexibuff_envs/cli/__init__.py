@@ -132,6 +132,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from flexibuff_envs.integrations.minari import to_minari
+
+    buffer = fe.FlexibleBuffer.load(args.file)
+    try:
+        dataset = to_minari(buffer, args.minari, env=args.env, agent=args.agent)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote Minari dataset {args.minari}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -166,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flexibuff-envs", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {fe.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{record,inspect,plot}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{record,inspect,plot,export}")
 
     rec = commands.add_parser("record", help="record an env with random legal actions and save the buffer")
     rec.add_argument("env", nargs="?", default=DEFAULT_ENV,
@@ -199,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("file")
     plot.add_argument("--out", metavar="PNG", help="image to write (default: FILE with .png)")
     plot.set_defaults(run=cmd_plot)
+
+    export = commands.add_parser("export", help="write a saved buffer's whole episodes as a Minari dataset")
+    export.add_argument("file")
+    export.add_argument("--minari", required=True, metavar="DATASET_ID",
+                        help="the dataset id, like cartpole/recorded-v0 (pip install 'flexibuff_envs[minari]')")
+    export.add_argument("--env", help="the env id the buffer recorded: its spaces and Minari's record of it "
+                                      "(default: spaces rebuilt from the buffer's layout)")
+    export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")
+    export.set_defaults(run=cmd_export)
     return parser
 
 

@@ -1,0 +1,101 @@
+"""Recorded episodes out to a Minari dataset and back: what Minari reads equals what was recorded,
+and an imported dataset samples as a recorded buffer, with G computed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("minari")
+pytest.importorskip("h5py")
+
+import minari
+
+import flexibuff_envs as fe
+from flexibuff_envs.integrations.minari import from_minari, to_minari
+from flexibuff_envs.testing.reference import plain_returns
+
+
+@pytest.fixture(autouse=True)
+def datasets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+
+
+def recorded(name: str, steps: int = 300, **make: object) -> fe.FlexibleBuffer:
+    env = fe.record(gym.make(name, **make), num_steps=1000, gamma=0.9)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    return env.buffer
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(("name", "make"), [("CartPole-v1", {}), ("FrozenLake-v1", {"max_episode_steps": 8}),
+                                            ("Pendulum-v1", {"max_episode_steps": 20})])
+def test_whole_episodes_go_to_minari_and_come_back(name: str, make: dict) -> None:
+    buffer = recorded(name, **make)
+    episodes = list(buffer.episodes())
+    to_minari(buffer, f"{name.split('-')[0].lower()}/recorded-v0", env=gym.make(name, **make))
+    dataset = minari.load_dataset(f"{name.split('-')[0].lower()}/recorded-v0")
+    assert dataset.total_episodes == len(episodes) and dataset.total_steps == sum(len(e) for e in episodes)
+    env = gym.make(name)
+    for mine, theirs in zip(episodes, dataset.iterate_episodes()):
+        observations = np.asarray(theirs.observations)
+        flat = np.stack([gym.spaces.flatten(env.observation_space, o) for o in observations])
+        np.testing.assert_allclose(flat[:-1], mine.obs, rtol=1e-6)  # in the env's own space
+        np.testing.assert_allclose(flat[1:], mine.obs_, rtol=1e-6)  # the final one included
+        np.testing.assert_allclose(theirs.rewards, mine.individual_rewards, rtol=1e-6)
+        np.testing.assert_array_equal(theirs.terminations, mine.terminated)
+        np.testing.assert_array_equal(theirs.truncations, mine.truncated)
+        actions = np.asarray(theirs.actions).reshape(len(mine), -1)
+        np.testing.assert_allclose(actions, mine.discrete_actions if mine.discrete_actions is not None
+                                   else mine.continuous_actions, rtol=1e-6)
+    back = from_minari(dataset, gamma=0.9)
+    again = list(back.episodes())
+    assert [len(e) for e in again] == [len(e) for e in episodes]
+    for mine, theirs in zip(again, episodes):
+        for field in ("obs", "obs_", "individual_rewards", "terminated", "truncated"):
+            np.testing.assert_allclose(getattr(mine, field), getattr(theirs, field), rtol=1e-6, err_msg=field)
+        boot = 0.0  # no bootstrap_fn: a truncation bootstraps with 0, as when recording
+        np.testing.assert_allclose(mine.G, plain_returns(list(mine.individual_rewards), 0.9, boot), rtol=1e-5)
+
+
+def test_a_multi_agent_buffer_is_exported_one_agent_at_a_time() -> None:
+    pytest.importorskip("pettingzoo")
+    pytest.importorskip("mpe2")
+    from mpe2 import simple_spread_v3
+
+    env = fe.record(simple_spread_v3.parallel_env(max_cycles=5), num_steps=100)
+    env.reset(seed=0)
+    for _ in range(12):
+        env.step({agent: 1 for agent in env.agents})
+        if not env.agents:
+            env.reset(seed=1)
+    with pytest.raises(ValueError, match="single-agent.*3 agents.*agent=") as caught:
+        to_minari(env.buffer, "spread/all-v0")
+    assert "agent_0" in str(caught.value)
+    with pytest.warns(UserWarning):
+        dataset = to_minari(env.buffer, "spread/agent_1-v0", agent="agent_1")
+    assert dataset.total_episodes == env.buffer.n_episodes and dataset.total_steps == 10
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_cli_exports_a_saved_buffer_with_spaces_rebuilt_from_its_layout(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from flexibuff_envs.cli import main
+
+    buffer = recorded("CartPole-v1")
+    path = str(tmp_path / "cartpole.fbuf")
+    buffer.save(path)
+    assert main(["export", path, "--minari", "cartpole/cli-v0"]) == 0
+    assert f"{buffer.n_episodes} episodes" in capsys.readouterr().out
+    dataset = minari.load_dataset("cartpole/cli-v0")
+    assert dataset.observation_space.shape == (4,) and dataset.action_space == gym.spaces.Discrete(2)
+    first = next(iter(dataset.iterate_episodes()))
+    np.testing.assert_allclose(np.asarray(first.observations)[:-1], next(iter(buffer.episodes())).obs)
