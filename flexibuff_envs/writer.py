@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
 
 
+class Unpicklable:
+    """A recorder refuses to be pickled or copied: it writes its buffer in this process, and a copy
+    would record into a copy nobody reads."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"{type(self).__name__} cannot be pickled or copied: it writes its buffer in this process, "
+                        "and a copy would record into a copy. SuperSuit's concat_vec_envs_v1 copies the env it is "
+                        "given: record the vector env it makes instead, "
+                        "flexibuff_envs.integrations.sb3.RecordingVecEnv(concat_vec_envs_v1(...))")
+
+
 class Writer:
     """Writes ``buffer`` for one recorder (``owner``). Row and agent methods touch only the
     recorder's own lanes, so they skip committing other recorders' staged steps."""
@@ -31,6 +42,7 @@ class Writer:
     def __init__(self, buffer: FlexibleBuffer, owner: object) -> None:
         self.buffer = buffer
         self.owner = weakref.ref(owner)
+
 
     # ----------------------------------------------------------------- lanes
 

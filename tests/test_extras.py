@@ -17,7 +17,7 @@ raise SystemExit(pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", 
 
 
 @pytest.mark.parametrize("missing", ["ray", "torch", "pettingzoo,mpe2", "matplotlib", "stable_baselines3",
-                                     "tensordict,torchrl", "minari,h5py"])
+                                     "tensordict,torchrl", "minari,h5py", "supersuit"])
 def test_the_suite_collects_without_an_extra(missing: str) -> None:
     result = subprocess.run([sys.executable, "-c", BLOCKED, missing], capture_output=True, text=True, timeout=300,
                             check=False)

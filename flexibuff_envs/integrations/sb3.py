@@ -23,7 +23,7 @@ from flexibuff_envs.errors import MissingExtraError
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.wrappers.core import prepare_buffer
-from flexibuff_envs.writer import Writer
+from flexibuff_envs.writer import Unpicklable, Writer
 
 try:
     import torch as th
@@ -36,7 +36,7 @@ except ImportError as error:  # pragma: no cover - the test extra installs it
                             "pip install 'flexibuff_envs[sb3]'") from error
 
 
-class RecordingVecEnv(VecEnvWrapper):
+class RecordingVecEnv(Unpicklable, VecEnvWrapper):
     """``venv`` as it is, with every sub-env step recorded into ``self.buffer`` (lane ``i`` for
     sub-env ``i``, its episodes whole): pass it to any SB3 algorithm in place of ``venv``.
 

@@ -10,10 +10,10 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, prepare_buffer
-from flexibuff_envs.writer import Writer
+from flexibuff_envs.writer import Unpicklable, Writer
 
 
-class GymRecorder(gym.Wrapper, gym.utils.RecordConstructorArgs):
+class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Records every step of a Gymnasium env into ``self.buffer``; otherwise the bare env.
 
     ``reset`` starts an episode (a reset before the last one ended closes it as truncated);

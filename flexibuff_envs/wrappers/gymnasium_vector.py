@@ -13,7 +13,7 @@ from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.wrappers.core import prepare_buffer
-from flexibuff_envs.writer import Writer
+from flexibuff_envs.writer import Unpicklable, Writer
 
 
 def batch_masks(info: Mapping[str, Any], n: int) -> np.ndarray | None:
@@ -30,7 +30,7 @@ def batch_masks(info: Mapping[str, Any], n: int) -> np.ndarray | None:
     return flags
 
 
-class VectorRecorder(VectorWrapper):
+class VectorRecorder(Unpicklable, VectorWrapper):
     """Records every sub-env step of a Gymnasium vector env into ``self.buffer``.
 
     Sub-env ``i`` writes lane ``i`` of the buffer, so its episodes are contiguous and whole. A

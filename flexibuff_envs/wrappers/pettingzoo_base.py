@@ -9,7 +9,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LaneRecorder, prepare_buffer
-from flexibuff_envs.writer import Writer
+from flexibuff_envs.writer import Unpicklable, Writer
 
 
 def agent_codecs(env: Any) -> tuple[list[str], list[Any], list[Any], Any]:
@@ -23,7 +23,7 @@ def agent_codecs(env: Any) -> tuple[list[str], list[Any], list[Any], Any]:
     )
 
 
-class PettingZooRecorderMixin:
+class PettingZooRecorderMixin(Unpicklable):
     """What both PettingZoo recorders share: construction from the env and the public surface."""
 
     buffer: FlexibleBuffer
