@@ -84,3 +84,27 @@ def test_sb3_ppo_cartpole_records_what_sb3_trains_on(capsys: pytest.CaptureFixtu
     load("sb3_ppo_cartpole").main(["--timesteps", "512"])
     out = capsys.readouterr().out
     assert "512 SB3 steps in" in out and "512 recorded in" in out and "obs (256, 4)" in out
+
+
+def test_torchrl_dqn_learns_from_tensordict_batches(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torchrl")
+    load("torchrl_dqn").main(["--steps", "500", "--updates", "20"])
+    assert "20 DQNLoss updates on TensorDict batches" in capsys.readouterr().out
+
+
+def test_minari_roundtrip_writes_and_reads_a_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("minari")
+    pytest.importorskip("h5py")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    load("minari_roundtrip").main(["--episodes", "5"])
+    out = capsys.readouterr().out
+    assert "5 episodes" in out and "in 5 whole episodes" in out
+
+
+def test_supersuit_spread_sb3_records_every_agent(capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in ("torch", "stable_baselines3", "supersuit", "mpe2"):
+        pytest.importorskip(extra)
+    load("supersuit_spread_sb3").main(["--timesteps", "1536"])
+    out = capsys.readouterr().out
+    assert "1536 SB3 steps (6 agent lanes)" in out and "1536 recorded" in out and "[25] steps" in out
