@@ -110,3 +110,19 @@ def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_does_not_e
     assert samples.dones.sum() == 0  # time limits are no terminations
     drawn = {tuple(np.round(o, 5)) for o in samples.next_observations.numpy()}
     assert {tuple(np.round(f, 5)) for f in finals} <= drawn  # every final observation can be drawn
+
+
+def test_sb3_sac_trains_on_this_replay_buffer_with_continuous_actions() -> None:
+    from stable_baselines3 import SAC
+
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    model = SAC("MlpPolicy", gym.make("Pendulum-v1", max_episode_steps=50), buffer_size=10_000, learning_starts=64,
+                batch_size=32, replay_buffer_class=ReplayBuffer, seed=0, device="cpu")
+    model.learn(total_timesteps=300)
+    replay = model.replay_buffer
+    assert len(replay.buffer) == 300 and replay.buffer.n_episodes == 6  # six whole time-limited episodes
+    samples = replay.sample(16)
+    assert samples.actions.shape == (16, 1) and samples.observations.shape == (16, 3)
+    assert float(samples.actions.abs().max()) <= 1.0  # SAC stores its actions scaled to [-1, 1]
+    assert samples.dones.sum() == 0  # a time limit ends no episode for the critic
