@@ -48,3 +48,18 @@ class ToyEnv(gym.Env):
         return (self.observation_space.sample(), reward, done and not self.truncate,
                 done and self.truncate, self._info())
 
+
+
+def recorded_spread(max_cycles: int, steps: int, num_steps: int = 200) -> Any:
+    """The buffer of mpe2's simple_spread_v3 (3 agents) recorded for ``steps`` parallel steps."""
+    from mpe2 import simple_spread_v3
+
+    import flexibuff_envs as fe
+
+    env = fe.record(simple_spread_v3.parallel_env(max_cycles=max_cycles), num_steps=num_steps)
+    env.reset(seed=0)
+    for _ in range(steps):
+        env.step({agent: 1 for agent in env.agents})
+        if not env.agents:
+            env.reset()
+    return env.buffer

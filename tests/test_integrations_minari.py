@@ -17,6 +17,7 @@ import minari
 import flexibuff_envs as fe
 from flexibuff_envs.integrations.minari import from_minari, to_minari
 from flexibuff_envs.testing.reference import plain_returns
+from tests.envs import recorded_spread
 
 
 @pytest.fixture(autouse=True)
@@ -69,20 +70,13 @@ def test_whole_episodes_go_to_minari_and_come_back(name: str, make: dict) -> Non
 def test_a_multi_agent_buffer_is_exported_one_agent_at_a_time() -> None:
     pytest.importorskip("pettingzoo")
     pytest.importorskip("mpe2")
-    from mpe2 import simple_spread_v3
-
-    env = fe.record(simple_spread_v3.parallel_env(max_cycles=5), num_steps=100)
-    env.reset(seed=0)
-    for _ in range(12):
-        env.step({agent: 1 for agent in env.agents})
-        if not env.agents:
-            env.reset(seed=1)
+    buffer = recorded_spread(max_cycles=5, steps=12)
     with pytest.raises(ValueError, match="single-agent.*3 agents.*agent=") as caught:
-        to_minari(env.buffer, "spread/all-v0")
+        to_minari(buffer, "spread/all-v0")
     assert "agent_0" in str(caught.value)
     with pytest.warns(UserWarning):
-        dataset = to_minari(env.buffer, "spread/agent_1-v0", agent="agent_1")
-    assert dataset.total_episodes == env.buffer.n_episodes and dataset.total_steps == 10
+        dataset = to_minari(buffer, "spread/agent_1-v0", agent="agent_1")
+    assert dataset.total_episodes == buffer.n_episodes and dataset.total_steps == 10
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -14,6 +14,7 @@ from torchrl.modules import MLP, QValueActor
 from torchrl.objectives import DQNLoss
 
 import flexibuff_envs as fe
+from tests.envs import recorded_spread
 
 
 def recorded_cartpole(steps: int = 400) -> fe.FlexibleBuffer:
@@ -52,15 +53,7 @@ def test_torchrl_s_dqn_loss_reads_a_batch_and_learns_from_it(as_torch: bool) -> 
 def test_agents_are_grouped_as_torchrl_s_multi_agent_envs_lay_them_out() -> None:
     pytest.importorskip("pettingzoo")
     pytest.importorskip("mpe2")
-    from mpe2 import simple_spread_v3
-
-    env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=200)
-    env.reset(seed=0)
-    for _ in range(30):
-        env.step({agent: 0 for agent in env.agents})
-        if not env.agents:
-            env.reset()
-    batch = env.buffer.sample_transitions(16)
+    batch = recorded_spread(max_cycles=10, steps=30).sample_transitions(16)
     td = batch.to_tensordict()
     assert td["agents", "observation"].shape == (16, 3, 18) and td["agents", "action"].shape == (16, 3)
     assert td["next", "agents", "reward"].shape == (16, 3, 1) and td["next", "reward"].shape == (16, 1)
