@@ -22,6 +22,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'   # the peers compared side by side
 	$(PY) benchmarks/bench_record.py
+	$(PY) benchmarks/bench_vector.py
 	$(PY) benchmarks/bench_sample.py
 	$(PY) benchmarks/bench_pettingzoo.py
 	$(PY) benchmarks/bench_gae.py
