@@ -310,3 +310,21 @@ buffer.save({str(target)!r})
     play(env, seed=0, steps=10)
     env.buffer.save(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["big.fbuf", under_way.name, other.name])
+
+
+def test_a_vector_recorder_goes_on_recording_into_a_loaded_buffer(tmp_path: Path) -> None:
+    """The episodes a file left running in each lane close as truncated at the first reset, and
+    everything recorded after, in blocks, is whole."""
+    env = vector_recorder(capacity=50, lengths=(7,))
+    step_vector(env, steps=10, seed=0)  # each lane: one episode ended, one running
+    loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "vec.fbuf"))
+    running = len(loaded)
+    resumed = fe.record(env.env, buffer=loaded)  # the same vector env, recorded afresh
+    step_vector(resumed, steps=30, seed=1)
+    episodes = list(loaded.episodes())
+    assert len(loaded) == running + 2 * 30 - 2 * (30 // 8)  # NEXT_STEP: a reset step every 8 per lane
+    for episode in episodes:
+        assert not np.isnan(episode.G).any()
+        assert episode.terminated[-1] or episode.truncated[-1]
+        assert not (episode.terminated[:-1] | episode.truncated[:-1]).any()
+    assert sum(e.truncated[-1] for e in episodes) == 2  # the two episodes the file left running
