@@ -184,8 +184,11 @@ def record_side_by_side(make: Callable[[], gym.Env], mode: AutoresetMode, num_st
     whole = num_steps >= steps  # nothing was forgotten
     for i, single in enumerate(singles):
         mine, theirs = whole_episodes(vec.buffer, i, num_steps), whole_episodes(single.buffer, 0, num_steps)
-        assert len(mine) <= len(theirs) and (len(mine) > 0 or num_steps < 30 or not theirs)
-        # the vector lane may forget its oldest episodes a little early; those it keeps are the newest
+        # the vector lane may forget its oldest episodes a little early (it makes room an eighth of
+        # its ring at a time, and with it the episode that room cuts into); those it keeps are the newest
+        early = theirs[:len(theirs) - len(mine)]
+        assert len(mine) <= len(theirs)
+        assert sum(len(e) for e in early) <= num_steps // 8 + max((len(e) for e in theirs), default=0)
         for k, (a, b) in enumerate(zip(mine, theirs[len(theirs) - len(mine):])):
             assert_same_episode(a, b, f"lane {i} episode {k}")
         if whole:
@@ -206,7 +209,9 @@ def test_blocks_of_steps_equal_single_env_recorders_across_wraps_reads_and_reset
     record_side_by_side(BLOCK_ENVS[name], mode, num_steps, reads=range(0, 400, 53))
 
 
-@settings(max_examples=int(os.environ.get("FLEXIBUFF_EXAMPLES", "40")), deadline=None)
+# CI replays the same examples (derandomized); FLEXIBUFF_EXAMPLES=400 explores new ones
+@settings(max_examples=int(os.environ.get("FLEXIBUFF_EXAMPLES", "40")), deadline=None,
+          derandomize="FLEXIBUFF_EXAMPLES" not in os.environ)
 @given(mode=st.sampled_from(list(AutoresetMode)), n=st.integers(1, 4), num_steps=st.integers(8, 300),
        lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), truncate=st.booleans(),
        reads=st.sets(st.integers(0, 199), max_size=30), resets=st.sets(st.integers(0, 199), max_size=4),
