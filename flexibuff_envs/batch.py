@@ -52,6 +52,8 @@ class FlexiBatch:
     idx: Any = None
     #: sequences only: ``[batch, seq_len]``, False where a window ran past its episode's end
     valid: Any = None
+    #: prioritized draws only: ``[batch]`` importance-sampling weights, float32
+    weights: Any = None
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""

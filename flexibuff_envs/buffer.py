@@ -12,6 +12,7 @@ from flexibuff_envs import chunk, io
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
+from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
@@ -50,6 +51,7 @@ class FlexibleBuffer(Sampling):
         seed: seed of the sampling random generator.
         obs_categories: observations are categories of these sizes (their sum is ``obs_size``):
             rows store one index + 1 per category, batches get the one-hot flattening.
+        alpha: prioritized replay's exponent: rows are drawn in proportion to ``priority ** alpha``.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class FlexibleBuffer(Sampling):
         gae_lambda: float = 0.95,
         seed: int | None = None,
         obs_categories: list[int] | tuple[int, ...] | None = None,
+        alpha: float = 0.6,
     ) -> None:
         self.num_steps = positive_int("num_steps", num_steps)
         cards = tuple(positive_int("discrete_action_cardinalities", c)
@@ -106,6 +109,10 @@ class FlexibleBuffer(Sampling):
         if self.spec.obs_categories and sum(self.spec.obs_categories) != self.spec.obs_size:
             raise ValueError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
                              f"but obs_size is {self.spec.obs_size}")
+        if not (np.isfinite(alpha) and alpha >= 0):
+            raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+        self.alpha = float(alpha)
+        self._priorities: PriorityTree | None = None  # made on the first prioritized use
         self.gamma = check_gamma(gamma)
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
@@ -362,6 +369,23 @@ class FlexibleBuffer(Sampling):
         self._storage.arrays["G"][:, live] = np.nan  # only rows that were recorded were touched
         for chain in self._storage.chains.values():
             chain.reset(live)
+
+    def _priority_tree(self) -> PriorityTree:
+        if self._priorities is None:
+            self._priorities = PriorityTree(self._store.rows, self.spec.n_envs, self.alpha)
+        return self._priorities
+
+    def update_priorities(self, idx: np.ndarray, priorities: np.ndarray | float) -> None:
+        """New priorities for rows ``idx`` (a prioritized batch's ``idx``), e.g. ``|TD error| +
+        1e-6``: they are drawn in proportion to ``priority ** alpha`` from now on. Rows no longer
+        recorded are left out; new rows get the highest priority given so far."""
+        rows = checked_rows("update_priorities", idx, self._store.rows).reshape(-1)
+        values = np.broadcast_to(np.asarray(priorities, dtype=np.float64), np.shape(idx)).reshape(-1)
+        if not (np.isfinite(values).all() and (values >= 0).all()):
+            raise ValueError("update_priorities: priorities must be finite and non-negative")
+        tree = self._priority_tree()
+        tree.sync(self._read_lanes)
+        tree.update(rows, values)
 
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""

@@ -11,6 +11,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Lane, whole_episodes
 from flexibuff_envs.errors import EmptyBufferError, positive_int
+from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.storage import FIELDS
 
 if TYPE_CHECKING:
@@ -107,11 +108,12 @@ def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
 
 
 class Draw(NamedTuple):
-    """The rows of one batch (any integer shape), and for sequences which of them are inside
-    their window's episode."""
+    """The rows of one batch (any integer shape), for sequences which of them are inside their
+    window's episode, and for prioritized draws each row's importance-sampling weight."""
 
     rows: np.ndarray
     valid: np.ndarray | None = None
+    weights: np.ndarray | None = None
 
 
 class Sampler(Protocol):
@@ -146,6 +148,24 @@ class Weighted:
     def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
         _require(lanes, "sample_transitions")
         return (Draw(weighted_rows(lanes, storage.ensure("memory_weights"), rng, self.n)),)
+
+
+@dataclass(slots=True)
+class Prioritized:
+    """``n`` rows drawn with replacement in proportion to ``priority ** alpha``, each with its
+    importance-sampling weight ``(N P(i)) ** -beta / max`` (Schaul et al. 2016)."""
+
+    n: int
+    beta: float
+    tree: PriorityTree
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
+        _require(lanes, "sample_transitions")
+        self.tree.sync(lanes)
+        if not self.tree.sums[1] > 0:
+            raise ValueError("prioritized sampling needs a positive priority somewhere; every recorded row has 0")
+        rows = self.tree.draw(rng, self.n)
+        return (Draw(rows, weights=self.tree.weights(rows, self.beta)),)
 
 
 @dataclass(slots=True)
@@ -249,9 +269,11 @@ class Sampling:
         @property
         def _read_lanes(self) -> list[Lane]: ...
 
+        def _priority_tree(self) -> PriorityTree: ...
+
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
                normalize_advantages: bool = False, valid: np.ndarray | None = None,
-               fields: Collection[str] | None = None) -> FlexiBatch:
+               fields: Collection[str] | None = None, weights: np.ndarray | None = None) -> FlexiBatch:
         """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
 
         ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1;
@@ -259,7 +281,7 @@ class Sampling:
         (the others are None on the batch).
         """
         wanted = None if fields is None else checked_fields(fields)
-        out: dict[str, Any] = {"idx": idx, "valid": valid, **self._storage.gather(idx, wanted)}
+        out: dict[str, Any] = {"idx": idx, "valid": valid, "weights": weights, **self._storage.gather(idx, wanted)}
         if normalize_advantages:
             advantages = out.get("advantages")
             if wanted is not None and "advantages" not in wanted:
@@ -280,7 +302,7 @@ class Sampling:
         `Minibatches`, or one of your own) picks, gathered one at a time; the sampling methods
         below are this with their sampler."""
         for draw in sampler.draws(self._read_lanes, self.rng, self._storage):
-            yield self.gather(draw.rows, as_torch=as_torch, device=device, valid=draw.valid,
+            yield self.gather(draw.rows, as_torch=as_torch, device=device, valid=draw.valid, weights=draw.weights,
                               normalize_advantages=normalize_advantages, fields=fields)
 
     def sample_transitions(
@@ -292,6 +314,8 @@ class Sampling:
         idx: np.ndarray | None = None,
         *,
         fields: Collection[str] | None = None,
+        prioritized: bool = False,
+        beta: float = 0.4,
     ) -> FlexiBatch:
         """``batch_size`` rows drawn uniformly with replacement (all agents of a row together).
 
@@ -300,15 +324,23 @@ class Sampling:
             idx: gather exactly these buffer rows instead of drawing.
             fields: gather only these (a DQN wants obs, obs_, discrete_actions,
                 individual_rewards, terminated); the others are None on the batch.
+            prioritized: draw rows in proportion to ``priority ** alpha`` (see
+                `update_priorities`), with ``batch.weights`` the importance-sampling weights for
+                ``beta``.
         """
-        sampler: Sampler = (Given(idx) if idx is not None else Weighted(positive_int("batch_size", batch_size))
-                            if weighted else Uniform(positive_int("batch_size", batch_size)))
+        sampler: Sampler
+        if idx is not None:
+            sampler = Given(idx)
+        else:
+            n = positive_int("batch_size", batch_size)
+            sampler = Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted \
+                else Uniform(n)
         return self._one(sampler, as_torch=as_torch, device=device, fields=fields)
 
     def _one(self, sampler: Sampler, **options: Any) -> FlexiBatch:
         """The one batch ``sampler`` picks (`draw` without the iterator)."""
         (draw,) = sampler.draws(self._read_lanes, self.rng, self._storage)
-        return self.gather(draw.rows, valid=draw.valid, **options)
+        return self.gather(draw.rows, valid=draw.valid, weights=draw.weights, **options)
 
     def episodes(self, *, as_torch: bool = False, device: Any = None) -> Iterator[FlexiBatch]:
         """Every whole ended episode, one `FlexiBatch` of its rows in time order, lane by lane and

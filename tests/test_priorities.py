@@ -1,0 +1,130 @@
+"""Prioritized replay: rows drawn in proportion to priority ** alpha, importance weights by the
+formula, new rows at the highest priority, forgotten rows never drawn."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import flexibuff_envs as fe
+
+
+def filled(rows: int, lanes: int = 1, episode: int = 5, **options: object) -> fe.FlexibleBuffer:
+    buffer = fe.FlexibleBuffer(rows, 2, [2], n_envs=lanes, seed=0, **options)
+    for lane in range(lanes):
+        for _ in range(rows // episode):
+            buffer.begin_episode(lane)
+            for _ in range(episode):
+                buffer.claim_row(lane)
+            buffer.end_episode(lane)
+    return buffer
+
+
+def live(buffer: fe.FlexibleBuffer) -> np.ndarray:
+    return np.sort(np.concatenate([b.idx for b in buffer.minibatches(1000, shuffle=False)]))
+
+
+def test_rows_are_drawn_in_proportion_to_priority_to_the_alpha() -> None:
+    buffer = filled(40, lanes=2, alpha=0.7)
+    rows = live(buffer)
+    priorities = np.random.default_rng(1).uniform(0.1, 5.0, rows.size)
+    buffer.update_priorities(rows, priorities)
+    drawn = buffer.sample_transitions(200_000, prioritized=True).idx
+    counts = np.bincount(drawn, minlength=80)[rows]
+    expected = priorities ** 0.7 / (priorities ** 0.7).sum() * drawn.size
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 2 * rows.size + 30  # a proportion to priority itself (alpha 1) adds thousands
+
+
+def test_importance_weights_follow_the_formula_over_the_live_rows() -> None:
+    buffer = filled(20, alpha=0.6)
+    rows = live(buffer)
+    priorities = np.linspace(0.5, 3.0, rows.size)
+    buffer.update_priorities(rows, priorities)
+    batch = buffer.sample_transitions(500, prioritized=True, beta=0.4)
+    p = priorities ** 0.6 / (priorities ** 0.6).sum()
+    w = (rows.size * p) ** -0.4
+    expected = dict(zip(rows.tolist(), (w / w.max()).tolist()))
+    assert batch.weights.dtype == np.float32
+    np.testing.assert_allclose(batch.weights, [expected[r] for r in batch.idx.tolist()], rtol=1e-5)
+
+
+def test_new_rows_take_the_highest_priority_given_so_far() -> None:
+    buffer = fe.FlexibleBuffer(40, 2, [2], seed=0, alpha=1.0)
+    for _ in range(2):
+        buffer.begin_episode()
+        for _ in range(10):
+            buffer.claim_row()
+        buffer.end_episode()
+    old = live(buffer)
+    buffer.update_priorities(old, np.where(old < 5, 8.0, 0.5))  # 5 rows at 8, the rest at 0.5
+    buffer.begin_episode()
+    for _ in range(10):
+        buffer.claim_row()
+    buffer.end_episode()
+    new = np.setdiff1d(live(buffer), old)
+    batch = buffer.sample_transitions(100_000, prioritized=True, beta=1.0)
+    share = np.isin(batch.idx, new).mean()
+    assert share == pytest.approx(10 * 8 / (5 * 8 + 15 * 0.5 + 10 * 8), abs=0.01)
+    weights = dict(zip(batch.idx.tolist(), batch.weights.tolist()))
+    assert weights[int(new[0])] == pytest.approx(weights[0]) == pytest.approx(0.5 / 8)
+
+
+def test_forgotten_and_overwritten_rows_are_never_drawn_nor_revived() -> None:
+    buffer = fe.FlexibleBuffer(10, 2, [2], n_envs=2, seed=0)
+    for lane in range(2):
+        buffer.begin_episode(lane)
+        for _ in range(6):
+            buffer.claim_row(lane)
+        buffer.end_episode(lane)
+    first = live(buffer)
+    buffer.update_priorities(first, 1e-3)  # the first episodes: hardly ever drawn
+    for _ in range(2):  # lane 0 wraps: its first episode is forgotten, its rows reused
+        buffer.begin_episode(0)
+        for _ in range(4):
+            buffer.claim_row(0)
+        buffer.end_episode(0)
+    now = live(buffer)
+    gone = np.setdiff1d(first, now)
+    assert gone.tolist() == [4, 5]  # lane 0's first episode was rows 0-5; rows 0-3 hold new steps
+    buffer.update_priorities(gone, 100.0)  # forgotten rows are not revived
+    drawn = buffer.sample_transitions(50_000, prioritized=True).idx
+    assert set(np.unique(drawn)) == set(now)
+    fresh = np.setdiff1d(now, first[first >= 10])  # lane 0's rows now: all new, at the highest priority
+    # 8 new rows at priority 1 (the highest so far) against lane 1's 6 rows kept at 1e-3 (alpha 0.6)
+    assert np.isin(drawn, fresh).mean() == pytest.approx(8 / (8 + 6 * 1e-3 ** 0.6), abs=0.003)
+
+
+def test_prioritized_batches_of_every_agent_and_torch_weights() -> None:
+    pytest.importorskip("pettingzoo")
+    pytest.importorskip("mpe2")
+    from tests.envs import recorded_spread
+
+    buffer = recorded_spread(max_cycles=10, steps=30)
+    batch = buffer.sample_transitions(16, prioritized=True)
+    assert batch.obs.shape == (3, 16, 18) and batch.weights.shape == (16,)
+    torch = pytest.importorskip("torch")
+    assert buffer.sample_transitions(16, prioritized=True, as_torch=True).weights.dtype == torch.float32
+
+
+def test_bad_priorities_and_alpha_are_refused_naming_them() -> None:
+    buffer = filled(10)
+    for bad in (-1.0, np.nan, np.inf):
+        with pytest.raises(ValueError, match="priorities must be finite and non-negative"):
+            buffer.update_priorities(np.array([0]), bad)
+    with pytest.raises(ValueError, match="alpha"):
+        fe.FlexibleBuffer(10, 2, alpha=-0.5)
+    buffer.update_priorities(live(buffer), 0.0)
+    with pytest.raises(ValueError, match="positive priority"):
+        buffer.sample_transitions(4, prioritized=True)
+
+
+def test_a_recorded_vector_env_samples_by_priority() -> None:
+    env = fe.record(gym.make_vec("CartPole-v1", num_envs=3), num_steps=100)
+    env.reset(seed=0)
+    for _ in range(40):
+        env.step(np.ones(3, dtype=np.int64))
+    batch = env.buffer.sample_transitions(64, prioritized=True)
+    env.buffer.update_priorities(batch.idx, np.abs(batch.individual_rewards) + 1.0)
+    assert np.isin(env.buffer.sample_transitions(64, prioritized=True).idx, live(env.buffer)).all()
