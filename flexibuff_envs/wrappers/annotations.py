@@ -17,6 +17,32 @@ ANNOTATIONS = {
 }
 
 
+def missing(name: str) -> float:
+    """What annotation ``name`` records on a step it was not given for."""
+    return 1.0 if name == "memory_weights" else np.nan
+
+
+def checked(writer: Writer, name: str, value: Any, rows: int, who: str) -> np.ndarray:
+    """``value`` of annotation ``name`` as float32 ``[rows, width]`` (one agent's: 1 row; a vector
+    env's: a row per sub-env), or ValueError naming the field and ``who``."""
+    if name not in ANNOTATIONS:
+        raise ValueError(f"annotate: unknown field {name!r} for {who}; known fields: "
+                         + ", ".join(f"{k} ({v})" for k, v in ANNOTATIONS.items()))
+    if rows > 1 and np.shape(value)[:1] != (rows,):
+        raise ValueError(f"annotate: {name} needs a leading axis of {rows} sub-envs, got shape {np.shape(value)}")
+    values = np.asarray(value, dtype=np.float32).reshape(rows, -1)
+    expected = {"discrete_log_probs": len(writer.buffer.spec.discrete_action_cardinalities),
+                "values": 1, "memory_weights": 1}.get(name)
+    if name == "continuous_log_probs":  # any width, the same for every step once stored
+        expected = writer.column(name).shape[-1] if writer.has(name) else values.shape[1]
+    if values.shape[1] != expected or expected == 0:
+        raise ValueError(f"annotate: {name} of {who} must have {expected} value(s) ({ANNOTATIONS[name]}); "
+                         f"got shape {np.shape(value)}")
+    if name == "memory_weights" and not (np.isfinite(values).all() and (values >= 0).all()):
+        raise ValueError(f"annotate: memory_weights must be finite and >= 0 ({who}), got {value!r}")
+    return values
+
+
 class Annotations:
     """Holds each agent's annotations until its next transition is written, then writes them.
 
@@ -26,7 +52,6 @@ class Annotations:
 
     def __init__(self, writer: Writer, n_agents: int) -> None:
         self.writer = writer
-        self.buffer = writer.buffer
         self.pending: list[dict[str, Any]] = [{} for _ in range(n_agents)]
         self.fields: list[str] = []
         self._stores: dict[str, np.ndarray] = {}  # each annotated field's storage
@@ -43,34 +68,18 @@ class Annotations:
         self.pending[index].update(checked)
 
     def _check(self, name: str, agent: str, value: Any) -> Any:
-        if name not in ANNOTATIONS:
-            raise ValueError(f"annotate: unknown field {name!r} for agent {agent!r}; known fields: "
-                             + ", ".join(f"{k} ({v})" for k, v in ANNOTATIONS.items()))
-        array = np.asarray(value, dtype=np.float32).reshape(-1)
-        heads = len(self.buffer.spec.discrete_action_cardinalities)
-        expected = {"discrete_log_probs": heads, "values": 1, "memory_weights": 1}.get(name)
-        if name == "continuous_log_probs":
-            expected = self._width(name, array.size)
-        if array.size != expected or expected == 0:
-            raise ValueError(f"annotate: {name} of agent {agent!r} must have {expected} value(s) "
-                             f"({ANNOTATIONS[name]}); got shape {np.shape(value)}")
-        if name == "memory_weights" and not (np.isfinite(array[0]) and array[0] >= 0):
-            raise ValueError(f"annotate: memory_weights must be finite and >= 0, got {value!r}")
-        return array if name in ("discrete_log_probs", "continuous_log_probs") else float(array[0])
+        values = checked(self.writer, name, value, 1, f"agent {agent!r}")[0]
+        return values if name in ("discrete_log_probs", "continuous_log_probs") else float(values[0])
 
     def write(self, row: int, index: int) -> None:
         """Write agent ``index``'s held annotations (or the "not given" value) into ``row``."""
         pending = self.pending[index]
         for name in self.fields:
-            value = pending.pop(name, 1.0 if name == "memory_weights" else np.nan)
+            value = pending.pop(name, missing(name))
             if name == "memory_weights":
                 self._stores[name][row] = value
             else:
                 self._stores[name][index, row] = value
-
-    def _width(self, name: str, given: int) -> int:
-        """The width field ``name`` is stored with (``given``, before its storage exists)."""
-        return self.writer.column(name).shape[-1] if self.writer.has(name) else given
 
 
 def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:

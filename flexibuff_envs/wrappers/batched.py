@@ -26,7 +26,7 @@ from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.storage import pack_mask
-from flexibuff_envs.wrappers.annotations import ANNOTATIONS, add_feedback
+from flexibuff_envs.wrappers.annotations import add_feedback, checked, missing
 from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
@@ -454,36 +454,16 @@ class BatchRecorder:
     def annotate(self, fields: Mapping[str, Any]) -> None:
         """Hold per sub-env annotations (a leading ``[n]`` axis) for the next step; a sub-env
         whose next step is no transition (it only resets) drops them."""
-        checked = {name: self._check_annotation(name, value) for name, value in fields.items()}
-        for name, values in checked.items():  # allocated only once every field passed
+        given = {name: checked(self.writer, name, value, self.n, "a sub-env") for name, value in fields.items()}
+        for name, values in given.items():  # allocated only once every field passed
+            if name in ("values", "memory_weights"):
+                values = values[:, 0]
             if name not in self._annotated:
-                width = values.shape[1] if name == "continuous_log_probs" else None
                 self._drain()  # earlier steps of the block were not annotated
-                store = self.writer.column(name, width=width)
-                missing = 1.0 if name == "memory_weights" else np.nan
-                self._annotated[name] = (store if name == "memory_weights" else store[0], missing,
-                                         np.full((self._block, *values.shape), missing, dtype=np.float32))
+                store = self.writer.column(name, width=values.shape[1] if name == "continuous_log_probs" else None)
+                self._annotated[name] = (store if name == "memory_weights" else store[0], missing(name),
+                                         np.full((self._block, *values.shape), missing(name), dtype=np.float32))
             self._given[name] = values
-
-    def _check_annotation(self, name: str, value: Any) -> np.ndarray:
-        if name not in ANNOTATIONS:
-            raise ValueError(f"annotate: unknown field {name!r}; known fields: "
-                             + ", ".join(f"{k} ({v})" for k, v in ANNOTATIONS.items()))
-        if np.shape(value)[:1] != (self.n,):
-            raise ValueError(f"annotate: {name} needs a leading axis of {self.n} sub-envs, "
-                             f"got shape {np.shape(value)}")
-        values = np.asarray(value, dtype=np.float32).reshape(self.n, -1)
-        expected = {"discrete_log_probs": len(self.writer.buffer.spec.discrete_action_cardinalities),
-                    "values": 1, "memory_weights": 1}.get(name)
-        if name == "continuous_log_probs":
-            existing = self._annotated.get(name)
-            expected = values.shape[1] if existing is None else existing[0].shape[-1]
-        if values.shape[1] != expected or expected == 0:
-            raise ValueError(f"annotate: {name} must have {expected} value(s) per sub-env "
-                             f"({ANNOTATIONS[name]}); got shape {np.shape(value)}")
-        if name == "memory_weights" and not (np.isfinite(values).all() and (values >= 0).all()):
-            raise ValueError("annotate: memory_weights must be finite and >= 0")
-        return values if name in ("discrete_log_probs", "continuous_log_probs") else values[:, 0]
 
     def feedback(self, lane: int, value: float, step: int) -> None:
         """Add a human reward to lane ``lane``'s ``step``-th step of its running episode (of the
