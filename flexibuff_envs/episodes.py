@@ -232,6 +232,15 @@ class EpisodeIndex:
         self.uncommitted = False
 
 
+def spans(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every position of the ranges ``[starts, ends)`` (empty where ``ends <= starts``) back to
+    back, and which range each belongs to."""
+    lengths = np.maximum(ends - starts, 0)
+    which = np.repeat(np.arange(lengths.size), lengths)
+    first = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum())) - first[which] + starts[which], which
+
+
 def whole_episodes(lanes: list[Lane]) -> list[tuple[Lane, Episode]]:
     """Every ended whole episode with its lane, lane by lane, oldest first."""
     return [(lane, e) for lane in lanes for e in lane.ended if e.whole]

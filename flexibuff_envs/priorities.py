@@ -13,15 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flexibuff_envs.episodes import Lane
-
-
-def _positions(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every position of the ranges ``[starts, ends)`` back to back, and the range of each."""
-    lengths = np.maximum(ends - starts, 0)
-    which = np.repeat(np.arange(lengths.size), lengths)
-    first = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum())) - first[which] + starts[which], which
+from flexibuff_envs.episodes import Lane, spans
 
 
 class PriorityTree:
@@ -57,11 +49,11 @@ class PriorityTree:
         offsets = np.array([lane.offset for lane in lanes], dtype=np.int64)
         capacity = lanes[0].capacity
         (kept_from, kept_to), (live_from, written) = self._known, now
-        gone, which = _positions(kept_from, np.minimum(live_from, kept_to))
+        gone, which = spans(kept_from, np.minimum(live_from, kept_to))
         rows = offsets[which] + gone % capacity
         self.live[rows] = False
         self._set(rows, np.zeros(rows.size))
-        new, which = _positions(np.maximum(kept_to, live_from), written)
+        new, which = spans(np.maximum(kept_to, live_from), written)
         rows = offsets[which] + new % capacity
         self.live[rows] = True
         self._set(rows, np.full(rows.size, self.max_priority ** self.alpha))

@@ -16,7 +16,7 @@ import numpy as np
 
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
-from flexibuff_envs.returns import episode_gae, episode_returns
+from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.spec import BufferSpec
 
 if TYPE_CHECKING:
@@ -245,6 +245,19 @@ class Storage:
                 own = all_rows[skipped:][mine]
             if acted:
                 self.write_returns(slice(agent, agent + 1), own, boot_, gamma, lam)
+
+    def write_run_returns(self, rows: np.ndarray, last: np.ndarray, bootstrap: np.ndarray, gamma: float,
+                          lam: float) -> None:
+        """``G`` (and GAE where values were annotated) of many single-agent episodes in one pass:
+        ``rows`` hold them back to back, ``last`` flags each one's last row and ``bootstrap`` is
+        the value after it (``[rows]``, read where ``last``)."""
+        arrays = self.arrays
+        rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
+        arrays["G"][0, rows] = segmented_scan(rewards + gamma * np.where(last, bootstrap, 0.0), gamma, last)
+        if "values" in arrays:
+            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), last, gamma, lam, bootstrap)
+            self.ensure("advantages")[0, rows] = advantages
+            self.ensure("returns")[0, rows] = value_targets
 
     def write_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float,
                        lam: float) -> None:

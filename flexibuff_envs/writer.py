@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.chain import Chain
-from flexibuff_envs.episodes import Lane
+from flexibuff_envs.episodes import Lane, spans
 from flexibuff_envs.errors import SpecMismatchError
-from flexibuff_envs.returns import reverse_scan, segmented_scan
 from flexibuff_envs.sampling import live_rows
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ class Writer:
     def __init__(self, buffer: FlexibleBuffer, owner: object) -> None:
         self.buffer = buffer
         self.owner = weakref.ref(owner)
-
 
     # ----------------------------------------------------------------- lanes
 
@@ -208,49 +206,11 @@ class Writer:
                           bootstrap: np.ndarray) -> None:
         """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
         pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
+        if not starts.size:
+            return
         buffer = self.buffer
-        lengths = ends - starts
-        if not lengths.size:
-            return
-        if lengths.size <= _FEW:  # an episode or two (a read after every step): each on its own
-            capacity = buffer.num_steps
-            for lane, start, end, boot in zip(lanes.tolist(), starts.tolist(), ends.tolist(), bootstrap.tolist()):
-                first = start % capacity
-                span: slice | np.ndarray = (slice(lane * capacity + first, lane * capacity + first + end - start)
-                                            if first + end - start <= capacity
-                                            else lane * capacity + np.arange(start, end) % capacity)
-                buffer._store.write_returns(slice(None), span, np.array([boot]), buffer.gamma, buffer.gae_lambda)
-            return
-        first = np.cumsum(lengths) - lengths
-        which = np.repeat(np.arange(lengths.size), lengths)
-        positions = np.arange(int(lengths.sum())) + (starts - first)[which]
-        rows = lanes[which] * buffer.num_steps + positions % buffer.num_steps
-        arrays = buffer._store.arrays
-        last = np.zeros(rows.size, dtype=bool)
-        last[first + lengths - 1] = True
-        boot = np.zeros(rows.size)
-        boot[last] = bootstrap
-        rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
-        arrays["G"][0, rows] = _scan(rewards + buffer.gamma * boot, buffer.gamma, last)
-        if "values" in arrays:
-            values = arrays["values"][0].take(rows).astype(np.float64)
-            following = np.empty_like(values)  # V of each step's next observation
-            following[:-1] = values[1:]
-            following[last] = boot[last]
-            advantages = _scan(rewards + buffer.gamma * following - values, buffer.gamma * buffer.gae_lambda, last)
-            self.column("advantages")[0, rows] = advantages
-            self.column("returns")[0, rows] = advantages + values
-
-
-#: this few ended episodes are written one by one (a reversed cumulative sum each)
-_FEW = 2
-#: below this many steps, recursive doubling beats the blocked scan's fixed cost
-_DOUBLING = 8192
-
-
-def _scan(x: np.ndarray, c: float, ends: np.ndarray) -> np.ndarray:
-    """``y_t = x_t + c * y_{t+1}``, cut after each of ``ends``: few steps by recursive doubling
-    (`reverse_scan`, about 20 us for a few dozen), many by `segmented_scan`."""
-    if x.size <= _DOUBLING:
-        return reverse_scan(x, np.where(ends, 0.0, c))
-    return segmented_scan(x, c, ends)
+        positions, which = spans(starts, ends)
+        last = np.zeros(positions.size, dtype=bool)
+        last[np.cumsum(ends - starts) - 1] = True
+        buffer._store.write_run_returns(lanes[which] * buffer.num_steps + positions % buffer.num_steps, last,
+                                        bootstrap[which], buffer.gamma, buffer.gae_lambda)
