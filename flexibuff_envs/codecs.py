@@ -150,15 +150,35 @@ def _flattened(space: spaces.Space, where: str, parts: list[ObsCodec] | None = N
     def flatten(value: Any) -> np.ndarray:
         return np.asarray(spaces.flatten(space, value))
 
-    codec = ObsCodec(size, np.dtype(np.float32), (size,), flatten, False)
-    if parts is not None and parts and all(part.categories for part in parts):
-        pick = (lambda value: [value[k] for k in space.spaces]) if isinstance(space, spaces.Dict) else list
+    codec = ObsCodec(size, np.dtype(np.float32), (size,), flatten, False, where=where)
+    if not parts:
+        return codec
+    pick = (lambda value: [value[k] for k in space.spaces]) if isinstance(space, spaces.Dict) else list
 
+    def batch(values: Any) -> np.ndarray:  # each part's batch side by side: Gymnasium's flattening
+        return np.concatenate([part.batch(v) for part, v in zip(parts, pick(values))], axis=1,  # type: ignore[misc]
+                              dtype=np.float32)
+
+    codec = dataclasses.replace(codec, batch=batch)
+    if all(part.categories for part in parts):
         def indices(value: Any) -> np.ndarray:
             return np.concatenate([part.indices(v) for part, v in zip(parts, pick(value))])  # type: ignore[misc]
 
-        codec = dataclasses.replace(codec, categories=sum((p.categories for p in parts), ()), indices=indices)
+        def batch_indices(values: Any) -> np.ndarray:
+            return np.concatenate([part.batch_indices(v) for part, v in zip(parts, pick(values))],  # type: ignore[misc]
+                                  axis=1)
+
+        codec = dataclasses.replace(codec, categories=sum((p.categories for p in parts), ()), indices=indices,
+                                    batch_indices=batch_indices)
     return codec
+
+
+def _one_hot(indices: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """``[n, k]`` category indices (from 0) as their one-hot flattening ``[n, sum(sizes)]``."""
+    offsets = np.cumsum((0, *sizes[:-1]))
+    out = np.zeros((len(indices), sum(sizes)), dtype=np.float32)
+    out[np.arange(len(indices))[:, None], indices + offsets] = 1.0
+    return out
 
 
 @_obs_codec.register
@@ -171,8 +191,10 @@ def _(space: spaces.Discrete, where: str) -> ObsCodec:
     def batch_indices(values: Any) -> np.ndarray:
         return (numbers_batch(values, (), "iu", where) - shift).reshape(-1, 1)
 
-    return dataclasses.replace(_flattened(space, where), categories=(int(space.n),), indices=indices,
-                               batch_indices=batch_indices)
+    categories = (int(space.n),)
+    return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices,
+                               batch_indices=batch_indices,
+                               batch=lambda values: _one_hot(batch_indices(values) - 1, categories))
 
 
 @_obs_codec.register
@@ -187,10 +209,15 @@ def _(space: spaces.MultiDiscrete, where: str) -> ObsCodec:
 
     categories = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
     return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices,
-                               batch_indices=batch_indices)
+                               batch_indices=batch_indices,
+                               batch=lambda values: _one_hot(batch_indices(values) - 1, categories))
 
 
-_obs_codec.register(spaces.MultiBinary, _flattened)
+@_obs_codec.register
+def _(space: spaces.MultiBinary, where: str) -> ObsCodec:
+    shape = tuple(space.shape)
+    return dataclasses.replace(_flattened(space, where), batch=lambda values: numbers_batch(
+        values, shape, "biu", where).reshape(len(values), -1))
 
 
 @_obs_codec.register
@@ -225,11 +252,11 @@ class ActionCodec:
     continuous_dim: int
     #: action -> (discrete int64 [n_heads], continuous float32 [continuous_dim])
     encode: Callable[[Any], tuple[np.ndarray, np.ndarray]]
+    #: writes a vector env's actions (one per sub-env) into ``[n, ...]`` arrays, one numpy
+    #: operation per action head kind: (discrete ``[n, heads]``, continuous ``[n, dim]``, actions)
+    write_batch: Callable[[np.ndarray, np.ndarray, Any], None]
     #: builds the fastest writer for this space: (discrete store, continuous store) -> writer
     make_writer: Callable[[np.ndarray, np.ndarray], RowWriter] | None = None
-    #: writes a vector env's actions (one per sub-env) into ``[n, ...]`` arrays in one numpy
-    #: operation: (discrete ``[n, heads]``, continuous ``[n, dim]``, actions); None: one by one
-    write_batch: Callable[[np.ndarray, np.ndarray, Any], None] | None = None
 
     def writer(self, discrete: np.ndarray, continuous: np.ndarray) -> RowWriter:
         """A function writing one action into row ``p`` of the two stores."""
@@ -279,7 +306,7 @@ def _(space: spaces.Discrete, where: str) -> ActionCodec:
         values = numbers_batch(actions, (), "biu", where)
         discrete[:, 0] = values - start if start else values
 
-    return ActionCodec((int(space.n),), (start,), 0, encode, make_writer, write_batch)
+    return ActionCodec((int(space.n),), (start,), 0, encode, write_batch, make_writer)
 
 
 @_action_codec.register
@@ -289,8 +316,11 @@ def _(space: spaces.MultiDiscrete, where: str) -> ActionCodec:
     def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(action, dtype=np.int64).reshape(-1) - starts, _NO_FLOATS
 
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
+        discrete[...] = numbers_batch(actions, tuple(space.shape), "biu", where).reshape(len(discrete), -1) - starts
+
     cards = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
-    return ActionCodec(cards, tuple(int(s) for s in starts), 0, encode)
+    return ActionCodec(cards, tuple(int(s) for s in starts), 0, encode, write_batch)
 
 
 @_action_codec.register
@@ -300,7 +330,10 @@ def _(space: spaces.MultiBinary, where: str) -> ActionCodec:
     def encode(action: Any) -> tuple[np.ndarray, np.ndarray]:
         return np.asarray(action, dtype=np.int64).reshape(-1), _NO_FLOATS
 
-    return ActionCodec((2,) * heads, (0,) * heads, 0, encode)
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
+        discrete[...] = numbers_batch(actions, tuple(space.shape), "biu", where).reshape(len(discrete), -1)
+
+    return ActionCodec((2,) * heads, (0,) * heads, 0, encode, write_batch)
 
 
 @_action_codec.register
@@ -321,7 +354,7 @@ def _(space: spaces.Box, where: str) -> ActionCodec:
     def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
         continuous[...] = numbers_batch(actions, shape, "biuf", where).reshape(continuous.shape)
 
-    return ActionCodec((), (), int(math.prod(shape)), encode, make_writer, write_batch)
+    return ActionCodec((), (), int(math.prod(shape)), encode, write_batch, make_writer)
 
 
 def _composite(children: list[ActionCodec], pick: Callable[[Any], list[Any]]) -> ActionCodec:
@@ -332,11 +365,19 @@ def _composite(children: list[ActionCodec], pick: Callable[[Any], list[Any]]) ->
             np.concatenate([c for _, c in parts]) if parts else _NO_FLOATS,
         )
 
+    def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
+        heads = width = 0  # each child's columns, in order
+        for child, values in zip(children, pick(actions)):
+            child.write_batch(discrete[:, heads:heads + len(child.cardinalities)],
+                              continuous[:, width:width + child.continuous_dim], values)
+            heads, width = heads + len(child.cardinalities), width + child.continuous_dim
+
     return ActionCodec(
         sum((c.cardinalities for c in children), ()),
         sum((c.starts for c in children), ()),
         sum(c.continuous_dim for c in children),
         encode,
+        write_batch,
     )
 
 

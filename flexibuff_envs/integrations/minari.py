@@ -144,7 +144,7 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
     buffer_options.setdefault("num_steps", max(int(dataset.total_steps), 1))
     buffer = FlexibleBuffer.from_spec(spec, **buffer_options)
     stored = obs.compact() if spec.obs_categories else obs
-    encode = stored.batch or (lambda values: np.stack([stored.flatten(v) for v in values]))
+    assert stored.batch is not None  # every observation codec encodes batches
     fields = {name: buffer.field(name) for name in ("obs", "obs_", "individual_rewards", "global_rewards",
                                                       "terminated", "truncated")}
     discrete = buffer.field("discrete_actions") if action.cardinalities else None
@@ -155,17 +155,12 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
             continue
         buffer.begin_episode()
         rows = np.array([buffer.claim_row() for _ in range(steps)])
-        observations = encode(np.asarray(episode.observations) if isinstance(episode.observations, np.ndarray)
-                              else episode.observations)
+        observations = stored.batch(episode.observations)
         fields["obs"][0, rows] = observations[:-1]
         fields["obs_"][0, rows] = observations[1:]
         heads = np.zeros((steps, len(action.cardinalities)), dtype=np.int64)
         values = np.zeros((steps, action.continuous_dim), dtype=np.float32)
-        if action.write_batch is not None and isinstance(episode.actions, np.ndarray):
-            action.write_batch(heads, values, episode.actions)
-        else:  # composite action spaces: one by one
-            for k, (d, c) in enumerate(action.encode(a) for a in episode.actions):
-                heads[k], values[k] = d, c
+        action.write_batch(heads, values, episode.actions)
         if discrete is not None:
             discrete[0, rows] = heads
         if continuous is not None:

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
@@ -57,8 +56,7 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
             writer, obs, action, writer.claim_lanes(venv.num_envs), mode=AutoresetMode.SAME_STEP,
-            obs_space=batch_space(venv.observation_space, venv.num_envs),
-            action_space=batch_space(venv.action_space, venv.num_envs), bootstrap_fn=bootstrap_fn)
+            bootstrap_fn=bootstrap_fn)
         self._actions: Any = None
 
     @property
@@ -117,8 +115,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
                                                seed=int(np.random.randint(2**31)))
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
-            writer, obs, action, writer.claim_lanes(n_envs), mode=AutoresetMode.DISABLED,
-            obs_space=batch_space(observation_space, n_envs), action_space=batch_space(action_space, n_envs))
+            writer, obs, action, writer.claim_lanes(n_envs), mode=AutoresetMode.DISABLED)
         self._action_shape = (n_envs, *(action_space.shape or ()))
         self._resetting: np.ndarray | None = None  # sub-envs whose next add starts an episode (None: all)
         self._continuous = isinstance(action_space, spaces.Box)

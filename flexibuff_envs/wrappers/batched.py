@@ -17,9 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import iterate
 
 from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
@@ -49,8 +47,7 @@ class BatchRecorder:
     """
 
     def __init__(self, writer: Writer, obs: ObsCodec, action: ActionCodec, lanes: list[int], *,
-                 mode: AutoresetMode, obs_space: spaces.Space, action_space: spaces.Space,
-                 bootstrap_fn: VectorBootstrapFn | None = None) -> None:
+                 mode: AutoresetMode, bootstrap_fn: VectorBootstrapFn | None = None) -> None:
         self.writer = writer
         self.owner = writer.owner  # the recorder: its lanes are freed when it is closed or dropped
         buffer = writer.buffer
@@ -61,10 +58,10 @@ class BatchRecorder:
         self._capacity = buffer.num_steps
         self._offsets = np.array(lanes, dtype=np.int64) * buffer.num_steps
         codec = obs.compact() if buffer.spec.obs_categories else obs
-        self._encode_obs = codec.batch or self._one_by_one(codec, obs_space)
+        assert codec.batch is not None  # every observation codec encodes batches
+        self._encode_obs = codec.batch
         self._flatten = codec.flatten
         self._action = action
-        self._action_space = action_space
         self._discrete = writer.column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
         self._discrete_rows = as_rows(self._discrete)
         self._continuous = (writer.column("continuous_actions")[0][:, :action.continuous_dim]
@@ -114,16 +111,6 @@ class BatchRecorder:
         self._version = -1
         writer.attach(self)
         self._reload()
-
-    @staticmethod
-    def _one_by_one(codec: ObsCodec, space: spaces.Space) -> Callable[[Any], np.ndarray]:
-        """Rows of a space without a batch encoding (Tuple, Dict, MultiBinary), flattened one by one."""
-        flatten = codec.flatten
-
-        def encode(values: Any) -> np.ndarray:
-            return np.stack([flatten(value) for value in iterate(space, values)])
-
-        return encode
 
     # ----------------------------------------------------------------- bookkeeping
 
@@ -229,16 +216,7 @@ class BatchRecorder:
         return values
 
     def _stage_actions(self, k: int, actions: Any) -> None:
-        discrete, continuous = self._actions[0][k], self._actions[1][k]
-        write = self._action.write_batch
-        if write is not None:
-            write(discrete, continuous, actions)
-            return
-        encoded = [self._action.encode(a) for a in iterate(self._action_space, actions)]
-        if self._action.cardinalities:
-            discrete[...] = np.stack([d for d, _ in encoded])
-        if self._action.continuous_dim:
-            continuous[...] = np.stack([c for _, c in encoded])
+        self._action.write_batch(self._actions[0][k], self._actions[1][k], actions)
 
     # ----------------------------------------------------------------- writing a block
 

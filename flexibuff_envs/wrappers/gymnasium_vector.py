@@ -54,8 +54,7 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
             writer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
-            writer.claim_lanes(env.num_envs), mode=self._mode,
-            obs_space=env.observation_space, action_space=env.action_space, bootstrap_fn=bootstrap_fn)
+            writer.claim_lanes(env.num_envs), mode=self._mode, bootstrap_fn=bootstrap_fn)
 
     @property
     def buffer_spec(self) -> BufferSpec:
