@@ -98,6 +98,10 @@ def test_vector_annotations_and_feedback_are_per_sub_env() -> None:
     assert lane1.individual_auxiliary_rewards[0] == 5.0 and lane0.individual_auxiliary_rewards[0] == 0.0
     with pytest.raises(ValueError, match="leading axis of 2 sub-envs"):
         env.annotate(values=1.0)
+    with pytest.raises(ValueError, match="discrete_log_probs of a sub-env must have 1 value"):
+        env.annotate(discrete_log_probs=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="memory_weights must be finite and >= 0"):
+        env.annotate(memory_weights=np.array([1.0, -1.0]))
     env.buffer.finish_path(np.array([0.5, 0.25]))
     assert not np.isnan(env.buffer.sample_transitions(idx=np.array([0, 50])).G).any()
 

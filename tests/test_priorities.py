@@ -128,3 +128,15 @@ def test_a_recorded_vector_env_samples_by_priority() -> None:
     batch = env.buffer.sample_transitions(64, prioritized=True)
     env.buffer.update_priorities(batch.idx, np.abs(batch.individual_rewards) + 1.0)
     assert np.isin(env.buffer.sample_transitions(64, prioritized=True).idx, live(env.buffer)).all()
+
+
+def test_a_seeded_buffer_draws_the_same_prioritized_rows() -> None:
+    draws = []
+    for _ in range(2):
+        buffer = filled(20, lanes=2)
+        rows = live(buffer)
+        buffer.update_priorities(rows, np.linspace(0.1, 2.0, rows.size))
+        batch = buffer.sample_transitions(64, prioritized=True)
+        draws.append((batch.idx, batch.weights))
+    np.testing.assert_array_equal(draws[0][0], draws[1][0])
+    np.testing.assert_array_equal(draws[0][1], draws[1][1])

@@ -56,7 +56,8 @@ class BatchRecorder:
         self.mode = mode
         self.bootstrap_fn = bootstrap_fn
         self._capacity = buffer.num_steps
-        self._offsets = np.array(lanes, dtype=np.int64) * buffer.num_steps
+        self._lane_array = np.array(lanes, dtype=np.int64)
+        self._offsets = self._lane_array * buffer.num_steps
         codec = obs.compact() if buffer.spec.obs_categories else obs
         assert codec.batch is not None  # every observation codec encodes batches
         self._encode_obs = codec.batch
@@ -157,7 +158,7 @@ class BatchRecorder:
                 lane.running.end = last[lo]  # type: ignore[union-attr]
                 lane.end()
                 lane.ended.extend(map(Episode, first[lo + 1:hi], last[lo + 1:hi]))
-            self.writer.write_run_returns(self._offsets[which] // self._capacity, starts, ends, boots)
+            self.writer.write_run_returns(self._lane_array[which], starts, ends, boots)
         for lane, pos, start, running in zip(lanes, self.pos.tolist(), self.start.tolist(), self.running.tolist()):
             lane.written = pos
             lane.dirty = max(lane.dirty, pos)
