@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.buffer import FlexibleBuffer
@@ -26,7 +27,6 @@ from flexibuff_envs.writer import Unpicklable, Writer
 
 try:
     import torch as th
-    from gymnasium import spaces
     from stable_baselines3.common import buffers
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
     from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
