@@ -28,3 +28,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_gae.py
 	$(PY) benchmarks/bench_io.py
 	$(PY) benchmarks/bench_memory.py
+	$(PY) benchmarks/bench_per.py
