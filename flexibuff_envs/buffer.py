@@ -263,6 +263,13 @@ class FlexibleBuffer(Sampling):
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
         return self._lanes[lane].claim()
 
+    def claim_rows(self, n: int, lane: int = 0) -> np.ndarray:
+        """The rows for the next ``n`` steps of ``lane``'s running episode, as ``n`` calls of
+        `claim_row` give them (an episode longer than the lane keeps its last steps' rows last)."""
+        lane_ = self._lanes[lane]
+        blocks = [lane_.claim_block(min(lane_.capacity, n - done)) for done in range(0, n, lane_.capacity)]
+        return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+
     def _open(self, lane: Lane, needed: int, *, block: int = _OPEN_ROWS, fill: bool = True) -> None:
         """Give the rows of ``lane`` up to position ``needed`` (and ``block`` more) their fields'
         allocated values: a ring is filled as it is first used, not when it is made. ``fill=False``:

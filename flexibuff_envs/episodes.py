@@ -101,6 +101,15 @@ class Lane:
         self.running.end = self.written  # type: ignore[union-attr]
         return row
 
+    def claim_block(self, n: int) -> np.ndarray:
+        """The rows for the running episode's next ``n`` steps (at most ``capacity``): `claim`
+        ``n`` times in one go."""
+        self.make_room(n)
+        rows = self.offset + (self.written + np.arange(n)) % self.capacity
+        self.written += n
+        self.running.end = self.written  # type: ignore[union-attr]
+        return rows
+
     def unclaim(self) -> None:
         """Give back the row of the last `claim` (its step could not be recorded)."""
         self.dirty = max(self.dirty, self.written)

@@ -364,3 +364,20 @@ def test_uniform_draws_cover_the_live_rows_evenly_and_nothing_else() -> None:
     expected = drawn.size / live.size
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 2 * (live.size - 1) + 30  # far below: a row drawn twice as often would add thousands
+
+
+def test_claim_rows_hands_out_the_rows_claim_row_does_one_by_one() -> None:
+    """Across a wrapped ring and an episode longer than the lane: the same rows, the same episodes
+    forgotten, the same running episode clipped."""
+    one_by_one, at_once = (fe.FlexibleBuffer(10, 1, n_envs=2, seed=0) for _ in range(2))
+    for steps in (4, 5, 7, 23, 0, 3):
+        one_by_one.begin_episode(1)
+        at_once.begin_episode(1)
+        expected = [one_by_one.claim_row(1) for _ in range(steps)]
+        np.testing.assert_array_equal(at_once.claim_rows(steps, lane=1), expected)
+        assert at_once.claim_rows(0, lane=1).size == 0
+        one_by_one.end_episode(1)
+        at_once.end_episode(1)
+        assert [(e.start, e.end, e.whole) for e in at_once._lanes[1].ended] == \
+            [(e.start, e.end, e.whole) for e in one_by_one._lanes[1].ended]
+        assert at_once._lanes[1].live_start == one_by_one._lanes[1].live_start

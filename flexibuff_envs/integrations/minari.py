@@ -154,7 +154,7 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
         if not steps:
             continue
         buffer.begin_episode()
-        rows = np.array([buffer.claim_row() for _ in range(steps)])
+        rows = buffer.claim_rows(steps)
         observations = stored.batch(episode.observations)
         fields["obs"][0, rows] = observations[:-1]
         fields["obs_"][0, rows] = observations[1:]

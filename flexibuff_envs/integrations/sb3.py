@@ -35,6 +35,11 @@ except ImportError as error:  # pragma: no cover - the test extra installs it
                             "pip install 'flexibuff_envs[sb3]'") from error
 
 
+def _timeouts(dones: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:
+    """The sub-envs whose episode a time limit ended (SB3's ``TimeLimit.truncated``)."""
+    return dones & np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+
+
 class RecordingVecEnv(Unpicklable, VecEnvWrapper):
     """``venv`` as it is, with every sub-env step recorded into ``self.buffer`` (lane ``i`` for
     sub-env ``i``, its episodes whole): pass it to any SB3 algorithm in place of ``venv``.
@@ -76,7 +81,7 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
     def step_wait(self) -> Any:
         obs, rewards, dones, infos = self.venv.step_wait()
         dones = np.asarray(dones, dtype=bool)
-        truncated = dones & np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+        truncated = _timeouts(dones, infos)
         ended = np.flatnonzero(dones)
         final = (ended, [infos[i]["terminal_observation"] for i in ended.tolist()]) if ended.size else None
         self._recorder.step(self._actions, obs, rewards, dones & ~truncated, truncated, final=final)
@@ -129,8 +134,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
                            obs)
         done = np.asarray(done, dtype=bool)
         self._resetting = done
-        timeouts = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos]) & done
-        truncated = timeouts if self.handle_timeout_termination else np.zeros_like(done)
+        truncated = _timeouts(done, infos) if self.handle_timeout_termination else np.zeros_like(done)
         recorder.step(np.reshape(action, self._action_shape), next_obs, reward, done & ~truncated, truncated)
         self.pos = (self.pos + 1) % self.buffer_size
         self.full = self.full or self.pos == 0
