@@ -93,3 +93,30 @@ def test_the_cli_exports_a_saved_buffer_with_spaces_rebuilt_from_its_layout(tmp_
     assert dataset.observation_space.shape == (4,) and dataset.action_space == gym.spaces.Discrete(2)
     first = next(iter(dataset.iterate_episodes()))
     np.testing.assert_allclose(np.asarray(first.observations)[:-1], next(iter(buffer.episodes())).obs)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_composite_observations_go_to_minari_as_minari_stores_them() -> None:
+    """Blackjack's Tuple observations leave as a tuple of arrays, one per part, equal to a plain
+    loop's over the bare env with the same seed and actions."""
+    env, bare = fe.record(gym.make("Blackjack-v1"), num_steps=200), gym.make("Blackjack-v1")
+    expected: list[list[tuple]] = []
+    for episode in range(20):
+        obs, _ = env.reset(seed=episode)
+        plain, _ = bare.reset(seed=episode)
+        assert obs == plain
+        expected.append([plain])
+        done = False
+        while not done:
+            action = episode % 2  # stick, or hit until the hand ends
+            _, _, terminated, truncated, _ = env.step(action)
+            plain, _, done, cut, _ = bare.step(action)
+            expected[-1].append(plain)
+            assert terminated == done and truncated == cut
+    to_minari(env.buffer, "blackjack/recorded-v0", env=gym.make("Blackjack-v1"))
+    for got, want in zip(minari.load_dataset("blackjack/recorded-v0").iterate_episodes(), expected, strict=True):
+        assert isinstance(got.observations, tuple)
+        assert list(zip(*(part.tolist() for part in got.observations))) == want
+    back = [e.obs for e in from_minari("blackjack/recorded-v0").episodes()]
+    mine = [e.obs for e in env.buffer.episodes()]
+    assert len(back) == len(mine) and all(np.array_equal(b, m) for b, m in zip(back, mine))

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
@@ -52,7 +53,7 @@ def _observations(batch: FlexiBatch, agent: int | None, space: spaces.Space) -> 
         return flat.reshape((len(flat), *space.shape)).astype(space.dtype, copy=False)
     if isinstance(space, spaces.Discrete):  # batches show categories one-hot
         return np.argmax(flat, axis=-1) + space.start
-    return [spaces.unflatten(space, row) for row in flat]  # composite spaces: one by one
+    return _batch(space, flat)
 
 
 def _actions(batch: FlexiBatch, agent: int | None, space: spaces.Space) -> Any:
@@ -65,7 +66,14 @@ def _actions(batch: FlexiBatch, agent: int | None, space: spaces.Space) -> Any:
     if isinstance(space, spaces.Box):
         return continuous.reshape((len(continuous), *space.shape))
     flat = np.concatenate([part for part in (discrete, continuous) if part is not None], axis=-1).astype(np.float64)
-    return [spaces.unflatten(space, row) for row in flat]
+    return _batch(space, flat)
+
+
+def _batch(space: spaces.Space, flat: np.ndarray) -> Any:
+    """Flattened rows as one batch of a composite ``space`` (a dict of arrays for a Dict), as
+    Minari stores them; each row is unflattened on its own."""
+    out = create_empty_array(space, len(flat))
+    return concatenate(space, [spaces.unflatten(space, row) for row in flat], out)  # type: ignore[arg-type]
 
 
 def _agent(value: np.ndarray, agent: int | None) -> np.ndarray:
