@@ -54,6 +54,9 @@ class FlexiBatch:
     valid: Any = None
     #: prioritized draws only: ``[batch]`` importance-sampling weights, float32
     weights: Any = None
+    #: n-step draws only: per agent ``gamma ** k`` for the ``k`` steps summed, float32 (the
+    #: factor of the bootstrap ``V(obs_)``; HARL's ``sp_gamma``)
+    discounts: Any = None
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""

@@ -11,8 +11,12 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Lane, whole_episodes
 from flexibuff_envs.errors import EmptyBufferError, positive_int
+from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
-from flexibuff_envs.storage import FIELDS
+from flexibuff_envs.storage import FIELDS, NEXT
+
+#: the fields an n-step batch sums or reads after each window (`Storage.gather_n_step`)
+N_STEP = ("individual_rewards", "global_rewards", "terminated", "truncated", *NEXT)
 
 if TYPE_CHECKING:
     from flexibuff_envs.spec import BufferSpec
@@ -246,9 +250,9 @@ def checked_fields(fields: Collection[str]) -> frozenset[str]:
     key = tuple(fields)
     checked = _CHECKED.get(key)
     if checked is None:
-        unknown = sorted(set(key) - FIELDS.keys())
+        unknown = sorted(set(key) - FIELDS.keys() - {"discounts"})
         if unknown:
-            raise ValueError(f"fields: {unknown} are no batch fields; choose from {sorted(FIELDS)}")
+            raise ValueError(f"fields: {unknown} are no batch fields; choose from {sorted([*FIELDS, 'discounts'])}")
         if len(_CHECKED) > 64:
             _CHECKED.clear()
         checked = _CHECKED[key] = frozenset(key)  # a training loop asks for the same ones each time
@@ -261,6 +265,7 @@ class Sampling:
     spec: BufferSpec
     rng: np.random.Generator
     num_steps: int
+    gamma: float
 
     if TYPE_CHECKING:  # given by `FlexibleBuffer`, with what batch writers hold committed
         @property
@@ -273,15 +278,29 @@ class Sampling:
 
     def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
                normalize_advantages: bool = False, valid: np.ndarray | None = None,
-               fields: Collection[str] | None = None, weights: np.ndarray | None = None) -> FlexiBatch:
+               fields: Collection[str] | None = None, weights: np.ndarray | None = None,
+               n_step: int | None = None) -> FlexiBatch:
         """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
 
         ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1;
         ``valid`` (sequences) is carried along like the fields; ``fields`` gathers only those
-        (the others are None on the batch).
+        (the others are None on the batch); ``n_step`` (``idx`` one-dimensional, live rows):
+        rewards summed over each row's n-step window, next values and flags after it, and
+        ``discounts`` (`flexibuff_envs.nstep`).
         """
         wanted = None if fields is None else checked_fields(fields)
-        out: dict[str, Any] = {"idx": idx, "valid": valid, "weights": weights, **self._storage.gather(idx, wanted)}
+        storage = self._storage
+        if n_step is None:
+            out: dict[str, Any] = {"idx": idx, "valid": valid, "weights": weights, **storage.gather(idx, wanted)}
+        else:
+            n = positive_int("n_step", n_step)
+            if np.ndim(idx) != 1:
+                raise ValueError(f"n_step: idx must be one-dimensional buffer rows, got shape {np.shape(idx)}")
+            arrays = storage.arrays
+            w = windows(self._read_lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
+            rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
+            out = {"idx": idx, "valid": valid, "weights": weights, **storage.gather(idx, rest),
+                   **storage.gather_n_step(w, self.gamma, wanted)}
         if normalize_advantages:
             advantages = out.get("advantages")
             if wanted is not None and "advantages" not in wanted:
@@ -316,6 +335,7 @@ class Sampling:
         fields: Collection[str] | None = None,
         prioritized: bool = False,
         beta: float = 0.4,
+        n_step: int | None = None,
     ) -> FlexiBatch:
         """``batch_size`` rows drawn uniformly with replacement (all agents of a row together).
 
@@ -327,6 +347,13 @@ class Sampling:
             prioritized: draw rows in proportion to ``priority ** alpha`` (see
                 `update_priorities`), with ``batch.weights`` the importance-sampling weights for
                 ``beta``.
+            n_step: n-step returns: per agent, ``individual_rewards`` (``global_rewards``: the
+                team's, over the episode's next n rows) is the discounted sum of the rewards of
+                up to ``n`` of its steps from each row, fewer where its episode ends or the
+                newest recorded row comes first; ``obs_``, ``state_``, ``action_mask_``,
+                ``terminated`` and ``truncated`` are those of the window's last step, and
+                ``discounts`` is ``gamma ** k`` for the ``k`` steps summed (the bootstrap's
+                factor). ``n_step=1`` is the plain batch with ``discounts == gamma``.
         """
         sampler: Sampler
         if idx is not None:
@@ -335,7 +362,7 @@ class Sampling:
             n = positive_int("batch_size", batch_size)
             sampler = Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted \
                 else Uniform(n)
-        return self._one(sampler, as_torch=as_torch, device=device, fields=fields)
+        return self._one(sampler, as_torch=as_torch, device=device, fields=fields, n_step=n_step)
 
     def _one(self, sampler: Sampler, **options: Any) -> FlexiBatch:
         """The one batch ``sampler`` picks (`draw` without the iterator)."""

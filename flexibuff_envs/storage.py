@@ -16,6 +16,7 @@ import numpy as np
 
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
+from flexibuff_envs.nstep import Windows, discounted_sum, last_rows
 from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.spec import BufferSpec
 
@@ -314,6 +315,48 @@ class Storage:
                 out[name] = chain.gather(idx, succ, mode, 0 if single and chain.per_agent else None)
         if self.spec.obs_categories or "action_mask" in arrays:  # else nothing is stored in another form
             for name in [name for name in DECODED if name in out]:
+                out[name] = self.decode(name, out[name])
+        return out
+
+    def gather_n_step(self, w: Windows, gamma: float, wanted: Collection[str] | None = None) -> dict[str, Any]:
+        """The n-step fields of windows ``w`` (`flexibuff_envs.nstep`): each agent's discounted
+        reward sum, the next values and flags after its window's last step and ``discounts``
+        (``gamma ** k`` for its ``k`` steps); the team's reward sum and ``state_`` after its window."""
+        arrays = self.arrays
+        agent_last, team_last = last_rows(w)
+        agents = np.arange(self.spec.n_agents)[:, None]
+        single = self.spec.n_agents == 1
+        out: dict[str, Any] = {}
+
+        def own(value: np.ndarray) -> np.ndarray:
+            return value[0] if single else value
+
+        def want(name: str) -> bool:
+            return (wanted is None or name in wanted) and (name in arrays or name in self.chains)
+
+        if want("individual_rewards"):
+            rewards = arrays["individual_rewards"][agents[..., None], w.rows]
+            out["individual_rewards"] = own(discounted_sum(rewards, w.mine, w.step, gamma).astype(np.float32))
+        if want("global_rewards"):
+            steps = np.broadcast_to(np.arange(w.rows.shape[1]), w.rows.shape)
+            out["global_rewards"] = discounted_sum(arrays["global_rewards"][w.rows], w.team, steps,
+                                                   gamma).astype(np.float32)
+        for name in ("terminated", "truncated"):
+            if want(name):
+                out[name] = own(arrays[name][agents, agent_last])
+        if wanted is None or "discounts" in wanted:
+            out["discounts"] = own((gamma ** w.mine.sum(axis=-1)).astype(np.float32))
+        for name, chain in self.chains.items():
+            if not want(name):
+                continue
+            if not chain.per_agent:
+                out[name] = chain.gather(team_last, *self.successors(team_last))
+            elif single or (agent_last == agent_last[0]).all():  # every agent's window ends alike
+                out[name] = chain.gather(agent_last[0], *self.successors(agent_last[0]), 0 if single else None)
+            else:
+                out[name] = np.stack([chain.gather(last, *self.successors(last), agent)
+                                      for agent, last in enumerate(agent_last)])
+            if name in DECODED:
                 out[name] = self.decode(name, out[name])
         return out
 
