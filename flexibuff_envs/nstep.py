@@ -32,25 +32,31 @@ class Windows:
     mine: np.ndarray
     #: ``[A, B, W]`` each included row's step number in its agent's window, from 0
     step: np.ndarray
+    #: ``[B]`` the team window's last row
+    team_last: np.ndarray
 
 
 def episode_ends(lanes: Sequence[Lane], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each live row's position in its lane and the end position of its episode."""
     capacity = lanes[0].capacity
+    if len(lanes) == 1:
+        return _ends(lanes[0], 0, rows)
     which = rows // capacity
     position = np.empty(rows.shape, dtype=np.int64)
     end = np.empty(rows.shape, dtype=np.int64)
-    for lane_index in np.unique(which):  # a pass per lane, not per row
-        lane = lanes[lane_index]
+    for lane_index in np.flatnonzero(np.bincount(which)):  # a pass per lane drawn from, not per row
         pick = which == lane_index
-        local = rows[pick] - lane.offset
-        position[pick] = lane.live_start + (local - lane.live_start) % capacity
-        if (position[pick] >= lane.written).any():
-            raise ValueError(f"n_step: idx holds rows of lane {lane_index} that are not recorded; "
-                             "give rows of a batch drawn from this buffer")
-        starts, ends = lane.bounds()
-        end[pick] = ends[np.searchsorted(starts, position[pick], side="right") - 1]
+        position[pick], end[pick] = _ends(lanes[lane_index], lane_index, rows[pick])
     return position, end
+
+
+def _ends(lane: Lane, lane_index: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    position = lane.live_start + (rows - lane.offset - lane.live_start) % lane.capacity
+    if (position >= lane.written).any():
+        raise ValueError(f"n_step: idx holds rows of lane {lane_index} that are not recorded; "
+                         "give rows of a batch drawn from this buffer")
+    starts, ends = lane.bounds()
+    return position, ends[np.searchsorted(starts, position, side="right") - 1]
 
 
 def windows(lanes: Sequence[Lane], rows: np.ndarray, n: int, active: np.ndarray, terminated: np.ndarray,
@@ -73,19 +79,16 @@ def windows(lanes: Sequence[Lane], rows: np.ndarray, n: int, active: np.ndarray,
         mine &= (np.cumsum(ended, axis=-1) - ended) == 0  # nothing after the agent's last step
         short = (count[..., -1] < n) & ~ended.any(-1) & (position + width < end)
         if not short.any():
-            team = inside & (np.arange(width) < n)
-            return Windows(window, team, mine, count - 1)
+            steps = np.minimum(n, end - position)
+            team = np.arange(width) < steps[:, None]
+            return Windows(window, team, mine, count - 1, window[np.arange(rows.size), steps - 1])
         width *= 2
 
 
-def last_rows(w: Windows) -> tuple[np.ndarray, np.ndarray]:
-    """Each agent's last row of each window ``[A, B]`` and the team's ``[B]``."""
-    width = w.rows.shape[1]
-    steps = np.arange(width)
-    agent_last = np.where(w.mine, steps, -1).max(axis=-1)
-    team_last = np.where(w.team, steps, -1).max(axis=-1)
-    return (np.take_along_axis(w.rows[None], agent_last[..., None], axis=-1)[..., 0],
-            np.take_along_axis(w.rows, team_last[:, None], axis=-1)[:, 0])
+def agent_last_rows(w: Windows) -> np.ndarray:
+    """Each agent's last row of each window ``[A, B]``."""
+    last = np.where(w.mine, np.arange(w.rows.shape[1]), -1).max(axis=-1)
+    return w.rows[np.arange(w.rows.shape[0]), last]
 
 
 def discounted_sum(rewards: np.ndarray, inside: np.ndarray, step: np.ndarray, gamma: float) -> np.ndarray:

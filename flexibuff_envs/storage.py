@@ -16,7 +16,7 @@ import numpy as np
 
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
-from flexibuff_envs.nstep import Windows, discounted_sum, last_rows
+from flexibuff_envs.nstep import Windows, agent_last_rows, discounted_sum
 from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.spec import BufferSpec
 
@@ -323,7 +323,7 @@ class Storage:
         reward sum, the next values and flags after its window's last step and ``discounts``
         (``gamma ** k`` for its ``k`` steps); the team's reward sum and ``state_`` after its window."""
         arrays = self.arrays
-        agent_last, team_last = last_rows(w)
+        agent_last, team_last = agent_last_rows(w), w.team_last
         agents = np.arange(self.spec.n_agents)[:, None]
         single = self.spec.n_agents == 1
         out: dict[str, Any] = {}
