@@ -57,6 +57,16 @@ class FlexiBatch:
     #: n-step draws only: per agent ``gamma ** k`` for the ``k`` steps summed, float32 (the
     #: factor of the bootstrap ``V(obs_)``; HARL's ``sp_gamma``)
     discounts: Any = None
+    #: the buffer's fields of your own (``extra_fields``), laid out as the per-agent fields; each
+    #: is also an attribute: ``batch.hidden`` is ``batch.extra["hidden"]``
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra")
+        if extra is not None and name in extra:
+            return extra[name]
+        raise AttributeError(f"FlexiBatch has no field {name!r}" + (
+            f"; the buffer's own fields are {sorted(extra)}" if extra else ""))
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""
@@ -162,6 +172,8 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
     def convert(name: str, value: Any) -> Any:
         if value is None:
             return None
+        if isinstance(value, dict):  # the fields of your own
+            return {key: convert(key, v) for key, v in value.items()}
         if isinstance(value, list):
             return [convert(name, v) for v in value]
         tensor = torch.from_numpy(value)

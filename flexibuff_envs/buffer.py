@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Storage
+from flexibuff_envs.storage import extra_fields as extra_fields_of
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
@@ -52,6 +54,9 @@ class FlexibleBuffer(Sampling):
         obs_categories: observations are categories of these sizes (their sum is ``obs_size``):
             rows store one index + 1 per category, batches get the one-hot flattening.
         alpha: prioritized replay's exponent: rows are drawn in proportion to ``priority ** alpha``.
+        extra_fields: per-agent fields of your own, ``{"hidden": (64,)}`` or ``{"hidden": ((64,),
+            "float16")}`` (float32 unless given): filled by ``annotate(hidden=h)`` or `field`,
+            NaN (0 for integers) where not given, on every batch as ``batch.hidden``, kept in files.
     """
 
     def __init__(
@@ -83,6 +88,7 @@ class FlexibleBuffer(Sampling):
         seed: int | None = None,
         obs_categories: list[int] | tuple[int, ...] | None = None,
         alpha: float = 0.6,
+        extra_fields: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_steps = positive_int("num_steps", num_steps)
         cards = tuple(positive_int("discrete_action_cardinalities", c)
@@ -105,6 +111,7 @@ class FlexibleBuffer(Sampling):
             discrete_action_starts=(0,) * len(cards),
             obs_shape=(int(obs_size),),
             obs_categories=tuple(positive_int("obs_categories", c) for c in (obs_categories or ())),
+            extra_fields=extra_fields_of(extra_fields),
         )
         if self.spec.obs_categories and sum(self.spec.obs_categories) != self.spec.obs_size:
             raise ValueError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
@@ -132,6 +139,7 @@ class FlexibleBuffer(Sampling):
             "discrete_log_probs": log_prob_discrete and bool(cards),
             "continuous_log_probs": log_prob_continuous > 0,
             "memory_weights": memory_weights, "values": values,
+            **{name: True for name, _, _ in self.spec.extra_fields},
         }
         for field, on in wanted.items():
             if on:
@@ -176,6 +184,7 @@ class FlexibleBuffer(Sampling):
             obs_dtype=spec.obs_dtype,
             n_envs=spec.n_envs,
             obs_categories=spec.obs_categories,
+            extra_fields={name: (shape, dtype) for name, shape, dtype in spec.extra_fields},
             **options,
         )
         buffer.spec = buffer._storage.spec = spec
@@ -185,8 +194,8 @@ class FlexibleBuffer(Sampling):
         """Raise `SpecMismatchError` naming the first layout field where this buffer differs (the
         number of lanes aside: recorders claim lanes, see `Writer.claim_lanes`)."""
         for name in BufferSpec.LAYOUT_FIELDS:
-            if name == "n_envs":
-                continue
+            if name == "n_envs" or (name == "extra_fields" and not spec.extra_fields):
+                continue  # recorders claim lanes; a recorder need not fill every field of your own
             mine, theirs = getattr(self.spec, name), getattr(spec, name)
             if name == "action_mask" and mine and not theirs and spec.discrete_action_cardinalities:
                 continue  # masks may still arrive through info["action_mask"]

@@ -17,7 +17,7 @@ from flexibuff_envs.chain import renumbered
 from flexibuff_envs.episodes import episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, NEXT
+from flexibuff_envs.storage import NEXT
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -69,7 +69,7 @@ def take(buffer: FlexibleBuffer) -> Chunk:
     # each episode's last row is followed by a row that is not in the chunk
     rows, last = episode_rows(whole_episodes(buffer._lanes))
     storage = buffer._storage
-    arrays = {name: array.take(rows, axis=1 if FIELDS[name].per_agent else 0) for name, array in storage}
+    arrays = {name: array.take(rows, axis=1 if storage.fields[name].per_agent else 0) for name, array in storage}
     chains = {name: chain.extract(rows, last, storage.successor_rows(rows[last]))
               for name, chain in storage.chains.items()}
     for lane in buffer._lanes:
@@ -107,7 +107,7 @@ def extend(buffer: FlexibleBuffer, chunk: Chunk, lane: int = 0) -> int:
     storage = buffer._storage
     for name, array in storage:
         given = chunk.arrays.get(name)
-        per_agent = FIELDS[name].per_agent
+        per_agent = storage.fields[name].per_agent
         for ring, part in pieces:
             target = array[:, ring] if per_agent else array[ring]
             if given is None:  # not recorded there: the value a fresh row has
@@ -149,7 +149,7 @@ def _check(buffer: FlexibleBuffer, chunk: Chunk, lane: int) -> None:
         raise ValueError("extend: the chunk's lengths must be positive episode lengths")
     rows, agents = chunk.rows, buffer.spec.n_agents
     for name, array in chunk.arrays.items():
-        field = FIELDS.get(name)
+        field = buffer._storage.fields.get(name)
         if field is None or name in NEXT:
             raise ValueError(f"extend: the chunk has an unknown field {name!r}")
         lead = (agents, rows) if field.per_agent else (rows,)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from flexibuff_envs.errors import plain_dtype, short_repr
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage
+from flexibuff_envs.storage import MASKS, NEXT, Storage, extra_fields
 
 #: bounds no real buffer comes near; a header past them is refused before any arithmetic
 MAX_ROWS = 1 << 40
@@ -28,6 +29,8 @@ MAX_AGENTS = 1 << 16
 MAX_POSITION = 1 << 62
 #: fields every buffer allocates when made, so every file holds them
 REQUIRED = ("obs", "terminated", "truncated", "active", "G")
+#: the array of prioritized replay's ``priority ** alpha`` per row (files of buffers that used it)
+PRIORITY = "priority"
 
 
 class BadHeader(Exception):
@@ -65,6 +68,9 @@ class Header:
     lanes: list[LaneInfo]
     fields: list[dict[str, Any]]
     log_prob_width: int
+    alpha: float = 0.6
+    #: the highest priority given, when the file holds priorities
+    max_priority: float | None = None
 
 
 def stored_range(live_start: int, written: int, capacity: int) -> tuple[int, int]:
@@ -89,6 +95,12 @@ def _int(value: Any, what: str, lo: int, hi: int) -> int:
 def _fraction(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise BadHeader(f"{what} must be a number in [0, 1], got {short_repr(value)}")
+    return float(value)
+
+
+def _finite(value: Any, what: str, lo: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < math.inf:
+        raise BadHeader(f"{what} must be a finite number >= {lo}, got {short_repr(value)}")
     return float(value)
 
 
@@ -170,10 +182,27 @@ def _spec(value: Any) -> BufferSpec:
         agent_continuous_action_dimensions=_ints(data.get("agent_continuous_action_dimensions", []),
                                                  "spec agent_continuous_action_dimensions", 0, MAX_WIDTH),
         obs_categories=categories,
+        extra_fields=_extra_fields(data.get("extra_fields", [])),
     )
     if spec.agent_obs_sizes and len(spec.agent_obs_sizes) != n_agents:
         raise BadHeader(f"spec agent_obs_sizes must have {n_agents} entries")
     return spec
+
+
+def _extra_fields(value: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    items = _of(value, list, "spec extra_fields")
+    if len(items) > MAX_AGENTS:
+        raise BadHeader(f"spec extra_fields lists {len(items)} fields, more than {MAX_AGENTS}")
+    given: dict[Any, Any] = {}
+    for k, item in enumerate(items):
+        entry = _of(item, list, f"spec extra_fields[{k}]")
+        if len(entry) != 3 or not isinstance(entry[0], str) or entry[0] in given:
+            raise BadHeader(f"spec extra_fields[{k}] must be a new [name, shape, dtype], got {short_repr(entry)}")
+        given[entry[0]] = (_ints(entry[1], f"spec extra_fields[{k}] shape", 1, MAX_WIDTH), entry[2])
+    try:
+        return extra_fields(given)
+    except (TypeError, ValueError) as exc:
+        raise BadHeader(f"spec {exc}") from None
 
 
 def _rng(value: Any) -> dict[str, Any]:
@@ -246,10 +275,10 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
     return LaneInfo(written, live_start, lo, hi, ended, running, agent_start)
 
 
-def _field_meta(value: Any, k: int, version: int) -> dict[str, Any]:
+def _field_meta(value: Any, k: int, version: int, known: Collection[str]) -> dict[str, Any]:
     meta = _keys(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
     name = meta["name"]
-    if not isinstance(name, str) or name not in FIELDS:
+    if not isinstance(name, str) or name not in known:
         raise BadHeader(f"field {k} has an unknown name {short_repr(name)}")
     part = meta.get("part")
     if part is not None and (part not in ("index", "tail") or name not in NEXT or version < 3):
@@ -260,8 +289,10 @@ def _field_meta(value: Any, k: int, version: int) -> dict[str, Any]:
 def _expected(storage: Storage, meta: dict[str, Any], version: int) -> tuple[np.dtype, tuple[int, ...] | None]:
     """The dtype and shape field ``meta`` must have (None: a tail, checked apart)."""
     name, part = meta["name"], meta.get("part")
+    if name == PRIORITY:
+        return np.dtype(np.float64), (storage.rows,)
     if part == "index":
-        return np.dtype(np.int32), storage.shape(name)[:-1] if FIELDS[name].width else storage.shape(name)
+        return np.dtype(np.int32), storage.shape(name)[:-1] if storage.fields[name].width else storage.shape(name)
     if part == "tail":
         return storage.dtype(NEXT[name]), None
     if name in MASKS and version <= 2:  # a bool per action
@@ -271,7 +302,8 @@ def _expected(storage: Storage, meta: dict[str, Any], version: int) -> tuple[np.
 
 
 def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: int) -> tuple[list[dict[str, Any]], int]:
-    metas = [_field_meta(v, k, version) for k, v in enumerate(_of(value, list, "fields"))]
+    known = {*Storage(spec, 0).fields, PRIORITY}
+    metas = [_field_meta(v, k, version, known) for k, v in enumerate(_of(value, list, "fields"))]
     seen = {(m["name"], m.get("part")) for m in metas}
     if len(seen) != len(metas):
         raise BadHeader("fields name one array twice")
@@ -318,7 +350,8 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         data = json.loads(blob)
     except (ValueError, RecursionError) as exc:
         raise BadHeader(f"not JSON ({type(exc).__name__})") from None
-    data = _keys(data, "the header", _TOP | ({"data_bytes"} if version >= 2 else set()), frozenset({"gae_lambda"}))
+    data = _keys(data, "the header", _TOP | ({"data_bytes"} if version >= 2 else set()),
+                 frozenset({"gae_lambda", "alpha", "max_priority"}))
     if version >= 2 and data["data_bytes"] != data_bytes:
         raise Truncated(f"truncated: the header describes {short_repr(data['data_bytes'])} bytes of arrays but the file "
                         f"holds {data_bytes}")
@@ -332,7 +365,12 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         raise BadHeader(f"lanes lists {len(lanes)} lanes but the spec has n_envs {spec.n_envs}")
     rows = sum(lane.hi - lane.lo for lane in lanes)
     fields, width = _fields(data["fields"], spec, rows, version, data_bytes)
+    holds_priorities = any(meta["name"] == PRIORITY for meta in fields)
+    if holds_priorities != ("max_priority" in data):
+        raise BadHeader("the header must give max_priority exactly when the fields hold priority")
     return Header(spec=spec, num_steps=num_steps, gamma=_fraction(data["gamma"], "gamma"),
                   gae_lambda=_fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
                   path=_of(data["path"], str, "path"), name=_of(data["name"], str, "name"),
-                  rng=_rng(data["rng"]), lanes=lanes, fields=fields, log_prob_width=width)
+                  rng=_rng(data["rng"]), lanes=lanes, fields=fields, log_prob_width=width,
+                  alpha=_finite(data.get("alpha", 0.6), "alpha", 0.0),
+                  max_priority=_finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None)

@@ -32,9 +32,10 @@ import numpy as np
 from flexibuff_envs.chain import CHAINED, Chain
 from flexibuff_envs.episodes import Episode
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.header import BadHeader, Truncated, parse, stored_range
+from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse, stored_range
+from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.sampling import live_rows
-from flexibuff_envs.storage import FIELDS, MASKS, NEXT, Storage, pack_mask
+from flexibuff_envs.storage import MASKS, NEXT, Storage, pack_mask
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -106,6 +107,7 @@ def _header(buffer: FlexibleBuffer, ranges: list[tuple[int, int]]) -> dict[str, 
         "path": buffer.path,
         "name": buffer.name,
         "rng": buffer.rng.bit_generator.state,
+        "alpha": buffer.alpha,
         "lanes": lanes,
         "fields": [],
     }
@@ -143,9 +145,15 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
         return [array.shape[0], rows, *array.shape[2:]] if per_agent else [rows, *array.shape[1:]]
 
     for name, array in buffer._storage:
-        per_agent = FIELDS[name].per_agent
+        per_agent = buffer._storage.fields[name].per_agent
         add({"name": name, "width": array.shape[-1] if array.ndim > 1 + per_agent else None},
             row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
+    tree = buffer._priorities
+    if tree is not None:  # prioritized replay's priority ** alpha per row, and the highest priority given
+        tree.sync(buffer._lanes)
+        header["max_priority"] = tree.max_priority
+        leaves = tree.leaf_values(buffer._storage.rows)
+        add({"name": PRIORITY}, [rows], leaves, _blocks(leaves, False, segments))
     stored = np.concatenate([np.arange(lo, hi) for lo, hi in segments])
     for name, chain in buffer._storage.chains.items():
         index, tail = chain.extract(stored)  # slots renumbered to the ones in use
@@ -330,11 +338,13 @@ def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> Flexibl
                       "on this machine")
         buffer.path, buffer.name = header.path, header.name
         buffer.rng.bit_generator.state = header.rng
+        buffer.alpha = header.alpha
         segments = [(lane.offset + info.lo, lane.offset + info.hi) for lane, info in zip(buffer._lanes, header.lanes)]
+        leaves = np.zeros(buffer._store.rows) if header.max_priority is not None else None
         if mmap and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
-            _map(buffer._storage, file.path, file.data_start, header.fields)
+            _map(buffer._storage, file.path, file.data_start, header.fields, leaves)
         else:
-            _read_into(buffer, file, header.fields, segments)
+            _read_into(buffer, file, header.fields, segments, leaves)
         for lane, info in zip(buffer._lanes, header.lanes):
             lane.written = lane.dirty = info.written
             lane.live_start = info.live_start
@@ -345,6 +355,13 @@ def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> Flexibl
             lane.agent_start = (list(info.agent_start) if info.agent_start is not None else
                                 [info.running[0] if info.running else 0] * buffer.spec.n_agents)
         problem = data_problem(buffer, segments)
+        if leaves is not None and not problem:
+            live = live_rows(buffer._lanes) if any(lane.size for lane in buffer._lanes) else np.zeros(0, np.int64)
+            if not (np.isfinite(leaves[live]).all() and (leaves[live] >= 0).all()):
+                problem = f"{PRIORITY} holds a value that is negative or not finite"
+            else:
+                buffer._priorities = PriorityTree.restore(leaves, buffer._lanes, buffer.alpha,
+                                                          header.max_priority)  # type: ignore[arg-type]
         if problem:
             file.fail(f"corrupt: {problem}")
     finally:
@@ -366,7 +383,7 @@ def data_problem(buffer: FlexibleBuffer, segments: list[tuple[int, int]]) -> str
         return [array[:, lo:hi] if per_agent else array[lo:hi] for lo, hi in segments]
 
     for name, array in storage.arrays.items():
-        parts = stored(array, FIELDS[name].per_agent)
+        parts = stored(array, storage.fields[name].per_agent)
         if array.dtype == bool and any(part.view(np.uint8).max(initial=0) > 1 for part in parts):
             return f"{name} holds a bool that is neither 0 nor 1"
         if name == "obs" and categories.size and any((part > categories).any() for part in parts):
@@ -389,28 +406,30 @@ def data_problem(buffer: FlexibleBuffer, segments: list[tuple[int, int]]) -> str
     return None
 
 
-def _map(storage: Storage, path: str, start: int, fields: list[dict[str, Any]]) -> None:
-    """``storage`` uses the arrays of a buffer file in place (copy-on-write memory maps). The
-    file holds every row of every lane, in ring order."""
+def _map(storage: Storage, path: str, start: int, fields: list[dict[str, Any]], leaves: np.ndarray | None) -> None:
+    """``storage`` uses the arrays of a buffer file in place (copy-on-write memory maps), and
+    ``leaves`` gets the priorities. The file holds every row of every lane, in ring order."""
     def mapped(meta: dict[str, Any]) -> np.ndarray:
         return np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
                                     offset=start + meta["offset"], shape=tuple(meta["shape"])))
 
     arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
+    if leaves is not None:
+        leaves[:] = arrays.pop(PRIORITY)
     for name in MASKS:
         if name in arrays and arrays[name].dtype == bool:  # formats 1-2
             arrays[name] = pack_mask(arrays[name])
     storage.replace(arrays)
     parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
-    storage.chains = {name: Chain(storage.arrays[NEXT[name]], FIELDS[name].per_agent,
+    storage.chains = {name: Chain(storage.arrays[NEXT[name]], storage.fields[name].per_agent,
                                   index=index, tail=parts[name, "tail"])
                       for (name, part), index in parts.items() if part == "index"}
 
 
 def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]],
-               segments: list[tuple[int, int]]) -> None:
+               segments: list[tuple[int, int]], leaves: np.ndarray | None) -> None:
     """Read each field's rows from ``file`` straight into the buffer's ring rows ``segments``
-    (one range per lane), checking the CRC."""
+    (one range per lane; the priorities into ``leaves``), checking the CRC."""
     handle, checksum = file.handle, _Checksum(file.crc_seed)
     handle.seek(file.data_start)
     try:
@@ -422,9 +441,12 @@ def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]]
             if meta["name"] in MASKS and meta["dtype"] == "|b1":  # formats 1-2: a bool per action
                 target = np.ones(meta["shape"], dtype=bool)  # the stored rows, packed into the ring below
                 blocks = iter([target])
+            elif meta["name"] == PRIORITY:
+                target = leaves  # type: ignore[assignment]
+                blocks = _blocks(target, False, segments)
             elif part is None:
                 target = buffer._storage.ensure(meta["name"])
-                blocks = _blocks(target, FIELDS[meta["name"]].per_agent, segments)
+                blocks = _blocks(target, buffer._storage.fields[meta["name"]].per_agent, segments)
             elif part == "index":
                 chain = buffer._storage.chain(meta["name"])
                 target = chain.index

@@ -44,7 +44,7 @@ def episode_ends(lanes: Sequence[Lane], rows: np.ndarray) -> tuple[np.ndarray, n
     which = rows // capacity
     position = np.empty(rows.shape, dtype=np.int64)
     end = np.empty(rows.shape, dtype=np.int64)
-    for lane_index in np.flatnonzero(np.bincount(which)):  # a pass per lane drawn from, not per row
+    for lane_index in np.flatnonzero(np.bincount(which)).tolist():  # a pass per lane drawn from, not per row
         pick = which == lane_index
         position[pick], end[pick] = _ends(lanes[lane_index], lane_index, rows[pick])
     return position, end

@@ -29,6 +29,32 @@ class PriorityTree:
         self.max_priority = 1.0  # new rows get the highest priority seen so far
         self._known = np.zeros((2, lanes), dtype=np.int64)  # per lane: live_start, written when last seen
 
+    @classmethod
+    def restore(cls, leaves: np.ndarray, lanes: Sequence[Lane], alpha: float, max_priority: float) -> PriorityTree:
+        """The trees of a loaded buffer: ``leaves`` (``priority ** alpha`` per buffer row, as
+        `leaf_values` gave them) over the live rows of ``lanes``; every level built in one pass."""
+        tree = cls(leaves.size, len(lanes), alpha)
+        live_from = np.array([lane.live_start for lane in lanes], dtype=np.int64)
+        written = np.array([lane.written for lane in lanes], dtype=np.int64)
+        positions, which = spans(live_from, written)
+        rows = np.array([lane.offset for lane in lanes], dtype=np.int64)[which] + positions % lanes[0].capacity
+        tree.live[rows] = True
+        tree.sums[rows + tree.leaves] = leaves[rows]
+        tree.mins[rows + tree.leaves] = leaves[rows]
+        level = tree.leaves
+        while level > 1:  # each level from the one below, all its nodes at once
+            parents = np.arange(level // 2, level)
+            tree.sums[parents] = tree.sums[2 * parents] + tree.sums[2 * parents + 1]
+            tree.mins[parents] = np.minimum(tree.mins[2 * parents], tree.mins[2 * parents + 1])
+            level //= 2
+        tree.max_priority = max_priority
+        tree._known = np.stack([live_from, written])
+        return tree
+
+    def leaf_values(self, rows: int) -> np.ndarray:
+        """``priority ** alpha`` of each of the first ``rows`` rows (0 where not recorded)."""
+        return self.sums[self.leaves:self.leaves + rows]
+
     def _set(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Leaves ``rows`` hold ``values`` (``priority ** alpha``; 0 and not live: never drawn)."""
         node = rows + self.leaves

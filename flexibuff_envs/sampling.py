@@ -13,7 +13,7 @@ from flexibuff_envs.episodes import Lane, whole_episodes
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
-from flexibuff_envs.storage import FIELDS, NEXT
+from flexibuff_envs.storage import NEXT
 
 #: the fields an n-step batch sums or reads after each window (`Storage.gather_n_step`)
 N_STEP = ("individual_rewards", "global_rewards", "terminated", "truncated", *NEXT)
@@ -243,16 +243,18 @@ class Minibatches:
 _CHECKED: dict[tuple[str, ...], frozenset[str]] = {}
 
 
-def checked_fields(fields: Collection[str]) -> frozenset[str]:
-    """``fields`` as a set of field names, or ValueError naming one that is no batch field."""
+def checked_fields(fields: Collection[str], storage: Storage) -> frozenset[str]:
+    """``fields`` as a set of field names, or ValueError naming one that is no batch field of
+    ``storage``'s."""
     if isinstance(fields, str):
         raise TypeError(f"fields must be a collection of field names, got the string {fields!r}")
     key = tuple(fields)
     checked = _CHECKED.get(key)
-    if checked is None:
-        unknown = sorted(set(key) - FIELDS.keys() - {"discounts"})
+    if checked is None or not checked <= storage.fields.keys() | {"discounts"}:
+        unknown = sorted(set(key) - storage.fields.keys() - {"discounts"})
         if unknown:
-            raise ValueError(f"fields: {unknown} are no batch fields; choose from {sorted([*FIELDS, 'discounts'])}")
+            raise ValueError(f"fields: {unknown} are no batch fields; choose from "
+                             f"{sorted([*storage.fields, 'discounts'])}")
         if len(_CHECKED) > 64:
             _CHECKED.clear()
         checked = _CHECKED[key] = frozenset(key)  # a training loop asks for the same ones each time
@@ -288,8 +290,8 @@ class Sampling:
         rewards summed over each row's n-step window, next values and flags after it, and
         ``discounts`` (`flexibuff_envs.nstep`).
         """
-        wanted = None if fields is None else checked_fields(fields)
         storage = self._storage
+        wanted = None if fields is None else checked_fields(fields, storage)
         if n_step is None:
             out: dict[str, Any] = {"idx": idx, "valid": valid, "weights": weights, **storage.gather(idx, wanted)}
         else:
@@ -310,6 +312,8 @@ class Sampling:
                                  "annotate values (env.annotate(values=...)) to get GAE")
             # NaN marks steps without GAE yet (no value given, episode still running): skip them
             out["advantages"] = (advantages - np.nanmean(advantages)) / (np.nanstd(advantages) + 1e-8)
+        if self.spec.extra_fields:
+            out["extra"] = {name: out.pop(name) for name, _, _ in self.spec.extra_fields if name in out}
         if as_torch:
             convert = torch_converter(device)
             out = {name: convert(name, value) for name, value in out.items() if value is not None}

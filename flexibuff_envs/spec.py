@@ -40,6 +40,8 @@ class BufferSpec:
         obs_categories: for observations made of categories only (Discrete, MultiDiscrete, Tuple
             or Dict of those), each one's size: rows store one index per category, batches get
             the one-hot flattening (``obs_size = sum(obs_categories)`` float32 values).
+        extra_fields: fields of your own, per agent, each ``(name, shape, dtype name)``: filled
+            through ``annotate(name=value)``, returned by every sampling mode (`storage.extra_fields`).
     """
 
     obs_size: int
@@ -58,6 +60,7 @@ class BufferSpec:
     agent_discrete_action_cardinalities: tuple[tuple[int, ...], ...] = ()
     agent_continuous_action_dimensions: tuple[int, ...] = ()
     obs_categories: tuple[int, ...] = ()
+    extra_fields: tuple[tuple[str, tuple[int, ...], str], ...] = ()
 
     #: Fields that decide array shapes; a user-supplied buffer must agree on these.
     LAYOUT_FIELDS = (
@@ -70,6 +73,7 @@ class BufferSpec:
         "state_size",
         "n_envs",
         "obs_categories",
+        "extra_fields",
     )
 
     def to_dict(self) -> dict[str, Any]:

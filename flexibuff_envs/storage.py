@@ -8,7 +8,8 @@ catching an exception, and an absent field is ``None`` on every batch. The next-
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+import keyword
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
+from flexibuff_envs.errors import plain_dtype
 from flexibuff_envs.nstep import Windows, agent_last_rows, discounted_sum
 from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.spec import BufferSpec
@@ -33,6 +35,8 @@ class Field:
     fill: float | bool
     #: which spec size gives the trailing dimension ("" for a scalar per row)
     width: str = ""
+    #: a fixed trailing shape (fields of your own, `extra_fields`)
+    shape: tuple[int, ...] = ()
 
 
 FIELDS: dict[str, Field] = {
@@ -60,6 +64,38 @@ FIELDS: dict[str, Field] = {
     "G": Field(True, "float32", np.nan),
     "memory_weights": Field(False, "float32", 1.0),
 }
+
+#: names a field of your own cannot take: the batch's own attributes
+RESERVED = frozenset({*FIELDS, "idx", "valid", "weights", "discounts", "extra"})
+#: most values one row of a field of your own may hold
+MAX_EXTRA_SIZE = 1 << 24
+
+
+def extra_fields(fields: Mapping[str, object] | None) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """Fields of your own as a spec holds them, ``(name, shape, dtype name)``, from ``{name:
+    shape}`` or ``{name: (shape, dtype)}`` (dtype float32 unless given), or ValueError naming the
+    field that is not a new identifier with a shape of positive sizes and a plain numeric dtype."""
+    if fields is None:
+        return ()
+    if not isinstance(fields, Mapping):
+        raise TypeError(f"extra_fields must map names to shapes, e.g. {{'hidden': (64,)}}, got {fields!r}")
+    out = []
+    for name, given in fields.items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED:
+            raise ValueError(f"extra_fields: {name!r} must be a Python name that is not a batch field "
+                             f"already ({', '.join(sorted(RESERVED))})")
+        shape, dtype = given if (isinstance(given, (tuple, list)) and len(given) == 2
+                                 and isinstance(given[1], (str, type, np.dtype))) else (given, "float32")
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
+        if not isinstance(shape, (tuple, list)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape):
+            raise ValueError(f"extra_fields: {name!r} needs a shape of positive sizes such as (64,), got {given!r}")
+        if int(np.prod(shape)) > MAX_EXTRA_SIZE:
+            raise ValueError(f"extra_fields: {name!r} holds {int(np.prod(shape)):,} values a row, more than "
+                             f"{MAX_EXTRA_SIZE:,}")
+        out.append((name, tuple(int(d) for d in shape), plain_dtype(f"extra_fields {name!r} dtype", dtype).name))
+    return tuple(out)
+
 
 #: the legal-action mask fields
 MASKS = ("action_mask", "action_mask_")
@@ -102,6 +138,9 @@ class Storage:
     def __init__(self, spec: BufferSpec, rows: int, *, lanes: int = 1, log_prob_continuous: int = 0) -> None:
         self.spec = spec
         self.rows = rows
+        #: every field this storage can hold: the built-ins and the spec's own (NaN, or 0, until given)
+        self.fields = {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
+                                    for name, shape, dtype in spec.extra_fields}}
         self.lane_rows = rows // lanes
         # per lane: rows (from its first) that hold their fields' allocated values; the others are
         # still calloc's zeros, so a huge ring costs memory only as it is used (`open`)
@@ -121,15 +160,15 @@ class Storage:
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The full array shape of field ``name``."""
-        field = FIELDS[name]
+        field = self.fields[name]
         lead = (self.spec.n_agents, self.rows) if field.per_agent else (self.rows,)
-        return lead + ((self._widths[field.width],) if field.width else ())
+        return lead + ((self._widths[field.width],) if field.width else ()) + field.shape
 
     def ensure(self, name: str, *, width: int | None = None) -> np.ndarray:
         """The array of ``name``, allocated (filled with its default) on first use."""
         array = self.arrays.get(name)
         if array is None:
-            field = FIELDS[name]
+            field = self.fields[name]
             if width is not None:
                 self._widths[field.width] = width
             # zeros that cost memory only where written: untouched rows of a huge buffer cost none
@@ -144,13 +183,13 @@ class Storage:
 
     def dtype(self, name: str) -> np.dtype:
         """The dtype field ``name`` is stored in."""
-        field = FIELDS[name]
+        field = self.fields[name]
         if field.dtype != "obs":
             return np.dtype(field.dtype)
         return index_dtype(self.spec.obs_categories) if self.spec.obs_categories else np.dtype(self.spec.obs_dtype)
 
     def _fill(self, array: np.ndarray, name: str, lo: int, hi: int) -> None:
-        if FIELDS[name].per_agent:
+        if self.fields[name].per_agent:
             array[:, lo:hi] = self.fill(name)
         else:
             array[lo:hi] = self.fill(name)
@@ -189,23 +228,23 @@ class Storage:
         if plan is None:
             plan = []
             for name, array in self.arrays.items():
-                fill = FIELDS[name].fill
+                fill = self.fields[name].fill
                 value = fill if isinstance(fill, float) and (np.isnan(fill) or name == "memory_weights") else 0
                 if not (fresh and value == self.fill(name)):
-                    plan.append((array, value, FIELDS[name].per_agent))
+                    plan.append((array, value, self.fields[name].per_agent))
             self._clearing[fresh] = plan
         return plan
 
     def fill(self, name: str) -> float | bool:
         """The value field ``name`` is allocated with."""
         # a lone agent acts at every step: its rows are active once written
-        return True if name == "active" and self.spec.n_agents == 1 else FIELDS[name].fill
+        return True if name == "active" and self.spec.n_agents == 1 else self.fields[name].fill
 
     def chain(self, name: str) -> Chain:
         """The chain of next-value field ``name``, made (with its base field) on first use."""
         chain = self.chains.get(name)
         if chain is None:
-            chain = self.chains[name] = Chain(self.ensure(NEXT[name]), FIELDS[name].per_agent)
+            chain = self.chains[name] = Chain(self.ensure(NEXT[name]), self.fields[name].per_agent)
         return chain
 
     # ----------------------------------------------------------------- returns
@@ -304,7 +343,7 @@ class Storage:
             array = arrays.get(name)
             if array is None:
                 continue
-            if FIELDS[name].per_agent:
+            if self.fields[name].per_agent:
                 out[name] = array[0].take(idx, axis=0) if single else array.take(idx, axis=1)
             else:
                 out[name] = array.take(idx, axis=0)

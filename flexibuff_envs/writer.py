@@ -101,6 +101,15 @@ class Writer:
         as they are claimed."""
         return self.buffer._column(name, width=width)
 
+    def missing(self, name: str) -> float:
+        """What field ``name`` holds where it was not given: weight 1, else its allocated value
+        (NaN for floats)."""
+        return 1.0 if name == "memory_weights" else self.buffer._store.fill(name)
+
+    def own_fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The buffer's fields of your own: name -> (shape per agent and row, dtype name)."""
+        return {name: (shape, dtype) for name, shape, dtype in self.buffer.spec.extra_fields}
+
     def has(self, name: str) -> bool:
         """Whether field ``name`` is allocated."""
         return name in self.buffer._storage.arrays

@@ -53,6 +53,14 @@ def seed_files(directory: Path) -> list[bytes]:
         path = directory / f"seed{len(out)}.fbuf"
         env.buffer.save(path)
         out.append(path.read_bytes())
+    own = fe.record(gym.make("CartPole-v1"), num_steps=40, seed=0, extra_fields={"hidden": (3,), "tick": ((), "int8")})
+    own.reset(seed=0)
+    for t in range(50):  # fields of its own and prioritized replay's priorities
+        own.annotate(hidden=np.full(3, t), tick=t)
+        if any(own.step(t % 2)[2:4]):
+            own.reset()
+    own.buffer.update_priorities(np.arange(10), 3.0)
+    out.append(Path(own.buffer.save(directory / "seed_own.fbuf")).read_bytes())
     data = Path(__file__).parent / "data"
     out += [(data / f"format{v}.fbuf").read_bytes() for v in (1, 2, 3)]
     return out

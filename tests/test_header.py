@@ -120,6 +120,59 @@ def test_a_crafted_header_is_one_buffer_file_error(tmp_path: Path, case: str, mm
         fe.FlexibleBuffer.load(path, mmap=mmap)
 
 
+def saved_own(tmp_path: Path) -> Path:
+    """A file with fields of its own (a float and an int one) and prioritized replay's priorities."""
+    env = fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5)), num_steps=40,
+                    extra_fields={"hidden": (3,), "tick": ((), "int64")})
+    env.reset(seed=0)
+    for t in range(30):
+        env.annotate(hidden=np.full(3, t), tick=t)
+        if any(env.step(t % 3)[2:4]):
+            env.reset()
+    env.buffer.update_priorities(np.arange(5), 4.0)
+    return Path(env.buffer.save(tmp_path / "own.fbuf"))
+
+
+def spoil_priority(header: Header, data: bytes) -> bytes:
+    meta = field(header, "priority")
+    raw = bytearray(data)
+    raw[meta["offset"]:meta["offset"] + 8] = np.float64(-1.0).tobytes()
+    return bytes(raw)
+
+
+CRAFTED_OWN: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the error says
+    "an object dtype of your own": (lambda h: h["spec"]["extra_fields"][0].__setitem__(2, "object"), "dtype"),
+    "a field of your own named as a built-in": (lambda h: h["spec"]["extra_fields"][0].__setitem__(0, "obs"),
+                                                "extra_fields"),
+    "a field of your own of a billion values": (
+        lambda h: h["spec"]["extra_fields"][0].__setitem__(1, [1 << 30]), "extra_fields"),
+    "a field of your own declared twice": (lambda h: h["spec"]["extra_fields"].append(h["spec"]["extra_fields"][0]),
+                                           "extra_fields"),
+    "an array of a field not declared": (lambda h: h["spec"].update(extra_fields=[]), "unknown name"),
+    "priorities without the highest priority": (lambda h: h.pop("max_priority"), "max_priority"),
+    "a negative highest priority": (lambda h: h.update(max_priority=-2.0), "max_priority"),
+    "priorities as float32": (lambda h: field(h, "priority").update(dtype="<f4"), "dtype"),
+    "alpha not a number": (lambda h: h.update(alpha="0.6"), "alpha"),
+    "a negative priority": (lambda h: None, "priority holds a value that is negative"),
+}
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+@pytest.mark.parametrize("case", list(CRAFTED_OWN))
+def test_crafted_fields_of_your_own_and_priorities_are_one_buffer_file_error(tmp_path: Path, case: str,
+                                                                               mmap: bool) -> None:
+    change, says = CRAFTED_OWN[case]
+    _, header, data, _ = parts(saved_own(tmp_path).read_bytes())
+    assert fe.FlexibleBuffer.load(tmp_path / "own.fbuf", mmap=mmap).spec.extra_fields  # the good file loads
+    change(header)
+    if case == "a negative priority":
+        data = spoil_priority(header, data)
+    path = tmp_path / "crafted.fbuf"
+    path.write_bytes(build(header, data))
+    with pytest.raises(fe.BufferFileError, match=f"^{path}: .*({says})"):
+        fe.FlexibleBuffer.load(path, mmap=mmap)
+
+
 def test_inspect_prints_one_line_for_a_crafted_file(tmp_path: Path) -> None:
     path = crafted(tmp_path, lambda h: lane(h)["ended"].append([0, 10**9, True]))
     result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", str(path)], capture_output=True,

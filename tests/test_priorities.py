@@ -140,3 +140,42 @@ def test_a_seeded_buffer_draws_the_same_prioritized_rows() -> None:
         draws.append((batch.idx, batch.weights))
     np.testing.assert_array_equal(draws[0][0], draws[1][0])
     np.testing.assert_array_equal(draws[0][1], draws[1][1])
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+def test_save_and_load_keep_priorities_alpha_and_the_highest_priority(tmp_path, mmap: bool) -> None:  # type: ignore[no-untyped-def]
+    env = fe.record(gym.make("CartPole-v1"), num_steps=60, alpha=0.7, seed=0)
+    env.reset(seed=0)
+    for _ in range(150):  # the ring wraps: the file holds every row, as a mapped load needs
+        if any(env.step(env.action_space.sample())[2:4]):
+            env.reset()
+    buffer = env.buffer
+    rows = live(buffer)
+    buffer.update_priorities(rows, np.linspace(0.1, 9.0, rows.size))
+    loaded = fe.FlexibleBuffer.load(buffer.save(tmp_path / "per.fbuf"), mmap=mmap)
+    assert loaded.alpha == 0.7
+    a, b = (x.sample_transitions(2000, prioritized=True, beta=0.5) for x in (buffer, loaded))
+    np.testing.assert_array_equal(a.idx, b.idx)  # same rng state, same trees: the same draw
+    np.testing.assert_array_equal(a.weights, b.weights)
+    for x in (buffer, loaded):  # a new row takes the highest priority given before the save: 9
+        x.begin_episode()
+        x.claim_row()
+        x.end_episode()
+    np.testing.assert_array_equal(buffer.sample_transitions(500, prioritized=True).weights,
+                                  loaded.sample_transitions(500, prioritized=True).weights)
+
+
+def test_a_buffer_that_never_used_priorities_saves_none_and_starts_them_at_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    buffer = filled(20)
+    loaded = fe.FlexibleBuffer.load(buffer.save(tmp_path / "plain.fbuf"))
+    batch = loaded.sample_transitions(100, prioritized=True, beta=1.0)
+    np.testing.assert_array_equal(batch.weights, 1.0)
+
+
+def test_record_takes_alpha_and_a_given_buffer_must_agree() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=10, alpha=0.3)
+    assert env.buffer.alpha == 0.3
+    with pytest.raises(fe.SpecMismatchError, match="alpha"):
+        fe.record(gym.make("CartPole-v1"), env.buffer, alpha=0.5)
+    vector = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=10, alpha=1.0)
+    assert vector.buffer.alpha == 1.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, overload
 
 import gymnasium as gym
@@ -21,25 +22,29 @@ __all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "VectorRecorder", "
 @overload
 def record(env: gym.Env, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None) -> GymRecorder: ...
+           seed: int | None = None, alpha: float | None = None,
+           extra_fields: Mapping[str, Any] | None = None) -> GymRecorder: ...
 
 
 @overload
 def record(env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None) -> VectorRecorder: ...
+           seed: int | None = None, alpha: float | None = None,
+           extra_fields: Mapping[str, Any] | None = None) -> VectorRecorder: ...
 
 
 @overload
 def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None, global_reward: GlobalReward = "sum", record_state: bool = True) -> Any: ...
+           seed: int | None = None, global_reward: GlobalReward = "sum", record_state: bool = True,
+           alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None) -> Any: ...
 
 
 def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
            seed: int | None = None, global_reward: GlobalReward | None = None,
-           record_state: bool | None = None) -> Any:
+           record_state: bool | None = None, alpha: float | None = None,
+           extra_fields: Mapping[str, Any] | None = None) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
     Args:
@@ -56,6 +61,9 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
         global_reward: PettingZoo only: the team reward of a row, "sum" (default), "mean",
             "none" or ``fn(rewards, active) -> float``.
         record_state: PettingZoo only: record the env's global state where it has one (default).
+        alpha: prioritized replay's exponent for a new buffer (default 0.6; a given buffer's must match).
+        extra_fields: per-agent fields of your own, ``{"hidden": (64,)}`` or ``{"hidden": ((64,),
+            "float16")}``, filled through ``env.annotate(hidden=h)`` (a given buffer must hold them).
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
@@ -78,7 +86,7 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
                             f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}")
         gymnasium = GymRecorder if kind == "gymnasium" else VectorRecorder
         return gymnasium(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                         bootstrap_fn=bootstrap_fn, seed=seed)
+                         bootstrap_fn=bootstrap_fn, seed=seed, alpha=alpha, extra_fields=extra_fields)
     if kind in ("parallel", "aec"):
         if kind == "parallel":
             from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder as recorder
@@ -87,7 +95,8 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
         return recorder(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
                         bootstrap_fn=bootstrap_fn, seed=seed,
                         global_reward="sum" if global_reward is None else global_reward,
-                        record_state=True if record_state is None else record_state)
+                        record_state=True if record_state is None else record_state, alpha=alpha,
+                        extra_fields=extra_fields)
     raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {type(env).__module__}."
                         f"{type(env).__qualname__}")
 

@@ -17,17 +17,22 @@ ANNOTATIONS = {
 }
 
 
-def missing(name: str) -> float:
-    """What annotation ``name`` records on a step it was not given for."""
-    return 1.0 if name == "memory_weights" else np.nan
-
-
 def checked(writer: Writer, name: str, value: Any, rows: int, who: str) -> np.ndarray:
-    """``value`` of annotation ``name`` as float32 ``[rows, width]`` (one agent's: 1 row; a vector
-    env's: a row per sub-env), or ValueError naming the field and ``who``."""
+    """``value`` of annotation ``name`` as float32 ``[rows, width]`` (a field of your own: ``[rows,
+    *shape]`` in its dtype; one agent's: 1 row; a vector env's: a row per sub-env), or ValueError
+    naming the field and ``who``."""
+    own = writer.own_fields()
+    if name in own:
+        shape, dtype = own[name]
+        want = (rows, *shape) if rows > 1 else shape
+        if np.shape(value) != want and not (rows == 1 and np.shape(value) == (1, *shape)):
+            raise ValueError(f"annotate: {name} of {who} must have shape {want} (extra_fields), "
+                             f"got {np.shape(value)}")
+        return np.asarray(value).astype(dtype, copy=False).reshape(rows, *shape)
     if name not in ANNOTATIONS:
         raise ValueError(f"annotate: unknown field {name!r} for {who}; known fields: "
-                         + ", ".join(f"{k} ({v})" for k, v in ANNOTATIONS.items()))
+                         + ", ".join([*(f"{k} ({v})" for k, v in ANNOTATIONS.items()),
+                                      *(f"{k} (yours, {shape} {dtype})" for k, (shape, dtype) in own.items())]))
     if rows > 1 and np.shape(value)[:1] != (rows,):
         raise ValueError(f"annotate: {name} needs a leading axis of {rows} sub-envs, got shape {np.shape(value)}")
     values = np.asarray(value, dtype=np.float32).reshape(rows, -1)
@@ -69,13 +74,13 @@ class Annotations:
 
     def _check(self, name: str, agent: str, value: Any) -> Any:
         values = checked(self.writer, name, value, 1, f"agent {agent!r}")[0]
-        return values if name in ("discrete_log_probs", "continuous_log_probs") else float(values[0])
+        return float(values[0]) if name in ("values", "memory_weights") else values
 
     def write(self, row: int, index: int) -> None:
         """Write agent ``index``'s held annotations (or the "not given" value) into ``row``."""
         pending = self.pending[index]
         for name in self.fields:
-            value = pending.pop(name, missing(name))
+            value = pending.pop(name, self.writer.missing(name))
             if name == "memory_weights":
                 self._stores[name][row] = value
             else:

@@ -24,7 +24,7 @@ from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.storage import pack_mask
-from flexibuff_envs.wrappers.annotations import add_feedback, checked, missing
+from flexibuff_envs.wrappers.annotations import add_feedback, checked
 from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
@@ -440,8 +440,9 @@ class BatchRecorder:
             if name not in self._annotated:
                 self._drain()  # earlier steps of the block were not annotated
                 store = self.writer.column(name, width=values.shape[1] if name == "continuous_log_probs" else None)
-                self._annotated[name] = (store if name == "memory_weights" else store[0], missing(name),
-                                         np.full((self._block, *values.shape), missing(name), dtype=np.float32))
+                missing = self.writer.missing(name)
+                self._annotated[name] = (store if name == "memory_weights" else store[0], missing,
+                                         np.full((self._block, *values.shape), missing, dtype=store.dtype))
             self._given[name] = values
 
     def feedback(self, lane: int, value: float, step: int) -> None:

@@ -8,6 +8,7 @@ once, from the codecs, so a step runs straight.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import extra_fields as extra_fields_of
 from flexibuff_envs.storage import mask_bytes, pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 from flexibuff_envs.writer import Writer
@@ -50,15 +52,19 @@ def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], f
 
 
 def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
-                   gae_lambda: float | None, seed: int | None, global_reward: GlobalReward = "sum") -> FlexibleBuffer:
-    """A new buffer for ``spec``, or the user's, checked against it (``seed`` reseeds its sampler)."""
+                   gae_lambda: float | None, seed: int | None, global_reward: GlobalReward = "sum",
+                   alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None) -> FlexibleBuffer:
+    """A new buffer for ``spec`` (with ``extra_fields``), or the user's, checked against it
+    (``seed`` reseeds its sampler)."""
+    spec = dataclasses.replace(spec, extra_fields=extra_fields_of(extra_fields))
     if buffer is None:
         return FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
                                         gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
-                                        global_reward=global_reward != "none")
+                                        global_reward=global_reward != "none",
+                                        alpha=0.6 if alpha is None else alpha)
     buffer.check_matches(spec)
-    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
-        if value is not None and check_gamma(value, name) != getattr(buffer, name):
+    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda), ("alpha", alpha)):
+        if value is not None and (check_gamma(value, name) if name != "alpha" else value) != getattr(buffer, name):
             raise SpecMismatchError(f"{name}={value!r} differs from the given buffer's "
                                     f"{name}={getattr(buffer, name)!r}")
     if seed is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -45,13 +46,16 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         gae_lambda: float | None = None,
         bootstrap_fn: BootstrapFn | None = None,
         seed: int | None = None,
+        alpha: float | None = None,
+        extra_fields: Mapping[str, Any] | None = None,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
-            self, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn, seed=seed
+            self, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn, seed=seed,
+            alpha=alpha, extra_fields=extra_fields,
         )
         gym.Wrapper.__init__(self, env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
-                                     gae_lambda=gae_lambda, seed=seed)
+                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
         self._recorder = LaneRecorder(

@@ -46,10 +46,11 @@ class VectorRecorder(Unpicklable, VectorWrapper):
 
     def __init__(self, env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, gae_lambda: float | None = None,
-                 bootstrap_fn: VectorBootstrapFn | None = None, seed: int | None = None) -> None:
+                 bootstrap_fn: VectorBootstrapFn | None = None, seed: int | None = None,
+                 alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None) -> None:
         super().__init__(env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
-                                     gae_lambda=gae_lambda, seed=seed)
+                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields)
         self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,10 +47,12 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     def __init__(self, env: AECEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, gae_lambda: float | None = None,
                  bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
-                 global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
+                 global_reward: GlobalReward = "sum", record_state: bool = True, alpha: float | None = None,
+                 extra_fields: Mapping[str, Any] | None = None) -> None:
         BaseWrapper.__init__(self, env)
         self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
-                    seed=seed, global_reward=global_reward, record_state=record_state)
+                    seed=seed, global_reward=global_reward, record_state=record_state, alpha=alpha,
+                    extra_fields=extra_fields)
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward
         # them (_direct, saving each wrapper's forwarding), else through the wrappers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from flexibuff_envs.buffer import FlexibleBuffer
@@ -31,12 +32,13 @@ class PettingZooRecorderMixin(Unpicklable):
 
     def _setup(self, env: Any, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
                gae_lambda: float | None, bootstrap_fn: BootstrapFn | None, seed: int | None,
-               global_reward: GlobalReward, record_state: bool) -> None:
+               global_reward: GlobalReward, record_state: bool, alpha: float | None,
+               extra_fields: Mapping[str, Any] | None) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
         spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
         self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                                     seed=seed, global_reward=global_reward)
+                                     seed=seed, global_reward=global_reward, alpha=alpha, extra_fields=extra_fields)
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pettingzoo.utils import BaseParallelWrapper
@@ -40,10 +41,12 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
     def __init__(self, env: ParallelEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, gae_lambda: float | None = None,
                  bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
-                 global_reward: GlobalReward = "sum", record_state: bool = True) -> None:
+                 global_reward: GlobalReward = "sum", record_state: bool = True, alpha: float | None = None,
+                 extra_fields: Mapping[str, Any] | None = None) -> None:
         BaseParallelWrapper.__init__(self, env)
         self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
-                    seed=seed, global_reward=global_reward, record_state=record_state)
+                    seed=seed, global_reward=global_reward, record_state=record_state, alpha=alpha,
+                    extra_fields=extra_fields)
 
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
