@@ -1,9 +1,16 @@
 """Prioritized replay at 1,000,000 rows: one sample(256) + update_priorities(256) cycle.
 
-Side by side in one run: our sum/min trees (`sample_transitions(prioritized=True)` then
-`update_priorities`), our FlexiBuff-style `memory_weights` draw (`weighted=True`, a pass over
-every live row per batch) then `set_memory_weights`. Medians of interleaved rounds, in
-microseconds. (The peers the issue names, Tianshou, cpprb and TorchRL, are not measured here yet.)
+Side by side in one run, each buffer holding 1,000,000 CartPole-sized transitions (4 float obs,
+a discrete action, a reward, flags) and drawing a batch of the fields a DQN reads:
+- ours: `sample_transitions(256, prioritized=True, fields=...)` then `update_priorities`;
+- ours, FlexiBuff's way: `memory_weights` (`weighted=True`, a pass over every live row per
+  batch) then `set_memory_weights`;
+- Tianshou's `PrioritizedReplayBuffer` (`sample(256)` then `update_weight`);
+- cpprb's `PrioritizedReplayBuffer` (C++; `sample(256, beta)` then `update_priorities`);
+- TorchRL's `TensorDictPrioritizedReplayBuffer` (`sample()` then `update_priority`), when its
+  compiled segment trees load; the reason is printed when they do not.
+A peer that is not installed is reported, not hidden (`pip install -e '.[bench]'` installs them).
+Medians of interleaved rounds, in microseconds.
 Run: python benchmarks/bench_per.py [--rows 1000000] [--rounds 7]
 """
 
@@ -19,21 +26,27 @@ import numpy as np
 import flexibuff_envs as fe
 
 Cycle = Callable[[], tuple[float, float]]
+FIELDS = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated")
+
+
+def transitions(rows: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"obs": rng.random((rows, 4), dtype=np.float32), "act": rng.integers(0, 2, rows),
+            "rew": np.ones(rows, dtype=np.float32), "obs_next": rng.random((rows, 4), dtype=np.float32),
+            "done": np.zeros(rows, dtype=bool)}
 
 
 def ours(rows: int, prioritized: bool) -> Cycle:
-    buffer = fe.FlexibleBuffer(rows, 4, [2], seed=0, memory_weights=not prioritized)
+    buffer = fe.FlexibleBuffer(rows, 4, [2], individual_reward=True, seed=0, memory_weights=not prioritized)
     for _ in range(rows // 1000):  # episodes of 1,000 rows, claimed without stepping an env
         buffer.begin_episode()
-        for _ in range(1000):
-            buffer.claim_row()
+        buffer.claim_rows(1000)
         buffer.end_episode()
     rng = np.random.default_rng(0)
 
     def cycle() -> tuple[float, float]:
         start = time.perf_counter()
-        batch = buffer.sample_transitions(256, prioritized=prioritized, weighted=not prioritized,
-                                          fields=("obs",))
+        batch = buffer.sample_transitions(256, prioritized=prioritized, weighted=not prioritized, fields=FIELDS)
         drawn = time.perf_counter()
         if prioritized:
             buffer.update_priorities(batch.idx, rng.random(256) + 1e-6)
@@ -44,13 +57,81 @@ def ours(rows: int, prioritized: bool) -> Cycle:
     return cycle
 
 
+def tianshou(rows: int) -> Cycle:
+    from tianshou.data import Batch, PrioritizedReplayBuffer
+
+    data = transitions(rows)
+    buffer = PrioritizedReplayBuffer(rows, alpha=0.6, beta=0.4)
+    buffer.set_batch(Batch(obs=data["obs"], act=data["act"], rew=data["rew"], terminated=data["done"],
+                           truncated=data["done"], done=data["done"], obs_next=data["obs_next"], info=Batch()))
+    buffer._size, buffer._insertion_idx = rows, 0  # filled whole, as add() would after `rows` calls
+    buffer.init_weight(np.arange(rows))
+    rng = np.random.default_rng(0)
+
+    def cycle() -> tuple[float, float]:
+        start = time.perf_counter()
+        _, indices = buffer.sample(256)
+        drawn = time.perf_counter()
+        buffer.update_weight(indices, rng.random(256) + 1e-6)
+        return drawn - start, time.perf_counter() - drawn
+
+    return cycle
+
+
+def cpprb(rows: int) -> Cycle:
+    from cpprb import PrioritizedReplayBuffer
+
+    data = transitions(rows)
+    buffer = PrioritizedReplayBuffer(rows, {"obs": {"shape": 4}, "act": {"dtype": np.int64}, "rew": {},
+                                            "next_obs": {"shape": 4}, "done": {}}, alpha=0.6)
+    buffer.add(obs=data["obs"], act=data["act"], rew=data["rew"], next_obs=data["obs_next"], done=data["done"])
+    rng = np.random.default_rng(0)
+
+    def cycle() -> tuple[float, float]:
+        start = time.perf_counter()
+        batch = buffer.sample(256, beta=0.4)
+        drawn = time.perf_counter()
+        buffer.update_priorities(batch["indexes"], rng.random(256) + 1e-6)
+        return drawn - start, time.perf_counter() - drawn
+
+    return cycle
+
+
+def torchrl(rows: int) -> Cycle:
+    import torch
+    from tensordict import TensorDict
+    from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+
+    data = transitions(rows)
+    buffer = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(rows), batch_size=256)
+    buffer.extend(TensorDict({"observation": torch.from_numpy(data["obs"]), "action": torch.from_numpy(data["act"]),
+                              "next": {"observation": torch.from_numpy(data["obs_next"]),
+                                       "reward": torch.from_numpy(data["rew"])}}, batch_size=[rows]))
+    rng = np.random.default_rng(0)
+
+    def cycle() -> tuple[float, float]:
+        start = time.perf_counter()
+        batch = buffer.sample()
+        drawn = time.perf_counter()
+        buffer.update_priority(batch["index"], torch.from_numpy(rng.random(256) + 1e-6))
+        return drawn - start, time.perf_counter() - drawn
+
+    return cycle
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    cycles = {"flexibuff_envs prioritized (trees)": ours(args.rows, True),
-              "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False)}
+    cycles: dict[str, Cycle] = {"flexibuff_envs prioritized": ours(args.rows, True),
+                                "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False)}
+    for name, make in (("Tianshou PrioritizedReplayBuffer", tianshou), ("cpprb PrioritizedReplayBuffer (C++)", cpprb),
+                       ("TorchRL TensorDictPrioritizedReplayBuffer", torchrl)):
+        try:
+            cycles[name] = make(args.rows)
+        except (ImportError, RuntimeError) as exc:  # not installed, or TorchRL's compiled trees do not load
+            print(f"  {name}: not measured ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in cycles}
     for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all alike
         for name, cycle in cycles.items():

@@ -1,10 +1,20 @@
-"""Prioritized replay (Schaul et al. 2016): sum and min trees over a buffer's rows.
+"""Prioritized replay (Schaul et al. 2016): a sum tree over a buffer's rows, and their minimum.
 
 A leaf holds its row's ``priority ** alpha`` (0 for a row that is not recorded). Every operation
-on a batch of rows is a fixed number of numpy passes per tree level (about 20 levels for a million
-rows): no Python loop over rows. The trees follow the lanes by comparing what each lane held when
-they last looked with what it holds now: rows forgotten since can never be drawn, and rows
-recorded since get the highest priority seen so far.
+on a batch of rows is a fixed number of numpy calls, whatever the batch size, and no Python loop
+runs over rows:
+
+- a draw descends the sum tree for the whole batch at once, one pass per level (20 levels for a
+  million rows);
+- an update adds each changed leaf's difference to all its ancestors in one ``np.add.at`` over
+  ``[levels, batch]`` indices. The sums are rebuilt exactly, in one pass per level over the whole
+  tree, once as many leaves have changed as the tree has, so float error cannot build up;
+- the minimum (the largest importance weight) is kept as the smallest live leaf and how many
+  leaves hold it; only when the last of them rises or leaves is it found again, in one pass.
+
+The tree follows the lanes by comparing what each lane held when it last looked with what it
+holds now: rows forgotten since can never be drawn, and rows recorded since get the highest
+priority seen so far.
 """
 
 from __future__ import annotations
@@ -21,32 +31,36 @@ class PriorityTree:
 
     def __init__(self, rows: int, lanes: int, alpha: float) -> None:
         self.alpha = alpha
+        self.rows = rows
         self.leaves = 1 << max(1, (rows - 1).bit_length())
         self.depth = self.leaves.bit_length() - 1
         self.sums = np.zeros(2 * self.leaves)
-        self.mins = np.full(2 * self.leaves, np.inf)  # a row not recorded never is the minimum
         self.live = np.zeros(self.leaves, dtype=bool)
         self.max_priority = 1.0  # new rows get the highest priority seen so far
+        self._min = np.inf  # the smallest live leaf (inf: none live)
+        self._at_min = 0  # live leaves holding it; 0 while rows are live: to be found again
+        self._changed = 0  # leaves changed since the sums were last built exactly
+        self._ancestors = np.arange(self.depth + 1)[:, None]  # shifts from a leaf to each ancestor, itself first
+        self._stamp = np.zeros(self.leaves, dtype=np.int32)  # scratch: which position of a batch set a row last
         self._known = np.zeros((2, lanes), dtype=np.int64)  # per lane: live_start, written when last seen
+
+    @property
+    def total(self) -> float:
+        """The sum of every leaf."""
+        return float(self.sums[1])
 
     @classmethod
     def restore(cls, leaves: np.ndarray, lanes: Sequence[Lane], alpha: float, max_priority: float) -> PriorityTree:
-        """The trees of a loaded buffer: ``leaves`` (``priority ** alpha`` per buffer row, as
-        `leaf_values` gave them) over the live rows of ``lanes``; every level built in one pass."""
+        """The tree of a loaded buffer: ``leaves`` (``priority ** alpha`` per buffer row, as
+        `leaf_values` gave them) over the live rows of ``lanes``."""
         tree = cls(leaves.size, len(lanes), alpha)
         live_from = np.array([lane.live_start for lane in lanes], dtype=np.int64)
         written = np.array([lane.written for lane in lanes], dtype=np.int64)
         positions, which = spans(live_from, written)
         rows = np.array([lane.offset for lane in lanes], dtype=np.int64)[which] + positions % lanes[0].capacity
         tree.live[rows] = True
-        tree.sums[rows + tree.leaves] = leaves[rows]
-        tree.mins[rows + tree.leaves] = leaves[rows]
-        level = tree.leaves
-        while level > 1:  # each level from the one below, all its nodes at once
-            parents = np.arange(level // 2, level)
-            tree.sums[parents] = tree.sums[2 * parents] + tree.sums[2 * parents + 1]
-            tree.mins[parents] = np.minimum(tree.mins[2 * parents], tree.mins[2 * parents + 1])
-            level //= 2
+        tree.sums[tree.leaves + rows] = leaves[rows]
+        tree._rebuild()
         tree.max_priority = max_priority
         tree._known = np.stack([live_from, written])
         return tree
@@ -55,16 +69,43 @@ class PriorityTree:
         """``priority ** alpha`` of each of the first ``rows`` rows (0 where not recorded)."""
         return self.sums[self.leaves:self.leaves + rows]
 
-    def _set(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """Leaves ``rows`` hold ``values`` (``priority ** alpha``; 0 and not live: never drawn)."""
+    def _rebuild(self) -> None:
+        """Every sum from the leaves up, exactly, and the minimum found again."""
+        level = self.leaves
+        while level > 1:
+            self.sums[level // 2:level] = self.sums[level:2 * level:2] + self.sums[level + 1:2 * level:2]
+            level //= 2
+        self._changed = 0
+
+    def minimum(self) -> float:
+        """The smallest leaf of a recorded row."""
+        if self._at_min == 0 and self.live.any():
+            values = self.sums[self.leaves:][self.live]
+            self._min = float(values.min())
+            self._at_min = int(np.count_nonzero(values == self._min))
+        return self._min
+
+    def _set(self, rows: np.ndarray, values: np.ndarray, live: bool) -> None:
+        """Leaves of distinct ``rows`` hold ``values`` (``priority ** alpha``), and are recorded
+        rows or (``live=False``, values 0) no longer."""
         node = rows + self.leaves
-        self.sums[node] = values
-        self.mins[node] = np.where(self.live[rows], values, np.inf)
-        for _ in range(self.depth):  # every leaf is as deep: each level is one pass
-            node = node >> 1
-            left = 2 * node
-            self.sums[node] = self.sums[left] + self.sums[left + 1]
-            self.mins[node] = np.minimum(self.mins[left], self.mins[left + 1])
+        old = self.sums[node]
+        was = self.live[rows]
+        self.live[rows] = live
+        if self._at_min:  # keep the minimum and its count in step (0: found again when asked)
+            leaving = int(np.count_nonzero(was & (old == self._min)))
+            lowest = float(values.min()) if live and values.size else np.inf
+            if lowest < self._min:
+                self._min, self._at_min = lowest, int(np.count_nonzero(values == lowest))
+            else:
+                self._at_min += (int(np.count_nonzero(values == self._min)) if live else 0) - leaving
+        self._changed += rows.size
+        if rows.size * self.depth > self.leaves or self._changed > self.leaves:
+            self.sums[node] = values
+            self._rebuild()  # many leaves at once, or enough float error risked: all of it exactly
+            return
+        np.add.at(self.sums, (node >> self._ancestors).ravel(), np.tile(values - old, self.depth + 1))
+        self.sums[node] = values  # the leaves exact, whatever the additions rounded
 
     def sync(self, lanes: Sequence[Lane]) -> None:
         """Follow the lanes: rows forgotten since the last look leave, rows recorded since join
@@ -76,40 +117,48 @@ class PriorityTree:
         capacity = lanes[0].capacity
         (kept_from, kept_to), (live_from, written) = self._known, now
         gone, which = spans(kept_from, np.minimum(live_from, kept_to))
-        rows = offsets[which] + gone % capacity
-        self.live[rows] = False
-        self._set(rows, np.zeros(rows.size))
+        if gone.size:
+            self._set(offsets[which] + gone % capacity, np.zeros(gone.size), live=False)
         new, which = spans(np.maximum(kept_to, live_from), written)
-        rows = offsets[which] + new % capacity
-        self.live[rows] = True
-        self._set(rows, np.full(rows.size, self.max_priority ** self.alpha))
+        if new.size:
+            self._set(offsets[which] + new % capacity, np.full(new.size, self.max_priority ** self.alpha), live=True)
         self._known = now
 
     def update(self, rows: np.ndarray, priorities: np.ndarray) -> None:
-        """New priorities of recorded ``rows`` (rows no longer recorded are left out)."""
-        keep = self.live[rows]
+        """New priorities of recorded ``rows`` (rows no longer recorded are left out; of a row
+        given twice, the last)."""
+        order = np.arange(rows.size, dtype=np.int32)
+        self._stamp[rows] = order  # of a row given twice the later position stays (numpy assigns in order)
+        keep = (self._stamp[rows] == order) & self.live[rows]
         rows, priorities = rows[keep], priorities[keep]
         if rows.size:
             self.max_priority = max(self.max_priority, float(priorities.max()))
-            self._set(rows, priorities ** self.alpha)
+            self._set(rows, priorities ** self.alpha, live=True)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` rows drawn with replacement in proportion to their leaves: one descent of the sum
         tree for all of them at once."""
+        rows = self._descend(rng, n)
+        empty = self.sums[rows + self.leaves] <= 0
+        if empty.any():  # an edge of float rounding: exact sums, and those drawn again
+            self._rebuild()
+            while empty.any():
+                rows[empty] = self._descend(rng, int(empty.sum()))
+                empty = self.sums[rows + self.leaves] <= 0
+        return rows
+
+    def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
         total = self.sums[1]
         target = np.minimum(rng.random(n) * total, np.nextafter(total, 0))
         node = np.ones(n, dtype=np.int64)
         for _ in range(self.depth):
-            left = self.sums[2 * node]
+            node <<= 1
+            left = self.sums.take(node)
             right = target >= left
-            target = target - left * right
-            node = 2 * node + right
-        rows = node - self.leaves
-        empty = self.sums[node] <= 0  # a float edge landed on an empty leaf: its live neighbour's instead
-        if empty.any():
-            rows[empty] = self.draw(rng, int(empty.sum()))
-        return rows
+            np.subtract(target, left, out=target, where=right)
+            node += right
+        return node - self.leaves
 
     def weights(self, rows: np.ndarray, beta: float) -> np.ndarray:
         """Importance-sampling weights ``(N P(i)) ** -beta / max``: ``(p_i / p_min) ** -beta``."""
-        return ((self.sums[rows + self.leaves] / self.mins[1]) ** -beta).astype(np.float32)
+        return ((self.sums[rows + self.leaves] / self.minimum()) ** -beta).astype(np.float32)

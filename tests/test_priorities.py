@@ -179,3 +179,42 @@ def test_record_takes_alpha_and_a_given_buffer_must_agree() -> None:
         fe.record(gym.make("CartPole-v1"), env.buffer, alpha=0.5)
     vector = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=10, alpha=1.0)
     assert vector.buffer.alpha == 1.0
+
+
+def test_many_updates_keep_weights_exact_as_the_smallest_priority_rises_and_leaves() -> None:
+    """Thousands of updates (the sums are rebuilt exactly along the way) and the row holding the
+    smallest priority raised, then forgotten: weights stay the formula over the rows held now."""
+    buffer = filled(40, lanes=2, alpha=0.5)
+    rows = live(buffer)
+    rng = np.random.default_rng(3)
+    current = dict.fromkeys(rows.tolist(), 1.0)
+    given = []
+    for _ in range(300):  # rows drawn twice in one call keep their last priority
+        idx = rng.choice(rows, 16)
+        values = rng.uniform(0.5, 4.0, 16)
+        given += values.tolist()
+        buffer.update_priorities(idx, values)
+        current.update(zip(idx.tolist(), values.tolist()))
+    lowest = rows[0]
+    buffer.update_priorities(np.array([lowest]), 0.01)  # the minimum, held by one row
+    current[int(lowest)] = 0.01
+
+    def check() -> None:
+        batch = buffer.sample_transitions(400, prioritized=True, beta=0.6)
+        p = np.array([current[r] for r in live(buffer).tolist()]) ** 0.5
+        smallest = p.min()
+        expected = [(current[r] ** 0.5 / smallest) ** -0.6 for r in batch.idx.tolist()]
+        np.testing.assert_allclose(batch.weights, expected, rtol=1e-5)
+
+    check()
+    buffer.update_priorities(np.array([lowest]), 2.0)  # the minimum rises: found again among the rest
+    current[int(lowest)] = 2.0
+    check()
+    buffer.update_priorities(np.array([rows[1]]), 0.02)
+    current[int(rows[1])] = 0.02
+    buffer.begin_episode(0)  # lane 0 wraps: its first episode (rows 0-4, the new minimum among them) goes
+    new = buffer.claim_rows(5, 0)
+    buffer.end_episode(0)
+    assert 1 in new.tolist()
+    current.update(dict.fromkeys(new.tolist(), max(given)))  # new steps: the highest priority given so far
+    check()
