@@ -108,3 +108,14 @@ def test_supersuit_spread_sb3_records_every_agent(capsys: pytest.CaptureFixture[
     load("supersuit_spread_sb3").main(["--timesteps", "1536"])
     out = capsys.readouterr().out
     assert "1536 SB3 steps (6 agent lanes)" in out and "1536 recorded" in out and "[25] steps" in out
+
+
+def test_dqn_per_cartpole_trains_two_seeds_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "dqn_per.png"
+    load("dqn_per_cartpole").main(["--seeds", "0", "1", "--steps", "600", "--learning-starts", "200",
+                                   "--plot", str(png)])
+    out = capsys.readouterr().out
+    assert "seed 0: not solved in 600 steps" in out and "seed 1:" in out and "mean return of the last 20" in out
+    assert png.stat().st_size > 1000
