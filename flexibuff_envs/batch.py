@@ -163,11 +163,13 @@ IMAGES = frozenset({"obs", "obs_"})
 
 
 def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
-    """``convert(field_name, numpy_value)``: the torch form of one batch field (None stays None)."""
+    """``convert(field_name, numpy_value)``: the torch form of one batch field (None stays None).
+
+    Dtype changes happen in numpy before ``torch.from_numpy`` (a bool to float32 there is half
+    the time of torch's ``.float()``)."""
     torch = require_torch()
     as_long = {"discrete_actions", "idx"}
-
-    long = torch.int64
+    f32, i64, u8 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint8)
 
     def convert(name: str, value: Any) -> Any:
         if value is None:
@@ -176,11 +178,13 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
             return {key: convert(key, v) for key, v in value.items()}
         if isinstance(value, list):
             return [convert(name, v) for v in value]
-        tensor = torch.from_numpy(value)
+        dtype = value.dtype
         if name in as_long:
-            tensor = tensor if tensor.dtype == long else tensor.long()
-        elif tensor.dtype != torch.float32 and not (tensor.dtype == torch.uint8 and name in IMAGES):
-            tensor = tensor.float()
+            if dtype != i64:
+                value = value.astype(i64)
+        elif dtype != f32 and not (dtype == u8 and name in IMAGES):
+            value = value.astype(f32)
+        tensor = torch.from_numpy(value)
         return tensor if device is None else tensor.to(device)
 
     return convert

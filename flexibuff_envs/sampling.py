@@ -240,24 +240,22 @@ class Minibatches:
             yield Draw(rows[first: first + self.size])
 
 
-_CHECKED: dict[tuple[str, ...], frozenset[str]] = {}
+_CHECKED: dict[tuple[tuple[str, ...], frozenset[str]], frozenset[str]] = {}
 
 
-def checked_fields(fields: Collection[str], storage: Storage) -> frozenset[str]:
-    """``fields`` as a set of field names, or ValueError naming one that is no batch field of
-    ``storage``'s."""
+def checked_fields(fields: Collection[str], known: frozenset[str]) -> frozenset[str]:
+    """``fields`` as a set of field names, or ValueError naming one that is not ``known``."""
     if isinstance(fields, str):
         raise TypeError(f"fields must be a collection of field names, got the string {fields!r}")
-    key = tuple(fields)
+    key = (tuple(fields), known)
     checked = _CHECKED.get(key)
-    if checked is None or not checked <= storage.fields.keys() | {"discounts"}:
-        unknown = sorted(set(key) - storage.fields.keys() - {"discounts"})
+    if checked is None:
+        unknown = sorted(set(key[0]) - known)
         if unknown:
-            raise ValueError(f"fields: {unknown} are no batch fields; choose from "
-                             f"{sorted([*storage.fields, 'discounts'])}")
+            raise ValueError(f"fields: {unknown} are no batch fields; choose from {sorted(known)}")
         if len(_CHECKED) > 64:
             _CHECKED.clear()
-        checked = _CHECKED[key] = frozenset(key)  # a training loop asks for the same ones each time
+        checked = _CHECKED[key] = frozenset(key[0])  # a training loop asks for the same ones each time
     return checked
 
 
@@ -291,7 +289,7 @@ class Sampling:
         ``discounts`` (`flexibuff_envs.nstep`).
         """
         storage = self._storage
-        wanted = None if fields is None else checked_fields(fields, storage)
+        wanted = None if fields is None else checked_fields(fields, storage.known)
         if n_step is None:
             out: dict[str, Any] = {"idx": idx, "valid": valid, "weights": weights, **storage.gather(idx, wanted)}
         else:

@@ -141,6 +141,8 @@ class Storage:
         #: every field this storage can hold: the built-ins and the spec's own (NaN, or 0, until given)
         self.fields = {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
                                     for name, shape, dtype in spec.extra_fields}}
+        #: the names a batch may be asked for (`fields=`)
+        self.known = frozenset([*self.fields, "discounts"])
         self.lane_rows = rows // lanes
         # per lane: rows (from its first) that hold their fields' allocated values; the others are
         # still calloc's zeros, so a huge ring costs memory only as it is used (`open`)
