@@ -391,6 +391,12 @@ class FlexibleBuffer(Sampling):
             self._priorities = PriorityTree(self._store.rows, self.spec.n_envs, self.alpha)
         return self._priorities
 
+    @property
+    def max_priority(self) -> float | None:
+        """The highest priority given so far (new rows get it), or None before prioritized replay
+        is first used."""
+        return None if self._priorities is None else self._priorities.max_priority
+
     def update_priorities(self, idx: np.ndarray, priorities: np.ndarray | float) -> None:
         """New priorities for rows ``idx`` (a prioritized batch's ``idx``), e.g. ``|TD error| +
         1e-6``: they are drawn in proportion to ``priority ** alpha`` from now on. Rows no longer

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -163,7 +164,20 @@ def test_inspect_describes_the_file_without_changing_it(capsys: pytest.CaptureFi
                      "masks     no", "state     54 x float32", "50 held, 2 whole episodes",
                      "mean 25.0 rows", "agent_2  mean", "G, active, discrete_actions"):
         assert expected in text, expected
+    assert "yours" not in text and "priority" not in text  # neither was used
     assert Path("s.fbuf").read_bytes() == before
+
+
+def test_inspect_names_fields_of_your_own_and_priorities(capsys: pytest.CaptureFixture[str]) -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=50, alpha=0.7, extra_fields={"hidden": (3,)})
+    env.reset(seed=0)
+    env.annotate(hidden=[1, 2, 3])
+    env.step(0)
+    env.buffer.update_priorities(np.array([0]), 2.5)
+    env.buffer.save("own.fbuf")
+    assert run(["inspect", "own.fbuf"]) == 0
+    text = capsys.readouterr().out
+    assert "yours     hidden [3] float32" in text and "priority  alpha 0.7, highest given 2.5" in text
 
 
 def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,6 +63,10 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     lines.append(_line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"))
     lines += _episode_lines(buffer)
     lines.append(_line("fields", ", ".join(buffer.fields)))
+    if spec.extra_fields:
+        lines.append(_line("yours", ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in spec.extra_fields)))
+    if buffer.max_priority is not None:
+        lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
     return "\n".join(lines)
 
 
