@@ -2,7 +2,8 @@
 
 Side by side in one run, each buffer holding 1,000,000 CartPole-sized transitions (4 float obs,
 a discrete action, a reward, flags) and drawing a batch of the fields a DQN reads:
-- ours: `sample_transitions(256, prioritized=True, fields=...)` then `update_priorities`;
+- ours: `sample_transitions(256, prioritized=True, fields=...)` then `update_priorities`, and
+  the same with 3-step returns (`n_step=3`, `discounts` added to the fields);
 - ours, FlexiBuff's way: `memory_weights` (`weighted=True`, a pass over every live row per
   batch) then `set_memory_weights`;
 - Tianshou's `PrioritizedReplayBuffer` (`sample(256)` then `update_weight`);
@@ -36,17 +37,19 @@ def transitions(rows: int) -> dict[str, np.ndarray]:
             "done": np.zeros(rows, dtype=bool)}
 
 
-def ours(rows: int, prioritized: bool) -> Cycle:
+def ours(rows: int, prioritized: bool, n_step: int | None = None) -> Cycle:
     buffer = fe.FlexibleBuffer(rows, 4, [2], individual_reward=True, seed=0, memory_weights=not prioritized)
     for _ in range(rows // 1000):  # episodes of 1,000 rows, claimed without stepping an env
         buffer.begin_episode()
         buffer.claim_rows(1000)
         buffer.end_episode()
     rng = np.random.default_rng(0)
+    fields = FIELDS if n_step is None else (*FIELDS, "discounts")
 
     def cycle() -> tuple[float, float]:
         start = time.perf_counter()
-        batch = buffer.sample_transitions(256, prioritized=prioritized, weighted=not prioritized, fields=FIELDS)
+        batch = buffer.sample_transitions(256, prioritized=prioritized, weighted=not prioritized, fields=fields,
+                                          n_step=n_step)
         drawn = time.perf_counter()
         if prioritized:
             buffer.update_priorities(batch.idx, rng.random(256) + 1e-6)
@@ -125,6 +128,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     cycles: dict[str, Cycle] = {"flexibuff_envs prioritized": ours(args.rows, True),
+                                "flexibuff_envs prioritized, n_step=3": ours(args.rows, True, 3),
                                 "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False)}
     for name, make in (("Tianshou PrioritizedReplayBuffer", tianshou), ("cpprb PrioritizedReplayBuffer (C++)", cpprb),
                        ("TorchRL TensorDictPrioritizedReplayBuffer", torchrl)):

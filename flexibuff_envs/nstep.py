@@ -22,18 +22,31 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Windows:
-    """The windows of a batch of ``B`` rows, ``W`` rows wide, for ``A`` agents."""
+    """The windows of a batch of ``B`` rows, ``W`` rows wide, for ``A`` agents. The window's
+    steps lead (``[W, B]``, ``[A, W, B]``): a pass along a window is then one over whole rows
+    of ``B`` values, which numpy does in a few calls of its inner loop."""
 
-    #: ``[B, W]`` the rows from each drawn row on (past its episode's end: its last row again)
+    #: ``[W, B]`` the rows from each drawn row on (past its episode's end: its last row again)
     rows: np.ndarray
-    #: ``[B, W]`` inside the team's window (the episode's next ``n`` rows)
-    team: np.ndarray
-    #: ``[A, B, W]`` inside each agent's window
+    #: ``[A, W, B]`` inside each agent's window
     mine: np.ndarray
-    #: ``[A, B, W]`` each included row's step number in its agent's window, from 0
+    #: ``[A, W, B]`` each included row's step number in its agent's window, from 0
     step: np.ndarray
-    #: ``[B]`` the team window's last row
-    team_last: np.ndarray
+    #: ``[B]`` rows of the team's window: the episode's next ``n`` rows, fewer where it ends first
+    team_steps: np.ndarray
+
+    def team(self) -> np.ndarray:
+        """``[W, B]`` inside the team's window."""
+        return np.arange(self.rows.shape[0])[:, None] < self.team_steps
+
+    def team_last(self) -> np.ndarray:
+        """``[B]`` the team window's last row."""
+        return self.rows[self.team_steps - 1, np.arange(self.rows.shape[1])]
+
+    def agent_last(self) -> np.ndarray:
+        """``[A, B]`` each agent's last row of each window."""
+        last = np.where(self.mine, np.arange(self.rows.shape[0])[:, None], -1).max(axis=1)
+        return self.rows[last, np.arange(self.rows.shape[1])]
 
 
 def episode_ends(lanes: Sequence[Lane], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,33 +77,32 @@ def windows(lanes: Sequence[Lane], rows: np.ndarray, n: int, active: np.ndarray,
     """The n-step windows of live ``rows`` (``[B]``); ``active``, ``terminated`` and
     ``truncated`` are the buffer's ``[A, rows]`` flags."""
     capacity = lanes[0].capacity
-    offset = rows - rows % capacity
     position, end = episode_ends(lanes, rows)
+    room = end - position  # rows from the drawn one to its episode's end, itself included
+    past = rows - rows % capacity + capacity  # the row after each lane's last
     width = n
     while True:
-        ahead = position[:, None] + np.arange(width)
-        inside = ahead < end[:, None]
-        window = offset[:, None] + np.minimum(ahead, end[:, None] - 1) % capacity
-        acts = active[:, window] & inside
-        acts[:, :, 0] = True  # the drawn row is the window's first step, whoever acted
-        count = np.cumsum(acts, axis=-1)
+        steps = np.arange(width)[:, None]
+        inside = steps < room
+        window = rows + np.minimum(steps, room - 1)
+        window -= capacity * (window >= past)  # round the lane's ring
+        acts = active.take(window, axis=1)
+        acts &= inside
+        acts[:, 0] = True  # the drawn row is the window's first step, whoever acted
+        count = acts.cumsum(axis=1)
         mine = acts & (count <= n)
-        ended = (terminated[:, window] | truncated[:, window]) & mine
-        mine &= (np.cumsum(ended, axis=-1) - ended) == 0  # nothing after the agent's last step
-        short = (count[..., -1] < n) & ~ended.any(-1) & (position + width < end)
-        if not short.any():
-            steps = np.minimum(n, end - position)
-            team = np.arange(width) < steps[:, None]
-            return Windows(window, team, mine, count - 1, window[np.arange(rows.size), steps - 1])
-        width *= 2
-
-
-def agent_last_rows(w: Windows) -> np.ndarray:
-    """Each agent's last row of each window ``[A, B]``."""
-    last = np.where(w.mine, np.arange(w.rows.shape[1]), -1).max(axis=-1)
-    return w.rows[np.arange(w.rows.shape[0]), last]
+        ended = (terminated.take(window, axis=1) | truncated.take(window, axis=1)) & mine
+        stopped = ended.any(axis=1)
+        if stopped.any():
+            mine &= (ended.cumsum(axis=1) - ended) == 0  # nothing after the agent's last step
+        short = count[:, -1] < n
+        if not (short.any() and (short & ~stopped & (room > width)).any()):
+            return Windows(window, mine, count - 1, np.minimum(n, room))
+        width *= 2  # an agent sat rows out: look further
 
 
 def discounted_sum(rewards: np.ndarray, inside: np.ndarray, step: np.ndarray, gamma: float) -> np.ndarray:
-    """``sum_k gamma**k r_k`` over the rows ``inside`` each window (the last axis)."""
-    return np.where(inside, rewards * gamma ** step.astype(np.float64), 0.0).sum(axis=-1)
+    """``sum_k gamma**k r_k`` over the rows ``inside`` each window (the window's axis, 1 for
+    ``[A, W, B]``, 0 for ``[W, B]``)."""
+    powers = gamma ** np.arange(inside.shape[-2], dtype=np.float64)
+    return (np.where(inside, rewards, 0.0) * powers.take(step)).sum(axis=-2)

@@ -18,7 +18,7 @@ import numpy as np
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.errors import plain_dtype
-from flexibuff_envs.nstep import Windows, agent_last_rows, discounted_sum
+from flexibuff_envs.nstep import Windows, discounted_sum
 from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.spec import BufferSpec
 
@@ -364,9 +364,8 @@ class Storage:
         reward sum, the next values and flags after its window's last step and ``discounts``
         (``gamma ** k`` for its ``k`` steps); the team's reward sum and ``state_`` after its window."""
         arrays = self.arrays
-        agent_last, team_last = agent_last_rows(w), w.team_last
-        agents = np.arange(self.spec.n_agents)[:, None]
         single = self.spec.n_agents == 1
+        agent_last = w.agent_last()
         out: dict[str, Any] = {}
 
         def own(value: np.ndarray) -> np.ndarray:
@@ -376,21 +375,23 @@ class Storage:
             return (wanted is None or name in wanted) and (name in arrays or name in self.chains)
 
         if want("individual_rewards"):
-            rewards = arrays["individual_rewards"][agents[..., None], w.rows]
+            rewards = arrays["individual_rewards"].take(w.rows, axis=1)
             out["individual_rewards"] = own(discounted_sum(rewards, w.mine, w.step, gamma).astype(np.float32))
         if want("global_rewards"):
-            steps = np.broadcast_to(np.arange(w.rows.shape[1]), w.rows.shape)
-            out["global_rewards"] = discounted_sum(arrays["global_rewards"][w.rows], w.team, steps,
+            steps = np.broadcast_to(np.arange(w.rows.shape[0])[:, None], w.rows.shape)
+            out["global_rewards"] = discounted_sum(arrays["global_rewards"].take(w.rows), w.team(), steps,
                                                    gamma).astype(np.float32)
+        flat = agent_last + (np.arange(self.spec.n_agents) * self.rows)[:, None]  # [A, rows] flattened
         for name in ("terminated", "truncated"):
             if want(name):
-                out[name] = own(arrays[name][agents, agent_last])
+                out[name] = own(arrays[name].reshape(-1).take(flat))
         if wanted is None or "discounts" in wanted:
-            out["discounts"] = own((gamma ** w.mine.sum(axis=-1)).astype(np.float32))
+            out["discounts"] = own((gamma ** w.mine.sum(axis=1)).astype(np.float32))
         for name, chain in self.chains.items():
             if not want(name):
                 continue
             if not chain.per_agent:
+                team_last = w.team_last()
                 out[name] = chain.gather(team_last, *self.successors(team_last))
             elif single or (agent_last == agent_last[0]).all():  # every agent's window ends alike
                 out[name] = chain.gather(agent_last[0], *self.successors(agent_last[0]), 0 if single else None)
