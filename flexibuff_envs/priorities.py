@@ -10,7 +10,8 @@ runs over rows:
   ``[levels, batch]`` indices. The sums are rebuilt exactly, in one pass per level over the whole
   tree, once as many leaves have changed as the tree has, so float error cannot build up;
 - the minimum (the largest importance weight) is kept as the smallest live leaf and how many
-  leaves hold it; only when the last of them rises or leaves is it found again, in one pass.
+  leaves hold it. Only when the last of them rises or leaves is it found again: from the minima
+  of blocks of 128 leaves, of which only the blocks changed since the last search are looked at.
 
 The tree follows the lanes by comparing what each lane held when it last looked with what it
 holds now: rows forgotten since can never be drawn, and rows recorded since get the highest
@@ -25,13 +26,15 @@ import numpy as np
 
 from flexibuff_envs.episodes import Lane, spans
 
+#: leaves a block of the minimum's search holds (fewer in a smaller tree)
+BLOCK = 128
+
 
 class PriorityTree:
     """Priorities of the rows of a buffer of ``rows`` rows in ``lanes`` lanes."""
 
     def __init__(self, rows: int, lanes: int, alpha: float) -> None:
         self.alpha = alpha
-        self.rows = rows
         self.leaves = 1 << max(1, (rows - 1).bit_length())
         self.depth = self.leaves.bit_length() - 1
         self.sums = np.zeros(2 * self.leaves)
@@ -39,6 +42,9 @@ class PriorityTree:
         self.max_priority = 1.0  # new rows get the highest priority seen so far
         self._min = np.inf  # the smallest live leaf (inf: none live)
         self._at_min = 0  # live leaves holding it; 0 while rows are live: to be found again
+        self._block = min(BLOCK, self.leaves)
+        self._block_min = np.full(self.leaves // self._block, np.inf)  # each block's smallest live leaf,
+        self._dirty = np.ones(self.leaves // self._block, dtype=bool)  # unless changed since
         self._changed = 0  # leaves changed since the sums were last built exactly
         self._ancestors = np.arange(self.depth + 1)[:, None]  # shifts from a leaf to each ancestor, itself first
         self._stamp = np.zeros(self.leaves, dtype=np.int32)  # scratch: which position of a batch set a row last
@@ -70,7 +76,7 @@ class PriorityTree:
         return self.sums[self.leaves:self.leaves + rows]
 
     def _rebuild(self) -> None:
-        """Every sum from the leaves up, exactly, and the minimum found again."""
+        """Every sum from the leaves up, exactly."""
         level = self.leaves
         while level > 1:
             self.sums[level // 2:level] = self.sums[level:2 * level:2] + self.sums[level + 1:2 * level:2]
@@ -78,11 +84,18 @@ class PriorityTree:
         self._changed = 0
 
     def minimum(self) -> float:
-        """The smallest leaf of a recorded row."""
-        if self._at_min == 0 and self.live.any():
-            values = self.sums[self.leaves:][self.live]
-            self._min = float(values.min())
-            self._at_min = int(np.count_nonzero(values == self._min))
+        """The smallest leaf of a recorded row (inf when none is)."""
+        if self._at_min == 0:
+            leaves = self.sums[self.leaves:].reshape(-1, self._block)
+            live = self.live.reshape(-1, self._block)
+            changed = np.flatnonzero(self._dirty)
+            if changed.size:
+                self._block_min[changed] = np.where(live[changed], leaves[changed], np.inf).min(axis=1)
+                self._dirty[changed] = False
+            self._min = float(self._block_min.min())
+            if self._min < np.inf:
+                holders = np.flatnonzero(self._block_min == self._min)
+                self._at_min = int(np.count_nonzero(live[holders] & (leaves[holders] == self._min)))
         return self._min
 
     def _set(self, rows: np.ndarray, values: np.ndarray, live: bool) -> None:
@@ -99,6 +112,7 @@ class PriorityTree:
                 self._min, self._at_min = lowest, int(np.count_nonzero(values == lowest))
             else:
                 self._at_min += (int(np.count_nonzero(values == self._min)) if live else 0) - leaving
+        self._dirty[rows // self._block] = True
         self._changed += rows.size
         if rows.size * self.depth > self.leaves or self._changed > self.leaves:
             self.sums[node] = values
