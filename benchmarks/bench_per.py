@@ -4,6 +4,8 @@ Side by side in one run, each buffer holding 1,000,000 CartPole-sized transition
 a discrete action, a reward, flags) and drawing a batch of the fields a DQN reads:
 - ours: `sample_transitions(256, prioritized=True, fields=...)` then `update_priorities`, and
   the same with 3-step returns (`n_step=3`, `discounts` added to the fields);
+- ours while recording: one new step per cycle forgets the oldest row, which holds the
+  smallest priority (the worst case for keeping the minimum: it is searched for every cycle);
 - ours, FlexiBuff's way: `memory_weights` (`weighted=True`, a pass over every live row per
   batch) then `set_memory_weights`;
 - Tianshou's `PrioritizedReplayBuffer` (`sample(256)` then `update_weight`);
@@ -55,6 +57,26 @@ def ours(rows: int, prioritized: bool, n_step: int | None = None) -> Cycle:
             buffer.update_priorities(batch.idx, rng.random(256) + 1e-6)
         else:
             buffer.set_memory_weights(batch.idx, rng.random(256) + 1e-6)
+        return drawn - start, time.perf_counter() - drawn
+
+    return cycle
+
+
+def ours_recording(rows: int) -> Cycle:
+    buffer = fe.FlexibleBuffer(rows, 4, [2], individual_reward=True, seed=0)
+    buffer.begin_episode()
+    buffer.claim_rows(rows)  # a full ring; each further step forgets its oldest row
+    held = np.arange(rows)
+    buffer.sample_transitions(1, prioritized=True)
+    buffer.update_priorities(held, 1.0 + held / rows)  # the older, the smaller
+    rng = np.random.default_rng(0)
+
+    def cycle() -> tuple[float, float]:
+        buffer.claim_rows(1)
+        start = time.perf_counter()
+        batch = buffer.sample_transitions(256, prioritized=True, fields=FIELDS)
+        drawn = time.perf_counter()
+        buffer.update_priorities(batch.idx, 2.0 + rng.random(256))
         return drawn - start, time.perf_counter() - drawn
 
     return cycle
@@ -129,6 +151,7 @@ def main() -> None:
     args = parser.parse_args()
     cycles: dict[str, Cycle] = {"flexibuff_envs prioritized": ours(args.rows, True),
                                 "flexibuff_envs prioritized, n_step=3": ours(args.rows, True, 3),
+                                "flexibuff_envs prioritized, oldest row forgotten each cycle": ours_recording(args.rows),
                                 "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False)}
     for name, make in (("Tianshou PrioritizedReplayBuffer", tianshou), ("cpprb PrioritizedReplayBuffer (C++)", cpprb),
                        ("TorchRL TensorDictPrioritizedReplayBuffer", torchrl)):
@@ -146,7 +169,7 @@ def main() -> None:
         draw = statistics.median(t[0] for t in runs) * 1e6
         update = statistics.median(t[1] for t in runs) * 1e6
         floor = floor or draw + update
-        print(f"  {name:<50} sample {draw:8.1f}  update {update:8.1f}  total {draw + update:8.1f}  "
+        print(f"  {name:<60} sample {draw:8.1f}  update {update:8.1f}  total {draw + update:8.1f}  "
               f"{(draw + update) / floor:5.2f}x")
 
 
