@@ -83,7 +83,8 @@ class FlexiBatch:
         values; both: ``"action"`` the discrete, ``"continuous_action"`` the rest), ``("next",
         "observation")``, ``("next", "reward")``, ``("next", "done" | "terminated" | "truncated")``
         (``[..., 1]``), ``"action_mask"`` (heads side by side), ``"action_log_prob"``,
-        ``"state_value"``, ``"advantage"``, ``"value_target"``, ``"G"``, ``"index"``. With several
+        ``"state_value"``, ``"advantage"``, ``"value_target"``, ``"G"``, ``"index"``, and each field of
+        your own (``extra_fields``) under its name, in its dtype. With several
         agents these are per agent under ``"agents"`` (``[batch, n_agents, ...]``, as TorchRL's
         multi-agent envs lay them out); the root holds ``"state"``, the team ``("next",
         "reward")`` and ``("next", "done")`` (all agents done). Needs ``pip install
@@ -106,6 +107,8 @@ class FlexiBatch:
                 return out.bool()
             if kind == "long":
                 return out.long()
+            if kind == "keep":
+                return out
             return out if out.dtype in (torch.float32, torch.uint8) else out.float()
 
         def own(value: Any, kind: str = "float", flag: bool = False) -> Any:
@@ -139,6 +142,8 @@ class FlexiBatch:
                 mine[key] = own(value, "bool" if name == "action_mask" else "float")
         if self.action_mask_ is not None:
             mine_after["action_mask"] = own(self.action_mask_, "bool")
+        for name, value in self.extra.items():  # fields of your own, under their names, as stored
+            mine[name] = own(value, "keep")
         if multi:
             agent_axis = len(dims)
             after.update(done=agents_after["done"].all(agent_axis), terminated=agents_after["terminated"].all(agent_axis),

@@ -76,3 +76,16 @@ def test_action_masks_travel_as_bools_side_by_side() -> None:
     td = batch.to_tensordict()
     assert td["agents", "action_mask"].dtype == torch.bool and td["agents", "action_mask"].shape == (8, 2, 7)
     np.testing.assert_array_equal(td["next", "agents", "action_mask"][:, 0].numpy(), batch.action_mask_[0][0])
+
+
+def test_fields_of_your_own_travel_under_their_names() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=100, extra_fields={"hidden": (3,), "option": ((), "int64")})
+    env.reset(seed=0)
+    for t in range(5):
+        env.annotate(hidden=np.full(3, t), option=t)
+        env.step(0)
+    batch = env.buffer.sample_transitions(idx=np.arange(5))
+    td = batch.to_tensordict()
+    assert td["hidden"].shape == (5, 3) and td["option"].dtype == torch.int64
+    np.testing.assert_array_equal(td["hidden"].numpy(), batch.hidden)
+    np.testing.assert_array_equal(td["option"].numpy(), np.arange(5))
