@@ -57,6 +57,9 @@ class FlexiBatch:
     #: n-step draws only: per agent ``gamma ** k`` for the ``k`` steps summed, float32 (the
     #: factor of the bootstrap ``V(obs_)``; HARL's ``sp_gamma``)
     discounts: Any = None
+    #: n-step draws only: per agent the ``k`` steps each reward sums, int64 (TorchRL's
+    #: ``steps_to_next_obs``)
+    n_steps: Any = None
     #: the buffer's fields of your own (``extra_fields``), laid out as the per-agent fields; each
     #: is also an attribute: ``batch.hidden`` is ``batch.extra["hidden"]``
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -83,8 +86,9 @@ class FlexiBatch:
         values; both: ``"action"`` the discrete, ``"continuous_action"`` the rest), ``("next",
         "observation")``, ``("next", "reward")``, ``("next", "done" | "terminated" | "truncated")``
         (``[..., 1]``), ``"action_mask"`` (heads side by side), ``"action_log_prob"``,
-        ``"state_value"``, ``"advantage"``, ``"value_target"``, ``"G"``, ``"index"``, and each field of
-        your own (``extra_fields``) under its name, in its dtype. With several
+        ``"state_value"``, ``"advantage"``, ``"value_target"``, ``"G"``, ``"index"``,
+        ``"steps_to_next_obs"`` (n-step batches: ``n_steps``, ``[..., 1]``), and each field of your
+        own (``extra_fields``) under its name, in its dtype. With several
         agents these are per agent under ``"agents"`` (``[batch, n_agents, ...]``, as TorchRL's
         multi-agent envs lay them out); the root holds ``"state"``, the team ``("next",
         "reward")`` and ``("next", "done")`` (all agents done). Needs ``pip install
@@ -142,6 +146,8 @@ class FlexiBatch:
                 mine[key] = own(value, "bool" if name == "action_mask" else "float")
         if self.action_mask_ is not None:
             mine_after["action_mask"] = own(self.action_mask_, "bool")
+        if self.n_steps is not None:  # n-step batches: TorchRL's value estimators raise gamma to it
+            mine["steps_to_next_obs"] = own(self.n_steps, "long", flag=True)
         for name, value in self.extra.items():  # fields of your own, under their names, as stored
             mine[name] = own(value, "keep")
         if multi:
@@ -173,7 +179,7 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
     Dtype changes happen in numpy before ``torch.from_numpy`` (a bool to float32 there is half
     the time of torch's ``.float()``)."""
     torch = require_torch()
-    as_long = {"discrete_actions", "idx"}
+    as_long = {"discrete_actions", "idx", "n_steps"}
     f32, i64, u8 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint8)
 
     def convert(name: str, value: Any) -> Any:

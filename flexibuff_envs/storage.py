@@ -66,7 +66,7 @@ FIELDS: dict[str, Field] = {
 }
 
 #: names a field of your own cannot take: the batch's own attributes
-RESERVED = frozenset({*FIELDS, "idx", "valid", "weights", "discounts", "extra"})
+RESERVED = frozenset({*FIELDS, "idx", "valid", "weights", "discounts", "n_steps", "extra"})
 #: most values one row of a field of your own may hold
 MAX_EXTRA_SIZE = 1 << 24
 
@@ -142,7 +142,7 @@ class Storage:
         self.fields = {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
                                     for name, shape, dtype in spec.extra_fields}}
         #: the names a batch may be asked for (`fields=`)
-        self.known = frozenset([*self.fields, "discounts"])
+        self.known = frozenset([*self.fields, "discounts", "n_steps"])
         self.lane_rows = rows // lanes
         # per lane: rows (from its first) that hold their fields' allocated values; the others are
         # still calloc's zeros, so a huge ring costs memory only as it is used (`open`)
@@ -361,8 +361,9 @@ class Storage:
 
     def gather_n_step(self, w: Windows, gamma: float, wanted: Collection[str] | None = None) -> dict[str, Any]:
         """The n-step fields of windows ``w`` (`flexibuff_envs.nstep`): each agent's discounted
-        reward sum, the next values and flags after its window's last step and ``discounts``
-        (``gamma ** k`` for its ``k`` steps); the team's reward sum and ``state_`` after its window."""
+        reward sum, the next values and flags after its window's last step, ``discounts``
+        (``gamma ** k`` for its ``k`` steps) and ``n_steps`` (``k``); the team's reward sum and
+        ``state_`` after its window."""
         arrays = self.arrays
         single = self.spec.n_agents == 1
         agent_last = w.agent_last()
@@ -385,8 +386,11 @@ class Storage:
         for name in ("terminated", "truncated"):
             if want(name):
                 out[name] = own(arrays[name].reshape(-1).take(flat))
+        steps = w.mine.sum(axis=1)
         if wanted is None or "discounts" in wanted:
-            out["discounts"] = own((gamma ** w.mine.sum(axis=1)).astype(np.float32))
+            out["discounts"] = own((gamma ** steps).astype(np.float32))
+        if wanted is None or "n_steps" in wanted:
+            out["n_steps"] = own(steps.astype(np.int64))
         for name, chain in self.chains.items():
             if not want(name):
                 continue

@@ -89,3 +89,29 @@ def test_fields_of_your_own_travel_under_their_names() -> None:
     assert td["hidden"].shape == (5, 3) and td["option"].dtype == torch.int64
     np.testing.assert_array_equal(td["hidden"].numpy(), batch.hidden)
     np.testing.assert_array_equal(td["option"].numpy(), np.arange(5))
+
+
+def test_an_n_step_batch_gives_torchrl_its_steps_and_dqn_loss_discounts_by_them() -> None:
+    torch.manual_seed(0)
+    env = fe.record(gym.make("CartPole-v1", max_episode_steps=8), num_steps=400, gamma=0.9)
+    env.reset(seed=0)
+    for t in range(300):
+        if any(env.step(t % 2)[2:4]):
+            env.reset()
+    batch = env.buffer.sample_transitions(64, n_step=3)
+    assert set(np.unique(batch.n_steps)) == {1, 2, 3} and batch.n_steps.dtype == np.int64
+    np.testing.assert_allclose(batch.discounts, 0.9 ** batch.n_steps, rtol=1e-6)
+    td = batch.to_tensordict()
+    assert td["steps_to_next_obs"].shape == (64, 1) and td["steps_to_next_obs"].dtype == torch.int64
+    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], spec=Categorical(2))
+    loss_module = DQNLoss(actor, action_space="categorical", delay_value=False)
+    loss_module.make_value_estimator(gamma=0.9)
+    loss = loss_module(td)["loss"]
+    with torch.no_grad():  # the n-step target by hand: r + gamma ** k * (1 - terminated) * max Q(obs_)
+        q = actor.module[0](torch.as_tensor(batch.obs))
+        q_next = actor.module[0](torch.as_tensor(batch.obs_)).max(-1).values
+        target = (torch.as_tensor(batch.individual_rewards)
+                  + torch.as_tensor(batch.discounts) * (1.0 - torch.as_tensor(batch.terminated).float()) * q_next)
+        taken = q.gather(-1, torch.as_tensor(batch.discrete_actions))[:, 0]
+        expected = (taken - target).pow(2).mean()
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
