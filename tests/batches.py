@@ -17,6 +17,9 @@ def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
     """Every data field of ``a`` equals ``b``'s (NaN equals NaN), or both are absent."""
     for name in DATA_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, dict):  # fields of your own
+            assert x.keys() == y.keys(), name
+            x, y = list(x.values()), list(y.values())
         assert (x is None) == (y is None), f"{name}: {x is None} vs {y is None}"
         for u, v in zip(x if isinstance(x, list) else [x], y if isinstance(y, list) else [y]):
             np.testing.assert_array_equal(u, v, err_msg=name)
