@@ -218,3 +218,20 @@ def test_many_updates_keep_weights_exact_as_the_smallest_priority_rises_and_leav
     assert 1 in new.tolist()
     current.update(dict.fromkeys(new.tolist(), max(given)))  # new steps: the highest priority given so far
     check()
+
+
+def test_a_large_tree_draws_in_proportion_through_its_searched_top_and_its_descent() -> None:
+    """5,000 rows: a draw searches the tree's top levels at once, then descends the rest. Every
+    row's share of 400,000 draws matches its priority; rows at priority 0 are never drawn and
+    leave the importance weights finite."""
+    buffer = filled(5000, alpha=1.0, episode=50)
+    rows = live(buffer)
+    priorities = (rows % 7 + 1.0) * (rows % 97 != 0)  # neighbours differ; every 97th row at 0
+    buffer.update_priorities(rows, priorities)
+    batch = buffer.sample_transitions(400_000, prioritized=True, beta=1.0)
+    assert (priorities[batch.idx] > 0).all()
+    counts = np.bincount(batch.idx, minlength=rows.size)[priorities > 0]
+    expected = (priorities / priorities.sum() * batch.idx.size)[priorities > 0]
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < counts.size + 6 * np.sqrt(2 * counts.size)  # chi-square, one degree of freedom a row
+    np.testing.assert_allclose(batch.weights, 1.0 / priorities[batch.idx], rtol=1e-5)  # (p_i / p_min) ** -1
