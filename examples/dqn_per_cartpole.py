@@ -95,7 +95,7 @@ def train(args: argparse.Namespace, seed: int) -> tuple[list[int], list[float], 
             loss.backward()
             nn.utils.clip_grad_norm_(q.parameters(), 10.0)
             optimizer.step()
-            env.buffer.update_priorities(batch.idx.numpy(), td.abs().detach().numpy() + 1e-6)
+            env.buffer.update_priorities(batch.idx, td.abs() + 1e-6)  # torch tensors, detached inside
         if step % args.target_every == 0:
             target.load_state_dict(q.state_dict())
     return ends, returns, None

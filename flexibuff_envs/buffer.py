@@ -15,7 +15,7 @@ from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_ro
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.returns import check_gamma
-from flexibuff_envs.sampling import Sampling, checked_rows, live_rows
+from flexibuff_envs.sampling import Sampling, as_array, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Storage
 from flexibuff_envs.storage import extra_fields as extra_fields_of
@@ -400,9 +400,11 @@ class FlexibleBuffer(Sampling):
     def update_priorities(self, idx: np.ndarray, priorities: np.ndarray | float) -> None:
         """New priorities for rows ``idx`` (a prioritized batch's ``idx``), e.g. ``|TD error| +
         1e-6``: they are drawn in proportion to ``priority ** alpha`` from now on. Rows no longer
-        recorded are left out; new rows get the highest priority given so far."""
-        rows = checked_rows("update_priorities", idx, self._store.rows).reshape(-1)
-        values = np.broadcast_to(np.asarray(priorities, dtype=np.float64), np.shape(idx)).reshape(-1)
+        recorded are left out; new rows get the highest priority given so far. Both may be torch
+        tensors (on any device, needing grad or not)."""
+        rows = checked_rows("update_priorities", idx, self._store.rows)
+        values = np.broadcast_to(as_array(priorities).astype(np.float64, copy=False), rows.shape).reshape(-1)
+        rows = rows.reshape(-1)
         if not (np.isfinite(values).all() and (values >= 0).all()):
             raise ValueError("update_priorities: priorities must be finite and non-negative")
         tree = self._priority_tree()
@@ -410,9 +412,10 @@ class FlexibleBuffer(Sampling):
         tree.update(rows, values)
 
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
-        """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors)."""
+        """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors;
+        either may be a torch tensor)."""
         rows = checked_rows("set_memory_weights", idx, self._storage.rows)
-        values = np.asarray(weights, dtype=np.float64)
+        values = as_array(weights).astype(np.float64, copy=False)
         if values.ndim and values.shape != rows.shape:
             raise ValueError(f"set_memory_weights: weights has shape {values.shape} but idx has {rows.shape}")
         if not (np.isfinite(values).all() and (values >= 0).all()):

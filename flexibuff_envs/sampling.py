@@ -28,9 +28,16 @@ def live_rows(lanes: Sequence[Lane]) -> np.ndarray:
     return np.concatenate([np.arange(lo, hi) for lane in lanes for lo, hi in lane.segments()])
 
 
+def as_array(value: Any) -> np.ndarray:
+    """``value`` as a numpy array; a torch tensor on any device, needing grad or not, too (its
+    values, detached)."""
+    detach = getattr(value, "detach", None)
+    return np.asarray(detach().cpu() if detach is not None else value)
+
+
 def checked_rows(caller: str, idx: Any, rows: int) -> np.ndarray:
     """``idx`` as an integer array of buffer rows, or ValueError naming ``caller``."""
-    array = np.asarray(idx)
+    array = as_array(idx)
     if array.dtype.kind not in "iu" or (array.size and not (0 <= array.min() and array.max() < rows)):
         raise ValueError(f"{caller}: idx must be integer buffer rows in [0, {rows}) (a batch's idx), "
                          f"got {array.dtype} values" + (f" from {array.min()} to {array.max()}" if array.size

@@ -235,3 +235,19 @@ def test_a_large_tree_draws_in_proportion_through_its_searched_top_and_its_desce
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < counts.size + 6 * np.sqrt(2 * counts.size)  # chi-square, one degree of freedom a row
     np.testing.assert_allclose(batch.weights, 1.0 / priorities[batch.idx], rtol=1e-5)  # (p_i / p_min) ** -1
+
+
+def test_torch_tensors_go_straight_back_as_priorities() -> None:
+    torch = pytest.importorskip("torch")
+    buffer = filled(20)
+    batch = buffer.sample_transitions(idx=np.arange(8), as_torch=True)  # idx a torch tensor, rows distinct
+    td = torch.linspace(0.5, 4.0, 8, requires_grad=True) * 2.0  # a loss's TD errors, still in the graph
+    buffer.update_priorities(batch.idx, td.abs() + 1e-6)
+    buffer.set_memory_weights(batch.idx, td.abs())
+    np.testing.assert_allclose(buffer.sample_transitions(idx=np.arange(8)).memory_weights, td.detach().numpy(),
+                               rtol=1e-6)
+    priority = np.concatenate([td.detach().numpy() + 1e-6, np.ones(12)]) ** 0.6  # rows 8-19 kept their 1
+    drawn = buffer.sample_transitions(2_000, prioritized=True, beta=1.0)
+    np.testing.assert_allclose(drawn.weights, priority.min() / priority[drawn.idx], rtol=1e-5)
+    with pytest.raises(ValueError, match="priorities must be finite"):
+        buffer.update_priorities(batch.idx, torch.full((8,), float("nan")))
