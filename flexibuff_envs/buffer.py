@@ -403,9 +403,12 @@ class FlexibleBuffer(Sampling):
         recorded are left out; new rows get the highest priority given so far. Both may be torch
         tensors (on any device, needing grad or not)."""
         rows = checked_rows("update_priorities", idx, self._store.rows)
-        values = np.broadcast_to(as_array(priorities).astype(np.float64, copy=False), rows.shape).reshape(-1)
+        values = as_array(priorities).astype(np.float64, copy=False)
+        if values.ndim and values.shape != rows.shape:
+            raise ValueError(f"update_priorities: priorities has shape {values.shape} but idx has {rows.shape}")
+        values = np.broadcast_to(values, rows.shape).reshape(-1)
         rows = rows.reshape(-1)
-        if not (np.isfinite(values).all() and (values >= 0).all()):
+        if values.size and not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both
             raise ValueError("update_priorities: priorities must be finite and non-negative")
         tree = self._priority_tree()
         tree.sync(self._read_lanes)

@@ -251,3 +251,10 @@ def test_torch_tensors_go_straight_back_as_priorities() -> None:
     np.testing.assert_allclose(drawn.weights, priority.min() / priority[drawn.idx], rtol=1e-5)
     with pytest.raises(ValueError, match="priorities must be finite"):
         buffer.update_priorities(batch.idx, torch.full((8,), float("nan")))
+
+
+def test_priorities_of_another_shape_than_idx_are_refused_naming_both() -> None:
+    buffer = filled(10)
+    with pytest.raises(ValueError, match=r"priorities has shape \(4, 1\) but idx has \(4,\)"):
+        buffer.update_priorities(np.arange(4), np.ones((4, 1)))
+    buffer.update_priorities(np.arange(4), 2.0)  # one number for all of them
