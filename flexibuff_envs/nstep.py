@@ -3,8 +3,8 @@
 An agent's window starts at the drawn row and takes its next active rows in the same episode
 until it holds ``n`` steps, or the agent's step that terminated or truncated it, or the newest
 row recorded (a running episode). The team's window (global rewards, ``state_``) is the
-episode's next ``n`` rows. All of it is a fixed number of numpy passes over ``[agents, batch,
-width]`` arrays; a window that needs more rows than ``width`` (an agent sitting many rows out)
+episode's next ``n`` rows. All of it is a fixed number of numpy passes over ``[agents, width,
+batch]`` arrays; a window that needs more rows than ``width`` (an agent sitting many rows out)
 doubles ``width`` for the whole batch and looks again.
 """
 
