@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -369,6 +370,8 @@ class Sampling:
             sampler = Given(idx)
         else:
             n = positive_int("batch_size", batch_size)
+            if prioritized and not (isinstance(beta, numbers.Real) and 0 <= beta < np.inf):
+                raise ValueError(f"beta must be a finite number >= 0 (1 corrects fully), got {beta!r}")
             sampler = Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted \
                 else Uniform(n)
         return self._one(sampler, as_torch=as_torch, device=device, fields=fields, n_step=n_step)

@@ -115,6 +115,9 @@ def test_bad_priorities_and_alpha_are_refused_naming_them() -> None:
             buffer.update_priorities(np.array([0]), bad)
     with pytest.raises(ValueError, match="alpha"):
         fe.FlexibleBuffer(10, 2, alpha=-0.5)
+    for beta in (-0.1, float("nan"), "0.4"):
+        with pytest.raises(ValueError, match="beta"):
+            buffer.sample_transitions(4, prioritized=True, beta=beta)  # type: ignore[arg-type]
     buffer.update_priorities(live(buffer), 0.0)
     with pytest.raises(ValueError, match="positive priority"):
         buffer.sample_transitions(4, prioritized=True)
