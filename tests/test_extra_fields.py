@@ -138,3 +138,28 @@ def test_bad_declarations_and_annotations_are_refused_naming_the_field() -> None
     assert np.isnan(after.hidden[5]).all() and after.tick[5] == 0
     with pytest.raises(fe.SpecMismatchError, match="extra_fields"):
         fe.record(gym.make("CartPole-v1"), env.buffer, extra_fields={"hidden": (8,)})
+
+
+def test_aec_turns_keep_each_agents_own_values() -> None:
+    """An annotation given before an agent's turn belongs to that turn's transition, which AEC
+    closes only at the agent's next turn (built-in annotations and fields of your own alike)."""
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.classic import connect_four_v3
+
+    env = fe.record(connect_four_v3.env(), num_steps=100, extra_fields={"turn": ((), "int64")})
+    env.reset(seed=0)
+    turns = {agent: 0 for agent in env.possible_agents}
+    for agent in env.agent_iter():
+        obs, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.step(None)
+            continue
+        turns[agent] += 1
+        given = turns[agent] * 10 + env.possible_agents.index(agent)
+        env.annotate(agent, turn=given, values=float(given))
+        env.step(int(np.flatnonzero(obs["action_mask"])[0]))
+    (episode,) = env.buffer.sample_episodes(n_episodes=1)
+    for i, agent in enumerate(env.possible_agents):
+        mine = episode.active[i]
+        np.testing.assert_array_equal(episode.turn[i][mine], np.arange(1, mine.sum() + 1) * 10 + i)
+        np.testing.assert_array_equal(episode.values[i][mine], np.arange(1, mine.sum() + 1) * 10.0 + i)

@@ -59,12 +59,16 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         self._direct: AECEnv | None = self._raw if forwards_last(env) else None
         self._source: AECEnv = self._raw if self._direct is not None else env
         self._actions: list[Any] = [None] * len(self._index)
+        # per agent: the annotations given for its open transition (before the action that
+        # opened it); they are written when it closes, at the agent's next turn
+        self._held: list[dict[str, Any]] = [{} for _ in self._index]
         self._seen: tuple[Any, tuple[Any, ...]] | None = None
 
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         self.env.reset(seed=seed, options=options)
         self._seen = None
+        self._held = [{} for _ in self._index]
         self._recorder.begin([], self._read_state())
 
     @override
@@ -116,13 +120,21 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         seen = self._seen
         obs, reward, terminated, truncated, info = (
             seen[1] if seen is not None and seen[0] == self._source.agent_selection else self.last())
+        pending = recorder.annotations.pending
+        given = pending[i]  # annotations given before this action: they belong to what it opens
         if recorder.open[i] and self._actions[i] is not None:
-            self._close_turn(i, obs, reward, terminated, truncated, info)
+            pending[i] = self._held[i]  # the closing transition's own, given before its action
+            try:
+                self._close_turn(i, obs, reward, terminated, truncated, info)
+            finally:
+                pending[i] = {}
         elif action is not None:  # its first turn (what it received so far goes into this
             # transition), or a retry after a step that raised (its reward went into the last one)
             recorder.join(i, obs, info, 0.0 if recorder.open[i] else reward)
         elif reward:  # it leaves without ever acting (a poker hand folded before its turn)
             recorder.unrewarded(i, reward, recorder.row(recorder.steps[i]))
+        pending[i] = {}
+        self._held[i] = given if action is not None else {}
         self._actions[i] = None if action is None else np.array(action, copy=True) \
             if isinstance(action, np.ndarray) else action
 
