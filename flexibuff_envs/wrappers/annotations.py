@@ -76,9 +76,16 @@ class Annotations:
         values = checked(self.writer, name, value, 1, f"agent {agent!r}")[0]
         return float(values[0]) if name in ("values", "memory_weights") else values
 
-    def write(self, row: int, index: int) -> None:
-        """Write agent ``index``'s held annotations (or the "not given" value) into ``row``."""
-        pending = self.pending[index]
+    def take(self, index: int) -> dict[str, Any]:
+        """Agent ``index``'s annotations given so far, held no longer: for a transition that is
+        written later than its step (an AEC turn closes at the agent's next turn)."""
+        given, self.pending[index] = self.pending[index], {}
+        return given
+
+    def write(self, row: int, index: int, given: dict[str, Any] | None = None) -> None:
+        """Write ``given`` (by default agent ``index``'s held annotations), or the "not given"
+        value of each annotated field, into ``row``."""
+        pending = self.pending[index] if given is None else given
         for name in self.fields:
             value = pending.pop(name, self.writer.missing(name))
             if name == "memory_weights":

@@ -348,8 +348,9 @@ class LaneRecorder:
             self.writer.clear_row(row, [i for i in range(len(self.slots)) if i not in written])
 
     def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
-              truncated: Any, info: Mapping[str, Any]) -> None:
-        """Agent ``index``'s transition into ``row``."""
+              truncated: Any, info: Mapping[str, Any], given: dict[str, Any] | None = None) -> None:
+        """Agent ``index``'s transition into ``row``, with the annotations ``given`` for it (by
+        default those held for the agent's next step)."""
         if reward.__class__ not in _NUMBERS:
             reward = number(reward, f"reward of agent {self.slots[index].name!r}")
         if self.carry[index]:
@@ -358,7 +359,7 @@ class LaneRecorder:
         self.steps[index] += 1
         self.last[index] = row
         if self._annotated:
-            self.annotations.write(row, index)
+            self.annotations.write(row, index, given)
         if self._summing:
             self.global_rewards[row] += reward  # type: ignore[index]
 

@@ -120,20 +120,14 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         seen = self._seen
         obs, reward, terminated, truncated, info = (
             seen[1] if seen is not None and seen[0] == self._source.agent_selection else self.last())
-        pending = recorder.annotations.pending
-        given = pending[i]  # annotations given before this action: they belong to what it opens
+        given = recorder.annotations.take(i)  # given before this action: they belong to what it opens
         if recorder.open[i] and self._actions[i] is not None:
-            pending[i] = self._held[i]  # the closing transition's own, given before its action
-            try:
-                self._close_turn(i, obs, reward, terminated, truncated, info)
-            finally:
-                pending[i] = {}
+            self._close_turn(i, obs, reward, terminated, truncated, info)
         elif action is not None:  # its first turn (what it received so far goes into this
             # transition), or a retry after a step that raised (its reward went into the last one)
             recorder.join(i, obs, info, 0.0 if recorder.open[i] else reward)
         elif reward:  # it leaves without ever acting (a poker hand folded before its turn)
             recorder.unrewarded(i, reward, recorder.row(recorder.steps[i]))
-        pending[i] = {}
         self._held[i] = given if action is not None else {}
         self._actions[i] = None if action is None else np.array(action, copy=True) \
             if isinstance(action, np.ndarray) else action
@@ -144,7 +138,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         k = recorder.steps[i]
         new_row = k == len(recorder.rows)
         row = recorder.row(k)
-        recorder.write(row, i, self._actions[i], obs, reward, terminated, truncated, info)
+        recorder.write(row, i, self._actions[i], obs, reward, terminated, truncated, info, self._held[i])
         recorder.team_reward(row)
         if new_row:
             recorder.write_state(row, self._read_state())
