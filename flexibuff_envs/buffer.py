@@ -13,7 +13,7 @@ from flexibuff_envs import chunk, io
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_rows, whole_episodes
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
-from flexibuff_envs.priorities import PriorityTree
+from flexibuff_envs.priorities import ALPHA, PriorityTree
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, as_array, checked_rows, live_rows
 from flexibuff_envs.spec import BufferSpec
@@ -87,7 +87,7 @@ class FlexibleBuffer(Sampling):
         gae_lambda: float = 0.95,
         seed: int | None = None,
         obs_categories: list[int] | tuple[int, ...] | None = None,
-        alpha: float = 0.6,
+        alpha: float = ALPHA,
         extra_fields: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_steps = positive_int("num_steps", num_steps)

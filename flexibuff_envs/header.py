@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.errors import plain_dtype, short_repr
+from flexibuff_envs.priorities import ALPHA
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import MASKS, NEXT, Storage, extra_fields
 
@@ -68,7 +69,7 @@ class Header:
     lanes: list[LaneInfo]
     fields: list[dict[str, Any]]
     log_prob_width: int
-    alpha: float = 0.6
+    alpha: float = ALPHA
     #: the highest priority given, when the file holds priorities
     max_priority: float | None = None
 
@@ -372,5 +373,5 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
                   gae_lambda=_fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
                   path=_of(data["path"], str, "path"), name=_of(data["name"], str, "name"),
                   rng=_rng(data["rng"]), lanes=lanes, fields=fields, log_prob_width=width,
-                  alpha=_finite(data.get("alpha", 0.6), "alpha", 0.0),
+                  alpha=_finite(data.get("alpha", ALPHA), "alpha", 0.0),
                   max_priority=_finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None)

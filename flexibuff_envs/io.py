@@ -150,7 +150,7 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
             row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
     tree = buffer._priorities
     if tree is not None:  # prioritized replay's priority ** alpha per row, and the highest priority given
-        tree.sync(buffer._lanes)
+        tree.sync(buffer._read_lanes)
         header["max_priority"] = tree.max_priority
         leaves = tree.leaf_values(buffer._storage.rows)
         add({"name": PRIORITY}, [rows], leaves, _blocks(leaves, False, segments))

@@ -28,6 +28,8 @@ import numpy as np
 
 from flexibuff_envs.episodes import Lane, spans
 
+#: prioritized replay's exponent unless one is given (and in files written before it was kept)
+ALPHA = 0.6
 #: leaves a block of the minimum's search holds (fewer in a smaller tree)
 BLOCK = 128
 #: the tree level a draw searches directly (its nodes' prefix sums); below it, it descends

@@ -8,6 +8,7 @@ catching an exception, and an absent field is ``None`` on every batch. The next-
 
 from __future__ import annotations
 
+import dataclasses
 import keyword
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.chain import Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.errors import plain_dtype
@@ -65,8 +67,10 @@ FIELDS: dict[str, Field] = {
     "memory_weights": Field(False, "float32", 1.0),
 }
 
+#: batch fields an n-step draw makes (`Storage.gather_n_step`) rather than gathers
+N_STEP_MADE = ("discounts", "n_steps")
 #: names a field of your own cannot take: the batch's own attributes
-RESERVED = frozenset({*FIELDS, "idx", "valid", "weights", "discounts", "n_steps", "extra"})
+RESERVED = frozenset({*FIELDS, *(f.name for f in dataclasses.fields(FlexiBatch))})
 #: most values one row of a field of your own may hold
 MAX_EXTRA_SIZE = 1 << 24
 
@@ -142,7 +146,7 @@ class Storage:
         self.fields = {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
                                     for name, shape, dtype in spec.extra_fields}}
         #: the names a batch may be asked for (`fields=`)
-        self.known = frozenset([*self.fields, "discounts", "n_steps"])
+        self.known = frozenset([*self.fields, *N_STEP_MADE])
         self.lane_rows = rows // lanes
         # per lane: rows (from its first) that hold their fields' allocated values; the others are
         # still calloc's zeros, so a huge ring costs memory only as it is used (`open`)

@@ -102,9 +102,9 @@ class Writer:
         return self.buffer._column(name, width=width)
 
     def missing(self, name: str) -> float:
-        """What field ``name`` holds where it was not given: weight 1, else its allocated value
-        (NaN for floats)."""
-        return 1.0 if name == "memory_weights" else self.buffer._store.fill(name)
+        """What annotated field ``name`` holds where it was not given: its allocated value (NaN
+        for values and log probs, weight 1, 0 for an integer field of your own)."""
+        return float(self.buffer._store.fill(name))
 
     def own_fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """The buffer's fields of your own: name -> (shape per agent and row, dtype name)."""

@@ -61,7 +61,7 @@ def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps
         return FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
                                         gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
                                         global_reward=global_reward != "none",
-                                        alpha=0.6 if alpha is None else alpha)
+                                        **({} if alpha is None else {"alpha": alpha}))
     buffer.check_matches(spec)
     for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda), ("alpha", alpha)):
         if value is not None and (check_gamma(value, name) if name != "alpha" else value) != getattr(buffer, name):
