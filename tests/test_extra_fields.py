@@ -163,3 +163,16 @@ def test_aec_turns_keep_each_agents_own_values() -> None:
         mine = episode.active[i]
         np.testing.assert_array_equal(episode.turn[i][mine], np.arange(1, mine.sum() + 1) * 10 + i)
         np.testing.assert_array_equal(episode.values[i][mine], np.arange(1, mine.sum() + 1) * 10.0 + i)
+
+
+def test_a_loaded_buffer_records_fields_of_your_own_as_before(tmp_path: Path) -> None:
+    env, _ = recorded_cartpole(steps=60, num_steps=200)
+    loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "own.fbuf"))
+    again = fe.record(gym.make("CartPole-v1"), loaded)  # the env has no such fields; the buffer does
+    again.reset(seed=1)
+    for t in range(5):
+        again.annotate(hidden=np.full(4, 100.0 + t), tick=100 + t)
+        again.step(0)
+    newest = loaded.sample_transitions(idx=np.arange(60, 65))
+    np.testing.assert_array_equal(newest.hidden[:, 0], 100.0 + np.arange(5))
+    np.testing.assert_array_equal(newest.tick, 100 + np.arange(5))

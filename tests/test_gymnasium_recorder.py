@@ -238,8 +238,13 @@ def test_record_spells_out_its_keywords() -> None:
     import inspect
 
     params = inspect.signature(fe.record).parameters
-    for name in ("num_steps", "gamma", "gae_lambda", "bootstrap_fn", "seed", "global_reward", "record_state"):
+    for name in ("num_steps", "gamma", "gae_lambda", "bootstrap_fn", "seed", "global_reward", "record_state",
+                 "alpha", "extra_fields"):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+    from flexibuff_envs.wrappers import AECRecorder, ParallelRecorder
+
+    for recorder in (fe.GymRecorder, fe.VectorRecorder, ParallelRecorder, AECRecorder):  # each kind's own
+        assert {"alpha", "extra_fields"} <= inspect.signature(recorder).parameters.keys(), recorder
     with pytest.raises(TypeError, match="global_reward"):
         fe.record(gym.make("CartPole-v1"), global_reward="mean")
     with pytest.raises(ValueError, match="gae_lambda"):
