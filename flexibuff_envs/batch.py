@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -178,17 +179,22 @@ def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
 
     Dtype changes happen in numpy before ``torch.from_numpy`` (a bool to float32 there is half
     the time of torch's ``.float()``)."""
-    torch = require_torch()
+    return _converter(require_torch(), device)
+
+
+@functools.lru_cache(maxsize=16)  # one per device a training loop uses
+def _converter(torch: Any, device: Any) -> Callable[[str, Any], Any]:
     as_long = {"discrete_actions", "idx", "n_steps"}
     f32, i64, u8 = np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.uint8)
 
     def convert(name: str, value: Any) -> Any:
-        if value is None:
-            return None
-        if isinstance(value, dict):  # the fields of your own
-            return {key: convert(key, v) for key, v in value.items()}
-        if isinstance(value, list):
-            return [convert(name, v) for v in value]
+        if type(value) is not np.ndarray:
+            if isinstance(value, dict):  # the fields of your own
+                return {key: convert(key, v) for key, v in value.items()}
+            if isinstance(value, list):
+                return [convert(name, v) for v in value]
+            if value is None:
+                return None
         dtype = value.dtype
         if name in as_long:
             if dtype != i64:

@@ -406,7 +406,7 @@ class FlexibleBuffer(Sampling):
         values = as_array(priorities).astype(np.float64, copy=False)
         if values.ndim and values.shape != rows.shape:
             raise ValueError(f"update_priorities: priorities has shape {values.shape} but idx has {rows.shape}")
-        values = np.broadcast_to(values, rows.shape).reshape(-1)
+        values = np.full(rows.size, values) if values.ndim == 0 else values.reshape(-1)
         rows = rows.reshape(-1)
         if values.size and not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both
             raise ValueError("update_priorities: priorities must be finite and non-negative")

@@ -6,14 +6,16 @@ runs over rows:
 
 - a draw finds each target's node at level 11 (2,048 nodes) with one ``np.searchsorted`` over
   that level's prefix sums, then descends the rest of the sum tree for the whole batch at once,
-  one pass per level (9 more for a million rows: a level costs five numpy calls, so searching
-  the top 11 at once makes a draw about a quarter cheaper);
-- an update adds each changed leaf's difference to all its ancestors in one ``np.add.at`` over
-  ``[levels, batch]`` indices. The sums are rebuilt exactly, in one pass per level over the whole
-  tree, once as many leaves have changed as the tree has, so float error cannot build up;
+  one pass of five branch-free numpy calls per level (9 more for a million rows). The levels
+  above level 11 are never read, so they are not kept;
+- an update sets the changed leaves and adds each one's difference to its kept ancestors in one
+  ``np.add.at`` over ``[levels, batch]`` indices. The sums are rebuilt exactly, in one pass per
+  level over the whole tree, once as many leaves have changed as the tree has, so float error
+  cannot build up;
 - the minimum (the largest importance weight) is kept as the smallest positive leaf (a row at
-  priority 0 is never drawn, so it weighs nothing) and how many leaves hold it. Only when the last of them rises or leaves is it found again: from the minima
-  of blocks of 128 leaves, of which only the blocks changed since the last search are looked at.
+  priority 0 is never drawn, so it weighs nothing) and how many leaves hold it. Only when the
+  last of them rises or leaves is it found again: from the minima of blocks of 128 leaves, of
+  which only the blocks changed since the last search are looked at.
 
 The tree follows the lanes by comparing what each lane held when it last looked with what it
 holds now: rows forgotten since can never be drawn, and rows recorded since get the highest
@@ -43,23 +45,23 @@ class PriorityTree:
         self.alpha = alpha
         self.leaves = 1 << max(1, (rows - 1).bit_length())
         self.depth = self.leaves.bit_length() - 1
-        self.sums = np.zeros(2 * self.leaves)
+        self.top = min(TOP, self.depth)  # the level a draw searches; the ones above are not kept
+        self.sums = np.zeros(2 * self.leaves)  # node i's children are 2i and 2i + 1; the leaves from ``leaves`` on
         self.live = np.zeros(self.leaves, dtype=bool)
         self.max_priority = 1.0  # new rows get the highest priority seen so far
         self._min = np.inf  # the smallest positive leaf (inf: none); only recorded rows have one
         self._at_min = 0  # live leaves holding it; 0 while rows are live: to be found again
         self._block = min(BLOCK, self.leaves)
         self._block_min = np.full(self.leaves // self._block, np.inf)  # each block's smallest positive leaf,
-        self._dirty = np.ones(self.leaves // self._block, dtype=bool)  # unless changed since
+        self._dirty = np.ones(self.leaves // self._block, dtype=bool)  # unless a leaf holding it changed since
         self._changed = 0  # leaves changed since the sums were last built exactly
-        self._ancestors = np.arange(self.depth + 1)[:, None]  # shifts from a leaf to each ancestor, itself first
-        self._stamp = np.zeros(self.leaves, dtype=np.int32)  # scratch: which position of a batch set a row last
-        self._known = np.zeros((2, lanes), dtype=np.int64)  # per lane: live_start, written when last seen
+        self._ancestors = np.arange(1, self.depth - self.top + 1)[:, None]  # shifts from a leaf to its kept ancestors
+        self._known = [(0, 0)] * lanes  # per lane: (live_start, written) when last seen
 
     @property
     def total(self) -> float:
         """The sum of every leaf."""
-        return float(self.sums[1])
+        return float(self.sums[1 << self.top:2 << self.top].sum())
 
     @classmethod
     def restore(cls, leaves: np.ndarray, lanes: Sequence[Lane], alpha: float, max_priority: float) -> PriorityTree:
@@ -74,7 +76,7 @@ class PriorityTree:
         tree.sums[tree.leaves + rows] = leaves[rows]
         tree._rebuild()
         tree.max_priority = max_priority
-        tree._known = np.stack([live_from, written])
+        tree._known = [(lane.live_start, lane.written) for lane in lanes]
         return tree
 
     def leaf_values(self, rows: int) -> np.ndarray:
@@ -82,9 +84,9 @@ class PriorityTree:
         return self.sums[self.leaves:self.leaves + rows]
 
     def _rebuild(self) -> None:
-        """Every sum from the leaves up, exactly."""
+        """Every kept sum from the leaves up, exactly."""
         level = self.leaves
-        while level > 1:
+        while level > 1 << self.top:
             self.sums[level // 2:level] = self.sums[level:2 * level:2] + self.sums[level + 1:2 * level:2]
             level //= 2
         self._changed = 0
@@ -111,31 +113,34 @@ class PriorityTree:
         old = self.sums[node]
         self.live[rows] = live
         if self._at_min:  # keep the minimum and its count in step (0: found again when asked)
-            leaving = int(np.count_nonzero(old == self._min))
-            positive = values[values > 0] if live else values[:0]
-            lowest = float(positive.min()) if positive.size else np.inf
+            self._at_min -= int(np.count_nonzero(old == self._min))
+            lowest = float(values.min()) if live else np.inf
+            if lowest <= 0:  # rows at priority 0 do not count
+                lowest = float(values[values > 0].min(initial=np.inf))
             if lowest < self._min:
                 self._min, self._at_min = lowest, int(np.count_nonzero(values == lowest))
-            else:
-                self._at_min += (int(np.count_nonzero(values == self._min)) if live else 0) - leaving
-        self._dirty[rows // self._block] = True
+            elif live:
+                self._at_min += int(np.count_nonzero(values == self._min))
+        blocks = rows // self._block
+        self._dirty[blocks[old == self._block_min[blocks]]] = True  # its minimum may rise: looked at again
+        np.minimum.at(self._block_min, blocks, np.where(values > 0, values, np.inf))  # a fall is known at once
         self._changed += rows.size
-        if rows.size * self.depth > self.leaves or self._changed > self.leaves:
-            self.sums[node] = values
+        self.sums[node] = values
+        if rows.size * self._ancestors.size > self.leaves or self._changed > self.leaves:
             self._rebuild()  # many leaves at once, or enough float error risked: all of it exactly
-            return
-        np.add.at(self.sums, (node >> self._ancestors).ravel(), np.tile(values - old, self.depth + 1))
-        self.sums[node] = values  # the leaves exact, whatever the additions rounded
+        elif self._ancestors.size:
+            deltas = np.repeat((values - old)[None], self._ancestors.size, axis=0)
+            np.add.at(self.sums, (node >> self._ancestors).ravel(), deltas.ravel())
 
     def sync(self, lanes: Sequence[Lane]) -> None:
         """Follow the lanes: rows forgotten since the last look leave, rows recorded since join
         with the highest priority seen so far."""
-        now = np.array([[lane.live_start for lane in lanes], [lane.written for lane in lanes]], dtype=np.int64)
-        if (now == self._known).all():
+        now = [(lane.live_start, lane.written) for lane in lanes]
+        if now == self._known:
             return
         offsets = np.array([lane.offset for lane in lanes], dtype=np.int64)
         capacity = lanes[0].capacity
-        (kept_from, kept_to), (live_from, written) = self._known, now
+        (kept_from, kept_to), (live_from, written) = np.array(self._known, dtype=np.int64).T, np.array(now, dtype=np.int64).T
         gone, which = spans(kept_from, np.minimum(live_from, kept_to))
         if gone.size:
             self._set(offsets[which] + gone % capacity, np.zeros(gone.size), live=False)
@@ -147,43 +152,46 @@ class PriorityTree:
     def update(self, rows: np.ndarray, priorities: np.ndarray) -> None:
         """New priorities of recorded ``rows`` (rows no longer recorded are left out; of a row
         given twice, the last)."""
-        order = np.arange(rows.size, dtype=np.int32)
-        self._stamp[rows] = order  # of a row given twice the later position stays (numpy assigns in order)
-        keep = (self._stamp[rows] == order) & self.live[rows]
+        order = np.argsort(rows, kind="stable")  # a batch's idx is in row order already: one pass
+        rows, priorities = rows[order], priorities[order]
+        keep = self.live[rows]
+        keep[:-1] &= rows[:-1] != rows[1:]  # of a row given twice the later, last of its run
         rows, priorities = rows[keep], priorities[keep]
         if rows.size:
             self.max_priority = max(self.max_priority, float(priorities.max()))
             self._set(rows, priorities ** self.alpha, live=True)
 
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """``n`` rows drawn with replacement in proportion to their leaves: one descent of the sum
-        tree for all of them at once."""
+    def draw(self, rng: np.random.Generator, n: int, beta: float) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` rows drawn with replacement in proportion to their leaves (one descent of the sum
+        tree for all of them at once), in row order, and their importance-sampling weights
+        ``(N P(i)) ** -beta / max``, which is ``(p_i / p_min) ** -beta``."""
         rows = self._descend(rng, n)
-        empty = self.sums[rows + self.leaves] <= 0
+        leaf = self.sums.take(rows + self.leaves)
+        empty = leaf <= 0
         if empty.any():  # an edge of float rounding: exact sums, and those drawn again
             self._rebuild()
             while empty.any():
                 rows[empty] = self._descend(rng, int(empty.sum()))
                 empty = self.sums[rows + self.leaves] <= 0
-        return rows
+            rows.sort()
+            leaf = self.sums.take(rows + self.leaves)
+        return rows, ((leaf / self.minimum()) ** -beta).astype(np.float32)
 
     def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        top = min(TOP, self.depth)
-        level = self.sums[1 << top:2 << top]
+        level = self.sums[1 << self.top:2 << self.top]
         below = np.cumsum(level)  # each node's prefix sum, its own included
         total = below[-1]
-        target = np.minimum(rng.random(n) * total, np.nextafter(total, 0))
-        first = np.minimum(np.searchsorted(below, target, side="right"), level.size - 1)
-        target -= below[first] - level[first]
-        node = first + (1 << top)
-        for _ in range(self.depth - top):
+        target = rng.random(n)
+        target.sort()  # the same draws in tree order: the searches and reads below run forward in memory
+        target = np.minimum(target * total, np.nextafter(total, 0))
+        node = np.minimum(np.searchsorted(below, target, side="right"), level.size - 1)
+        target -= below[node] - level[node]
+        node += 1 << self.top
+        for _ in range(self.depth - self.top):  # without branches: the rows' paths are random
             node <<= 1
             left = self.sums.take(node)
             right = target >= left
-            np.subtract(target, left, out=target, where=right)
+            left *= right
+            target -= left
             node += right
         return node - self.leaves
-
-    def weights(self, rows: np.ndarray, beta: float) -> np.ndarray:
-        """Importance-sampling weights ``(N P(i)) ** -beta / max``: ``(p_i / p_min) ** -beta``."""
-        return ((self.sums[rows + self.leaves] / self.minimum()) ** -beta).astype(np.float32)

@@ -174,10 +174,10 @@ class Prioritized:
     def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterable[Draw]:
         _require(lanes, "sample_transitions")
         self.tree.sync(lanes)
-        if not self.tree.sums[1] > 0:
+        if not self.tree.total > 0:
             raise ValueError("prioritized sampling needs a positive priority somewhere; every recorded row has 0")
-        rows = self.tree.draw(rng, self.n)
-        return (Draw(rows, weights=self.tree.weights(rows, self.beta)),)
+        rows, weights = self.tree.draw(rng, self.n, self.beta)
+        return (Draw(rows, weights=weights),)
 
 
 @dataclass(slots=True)
@@ -299,7 +299,7 @@ class Sampling:
         storage = self._storage
         wanted = None if fields is None else checked_fields(fields, storage.known)
         if n_step is None:
-            out: dict[str, Any] = {"idx": idx, "valid": valid, "weights": weights, **storage.gather(idx, wanted)}
+            out = storage.gather(idx, wanted)
         else:
             n = positive_int("n_step", n_step)
             if np.ndim(idx) != 1:
@@ -307,8 +307,11 @@ class Sampling:
             arrays = storage.arrays
             w = windows(self._read_lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
             rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
-            out = {"idx": idx, "valid": valid, "weights": weights, **storage.gather(idx, rest),
-                   **storage.gather_n_step(w, self.gamma, wanted)}
+            out = {**storage.gather(idx, rest), **storage.gather_n_step(w, self.gamma, wanted)}
+        out["idx"] = idx
+        for name, value in (("valid", valid), ("weights", weights)):
+            if value is not None:
+                out[name] = value
         if normalize_advantages:
             advantages = out.get("advantages")
             if wanted is not None and "advantages" not in wanted:
@@ -322,7 +325,7 @@ class Sampling:
             out["extra"] = {name: out.pop(name) for name, _, _ in self.spec.extra_fields if name in out}
         if as_torch:
             convert = torch_converter(device)
-            out = {name: convert(name, value) for name, value in out.items() if value is not None}
+            out = {name: convert(name, value) for name, value in out.items()}
         return FlexiBatch(**out)
 
     def draw(self, sampler: Sampler, *, as_torch: bool = False, device: Any = None,

@@ -223,6 +223,31 @@ def test_many_updates_keep_weights_exact_as_the_smallest_priority_rises_and_leav
     check()
 
 
+def test_the_minimum_is_found_again_across_blocks_of_leaves_after_falls_and_rises() -> None:
+    """1,000 rows (blocks of 128 leaves): a row falling below its block's smallest priority, then
+    the overall minimum (in another block) rising. The weights are normalised by the true
+    smallest priority each time it has to be searched for."""
+    buffer = filled(1000, alpha=1.0, episode=50)
+    rows = live(buffer)
+    current = np.full(rows.size, 4.0)
+    buffer.update_priorities(rows, current)
+
+    def give(row: int, priority: float) -> None:
+        buffer.update_priorities(np.array([row]), priority)
+        current[row] = priority
+        batch = buffer.sample_transitions(64, prioritized=True, beta=1.0)
+        np.testing.assert_allclose(batch.weights, current.min() / current[batch.idx], rtol=1e-6)
+
+    give(300, 3.0)  # block 2's smallest falls
+    give(0, 1.0)  # the minimum, in block 0
+    give(0, 10.0)  # it rises: searched again, 3.0 in block 2
+    give(0, 1.0)
+    give(301, 2.0)  # block 2's smallest falls again, while the minimum is elsewhere
+    give(0, 10.0)  # searched again: 2.0, which block 2 must already know
+    give(301, 10.0)  # block 2's smallest rises: 3.0
+    give(300, 10.0)  # and again: every row left at 4.0
+
+
 def test_a_large_tree_draws_in_proportion_through_its_searched_top_and_its_descent() -> None:
     """5,000 rows: a draw searches the tree's top levels at once, then descends the rest. Every
     row's share of 400,000 draws matches its priority; rows at priority 0 are never drawn and
@@ -233,6 +258,7 @@ def test_a_large_tree_draws_in_proportion_through_its_searched_top_and_its_desce
     buffer.update_priorities(rows, priorities)
     batch = buffer.sample_transitions(400_000, prioritized=True, beta=1.0)
     assert (priorities[batch.idx] > 0).all()
+    assert (np.diff(batch.idx) >= 0).all()  # handed out in row order
     counts = np.bincount(batch.idx, minlength=rows.size)[priorities > 0]
     expected = (priorities / priorities.sum() * batch.idx.size)[priorities > 0]
     chi2 = float(((counts - expected) ** 2 / expected).sum())
