@@ -3,9 +3,13 @@ formula, new rows at the highest priority, forgotten rows never drawn."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flexibuff_envs as fe
 
@@ -287,3 +291,60 @@ def test_priorities_of_another_shape_than_idx_are_refused_naming_both() -> None:
     with pytest.raises(ValueError, match=r"priorities has shape \(4, 1\) but idx has \(4,\)"):
         buffer.update_priorities(np.arange(4), np.ones((4, 1)))
     buffer.update_priorities(np.arange(4), 2.0)  # one number for all of them
+
+
+LANE_ROWS = 2500  # two lanes, 5,000 rows: 8,192 leaves, so draws search level 11 and descend 2 more; 64 blocks
+PRIORITY = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5, 7.0])  # few values: ties, and rows at 0
+TREE_OPS = st.lists(st.one_of(
+    st.tuples(st.just("record"), st.integers(0, 1), st.integers(1, 1200)),  # an episode; the ring wraps
+    st.tuples(st.just("update"), st.lists(st.tuples(st.integers(0, 10**6), PRIORITY), min_size=1, max_size=40),
+              st.booleans()),  # rows picked among the live ones (repeats too), and maybe a forgotten one
+), min_size=3, max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(TREE_OPS)
+def test_priorities_follow_a_plain_model_through_records_wraps_and_updates(ops: list[tuple[Any, ...]]) -> None:
+    """After each operation a prioritized draw takes only live rows of positive priority, and its
+    weights (beta 1, alpha 1) are the smallest positive live priority over the row's: the sum tree,
+    the kept minimum and its count, and the block minima agree with a dict of priorities."""
+    buffer = fe.FlexibleBuffer(LANE_ROWS, 2, [2], n_envs=2, seed=0, alpha=1.0)
+    current: dict[int, float] = {}
+    forgotten: list[int] = []
+    highest = 1.0
+    buffer.begin_episode(0)
+    buffer.claim_rows(1, 0)
+    buffer.end_episode(0)
+    buffer.sample_transitions(1, prioritized=True)  # priorities from here on
+    current[0] = 1.0
+    for op in ops:
+        if op[0] == "record":
+            buffer.begin_episode(op[1])
+            new = buffer.claim_rows(op[2], op[1])
+            buffer.end_episode(op[1])
+            held = set(live(buffer).tolist())
+            forgotten += [row for row in current if row not in held]
+            current = {row: p for row, p in current.items() if row in held}
+            current.update(dict.fromkeys(new.tolist(), highest))
+        else:
+            rows = sorted(current)
+            idx = [rows[i % len(rows)] for i, _ in op[1]]
+            values = [p for _, p in op[1]]
+            if op[2] and forgotten:  # a row no longer held: left out
+                idx.append(forgotten[-1])
+                values.append(9.0)
+            buffer.update_priorities(np.array(idx), np.array(values))
+            given = dict(zip(idx, values))  # of a row given twice, the last
+            given = {row: p for row, p in given.items() if row in current}
+            current.update(given)
+            highest = max(highest, *given.values())
+        positive = {row: p for row, p in current.items() if p > 0}
+        if not positive:
+            with pytest.raises(ValueError, match="positive priority"):
+                buffer.sample_transitions(8, prioritized=True)
+            continue
+        batch = buffer.sample_transitions(64, prioritized=True, beta=1.0)
+        assert set(batch.idx.tolist()) <= set(positive)
+        np.testing.assert_allclose(batch.weights, [min(positive.values()) / positive[r] for r in batch.idx.tolist()],
+                                   rtol=1e-6)
+    assert buffer.max_priority == highest
