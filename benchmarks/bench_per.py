@@ -6,6 +6,8 @@ a discrete action, a reward, flags) and drawing a batch of the fields a DQN read
   the same with 3-step returns (`n_step=3`, `discounts` added to the fields);
 - ours while recording: one new step per cycle forgets the oldest row, which holds the
   smallest priority (the worst case for keeping the minimum: it is searched for every cycle);
+- ours with 3-step returns while recording short episodes: 50,000 episodes of 20 rows held, and
+  a new one each cycle (each n-step draw looks its rows' episodes up in the episode index);
 - ours, FlexiBuff's way: `memory_weights` (`weighted=True`, a pass over every live row per
   batch) then `set_memory_weights`;
 - Tianshou's `PrioritizedReplayBuffer` (`sample(256)` then `update_weight`);
@@ -82,6 +84,27 @@ def ours_recording(rows: int) -> Cycle:
     return cycle
 
 
+def ours_episodes(rows: int, length: int = 20) -> Cycle:
+    buffer = fe.FlexibleBuffer(rows, 4, [2], individual_reward=True, seed=0)
+    for _ in range(rows // length):
+        buffer.begin_episode()
+        buffer.claim_rows(length)
+        buffer.end_episode()
+    rng = np.random.default_rng(0)
+
+    def cycle() -> tuple[float, float]:
+        buffer.begin_episode()
+        buffer.claim_rows(length)  # a new episode forgets the oldest
+        buffer.end_episode()
+        start = time.perf_counter()
+        batch = buffer.sample_transitions(256, prioritized=True, fields=(*FIELDS, "discounts"), n_step=3)
+        drawn = time.perf_counter()
+        buffer.update_priorities(batch.idx, rng.random(256) + 1e-6)
+        return drawn - start, time.perf_counter() - drawn
+
+    return cycle
+
+
 def tianshou(rows: int) -> Cycle:
     from tianshou.data import Batch, PrioritizedReplayBuffer
 
@@ -152,6 +175,8 @@ def main() -> None:
     cycles: dict[str, Cycle] = {"flexibuff_envs prioritized": ours(args.rows, True),
                                 "flexibuff_envs prioritized, n_step=3": ours(args.rows, True, 3),
                                 "flexibuff_envs prioritized, oldest row forgotten each cycle": ours_recording(args.rows),
+                                "flexibuff_envs prioritized, n_step=3, 20-row episodes, one more each cycle":
+                                    ours_episodes(args.rows),
                                 "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False)}
     for name, make in (("Tianshou PrioritizedReplayBuffer", tianshou), ("cpprb PrioritizedReplayBuffer (C++)", cpprb),
                        ("TorchRL TensorDictPrioritizedReplayBuffer", torchrl)):
@@ -169,7 +194,7 @@ def main() -> None:
         draw = statistics.median(t[0] for t in runs) * 1e6
         update = statistics.median(t[1] for t in runs) * 1e6
         floor = floor or draw + update
-        print(f"  {name:<60} sample {draw:8.1f}  update {update:8.1f}  total {draw + update:8.1f}  "
+        print(f"  {name:<75} sample {draw:8.1f}  update {update:8.1f}  total {draw + update:8.1f}  "
               f"{(draw + update) / floor:5.2f}x")
 
 

@@ -11,7 +11,14 @@ import numpy as np
 
 from flexibuff_envs import chunk, io
 from flexibuff_envs.chunk import Chunk
-from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_rows, whole_episodes
+from flexibuff_envs.episodes import (
+    ALL,
+    Episode,
+    EpisodeIndex,
+    Lane,
+    count_whole,
+    episode_table,
+)
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.priorities import ALPHA, PriorityTree
 from flexibuff_envs.returns import check_gamma
@@ -251,9 +258,7 @@ class FlexibleBuffer(Sampling):
         self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
         chain = self._storage.chain("action_mask_")
         # rows recorded before: every action was legal, and is next
-        chain.fill(*episode_rows([(lane, e) for lane in self._lanes
-                                  for e in [*lane.ended, *([lane.running] if lane.running is not None else [])]
-                                  if e.end > e.start]), self._storage.fill("action_mask"))
+        chain.fill(*episode_table(self._lanes, running=True).all_rows(), self._storage.fill("action_mask"))
 
     def begin_episode(self, lane: int = 0) -> None:
         """Start an episode in ``lane``.
@@ -356,7 +361,7 @@ class FlexibleBuffer(Sampling):
     @property
     def n_episodes(self) -> int:
         """Ended episodes held whole."""
-        return len(whole_episodes(self._read_lanes))
+        return count_whole(self._read_lanes)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -429,13 +434,11 @@ class FlexibleBuffer(Sampling):
 
     def episode_stats(self) -> dict[str, np.ndarray]:
         """Per ended whole episode, in recording order: ``lengths [E]`` and ``returns [E, n_agents]``."""
-        episodes = whole_episodes(self._read_lanes)
-        rewards = self._storage.ensure("individual_rewards")
-        returns = [rewards[:, lane.rows(e)].sum(axis=1) for lane, e in episodes]
-        return {
-            "lengths": np.array([e.end - e.start for _, e in episodes], dtype=np.int64),
-            "returns": np.array(returns, dtype=np.float64).reshape(len(episodes), self.spec.n_agents),
-        }
+        episodes = episode_table(self._read_lanes)
+        rows, last = episodes.all_rows()
+        rewards = self._storage.ensure("individual_rewards").take(rows, axis=1).astype(np.float64)
+        sums = np.add.reduceat(rewards, last - episodes.lengths + 1, axis=1) if rows.size else rewards[:, :0]
+        return {"lengths": episodes.lengths, "returns": sums.T.reshape(len(episodes), self.spec.n_agents)}
 
     def save(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write the buffer to one file (no pickle, atomic); returns the path written."""

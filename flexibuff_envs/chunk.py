@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flexibuff_envs.chain import renumbered
-from flexibuff_envs.episodes import episode_rows, whole_episodes
+from flexibuff_envs.episodes import episode_table
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT
@@ -67,7 +67,7 @@ def take(buffer: FlexibleBuffer) -> Chunk:
     if any(name in buffer._storage.arrays for name in NEXT):
         buffer.compact()  # next values filled in by hand travel chained too
     # each episode's last row is followed by a row that is not in the chunk
-    rows, last = episode_rows(whole_episodes(buffer._lanes))
+    rows, last = episode_table(buffer._lanes).all_rows()
     storage = buffer._storage
     arrays = {name: array.take(rows, axis=1 if storage.fields[name].per_agent else 0) for name, array in storage}
     chains = {name: chain.extract(rows, last, storage.successor_rows(rows[last]))

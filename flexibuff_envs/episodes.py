@@ -9,8 +9,7 @@ one episode and episodes are contiguous, so the live rows are always one ring se
 from __future__ import annotations
 
 import weakref
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +28,92 @@ class Episode:
     whole: bool = True
 
 
+class Ended:
+    """A lane's ended episodes, oldest first, as arrays: positions ``[start, end)`` and whether
+    each is whole (none of its rows forgotten). Appending and forgetting cost the same however
+    many there are; ``starts``, ``ends`` and ``whole`` are views, valid until the next change."""
+
+    __slots__ = ("_end", "_first", "_start", "_stop", "_whole")
+
+    def __init__(self) -> None:
+        self._start = np.zeros(16, dtype=np.int64)
+        self._end = np.zeros(16, dtype=np.int64)
+        self._whole = np.zeros(16, dtype=bool)
+        self._first = self._stop = 0  # the episodes held are [_first, _stop) of the arrays
+
+    def __len__(self) -> int:
+        return self._stop - self._first
+
+    def __iter__(self) -> Iterator[Episode]:
+        return map(Episode, self.starts.tolist(), self.ends.tolist(), self.whole.tolist())
+
+    def __getitem__(self, i: int) -> Episode:
+        """The ``i``-th oldest episode (``-1``: the newest)."""
+        j = (self._first if i >= 0 else self._stop) + i
+        if not self._first <= j < self._stop:
+            raise IndexError(f"episode {i} of {len(self)}")
+        return Episode(int(self._start[j]), int(self._end[j]), bool(self._whole[j]))
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self._start[self._first:self._stop]
+
+    @property
+    def ends(self) -> np.ndarray:
+        return self._end[self._first:self._stop]
+
+    @property
+    def whole(self) -> np.ndarray:
+        return self._whole[self._first:self._stop]
+
+    def with_running(self, running: Episode | None) -> tuple[np.ndarray, np.ndarray]:
+        """``starts`` and ``ends`` followed by ``running`` (if any): views of the arrays, whose
+        spare slot after the newest holds the running episode."""
+        if running is None:
+            return self.starts, self.ends
+        self._room(1)
+        self._start[self._stop], self._end[self._stop] = running.start, running.end
+        return self._start[self._first:self._stop + 1], self._end[self._first:self._stop + 1]
+
+    def append(self, episode: Episode) -> None:
+        self._room(1)
+        stop = self._stop
+        self._start[stop], self._end[stop], self._whole[stop] = episode.start, episode.end, episode.whole
+        self._stop = stop + 1
+
+    def extend(self, starts: np.ndarray, ends: np.ndarray, whole: np.ndarray | bool = True) -> None:
+        """Episodes ``[starts, ends)``, oldest first, after the newest."""
+        n = len(starts)
+        self._room(n)
+        at = slice(self._stop, self._stop + n)
+        self._start[at], self._end[at], self._whole[at] = starts, ends, whole
+        self._stop += n
+
+    def drop(self, n: int) -> None:
+        """Forget the ``n`` oldest."""
+        self._first = min(self._first + n, self._stop)
+
+    def clear(self) -> None:
+        self._first = self._stop = 0
+
+    def _room(self, n: int) -> None:
+        """Room for ``n`` more after the newest, and one spare slot (`with_running`)."""
+        held = len(self)
+        if self._stop + n + 1 <= self._start.size:
+            return
+        size = self._start.size if held + n + 1 <= self._start.size // 2 else 2 * (held + n + 1)
+        for name in ("_start", "_end", "_whole"):
+            old = getattr(self, name)
+            new = old if size == old.size else np.zeros(size, dtype=old.dtype)
+            new[:held] = old[self._first:self._stop]  # the held ones to the front (a copy where they overlap)
+            setattr(self, name, new)
+        self._first, self._stop = 0, held
+
+
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("_bounds", "agent_start", "capacity", "dirty", "ended", "live_start", "offset", "on_forget",
+    __slots__ = ("agent_start", "capacity", "dirty", "ended", "live_start", "offset", "on_forget",
                  "on_open", "opened", "running", "written")
 
     def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None],
@@ -50,9 +131,8 @@ class Lane:
         self.written = 0
         self.dirty = 0  # positions below this may have been written, even if given back
         self.live_start = 0
-        self.ended: deque[Episode] = deque()
+        self.ended = Ended()
         self.running: Episode | None = None
-        self._bounds: tuple[tuple[int, int, int], np.ndarray, np.ndarray] | None = None
 
     def begin(self) -> None:
         """Start an episode at the next position (any running one must be ended first)."""
@@ -71,17 +151,14 @@ class Lane:
         lo = hi = self.live_start
         over = self.written + ahead - self.capacity - lo
         if over > 0:
-            episodes = 0
-            for episode in self.ended:
-                if hi - lo >= over:
-                    break
-                hi, episodes = episode.end, episodes + 1
+            ends = self.ended.ends  # the oldest episodes up to the first that covers the rows needed
+            episodes = min(int(np.searchsorted(ends, lo + over)) + 1, ends.size)
+            hi = int(ends[episodes - 1]) if episodes else lo
             clip = max(0, over - (hi - lo))  # the running episode's first rows
             hi += clip
             if not defer:
                 self.on_forget(self, Episode(lo, hi, whole=False))
-            for _ in range(episodes):
-                self.ended.popleft()
+            self.ended.drop(episodes)
             if clip:
                 running = self.running
                 assert running is not None  # rows are only made ready while an episode runs
@@ -116,17 +193,18 @@ class Lane:
         self.written -= 1
         self.running.end = self.written  # type: ignore[union-attr]
 
-    def _forget_ended(self) -> None:
-        """Forget the oldest ended episode (its rows first: interrupted, this is done again)."""
-        oldest = self.ended[0]
-        self.on_forget(self, oldest)
-        self.live_start = oldest.end
-        self.ended.popleft()
+    def _forget_ended(self, n: int) -> None:
+        """Forget the ``n`` oldest ended episodes (their rows first: interrupted, this is done
+        again)."""
+        if n:
+            end = int(self.ended.ends[n - 1])
+            self.on_forget(self, Episode(int(self.ended.starts[0]), end))
+            self.live_start = end
+            self.ended.drop(n)
 
     def forget_ended(self) -> None:
         """Forget every ended episode; a running one goes on."""
-        while self.ended:
-            self._forget_ended()
+        self._forget_ended(len(self.ended))
 
     def append(self, lengths: np.ndarray) -> int:
         """Room for ended episodes of ``lengths`` (adding up to at most ``capacity``) after the
@@ -138,10 +216,9 @@ class Lane:
         self.written = first + int(lengths.sum())
         if self.written > self.opened:
             self.on_open(self, self.written)  # type: ignore[misc]
-        while self.ended and self.ended[0].start < self.written - self.capacity:
-            self._forget_ended()
+        self._forget_ended(int(np.searchsorted(self.ended.starts, self.written - self.capacity)))
         ends = first + np.cumsum(lengths)
-        self.ended.extend(Episode(int(end - n), int(end)) for end, n in zip(ends, lengths))
+        self.ended.extend(ends - lengths, ends)
         if self.running is not None:
             self.running.start = self.running.end = self.written
             self.agent_start = [self.written if s >= 0 else s for s in self.agent_start]
@@ -168,16 +245,9 @@ class Lane:
         return self.offset + np.arange(episode.start, episode.end) % self.capacity
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Start and end positions of every live episode (ended ones, then the running one)."""
-        running = self.running
-        key = (len(self.ended), self.live_start, -1 if running is None else running.start)
-        if self._bounds is None or self._bounds[0] != key:
-            episodes = [*self.ended, *([running] if running is not None else [])]
-            self._bounds = (key, np.array([e.start for e in episodes], dtype=np.int64),
-                            np.array([e.end for e in episodes], dtype=np.int64))
-        if running is not None:
-            self._bounds[2][-1] = running.end  # the running episode grows without changing the key
-        return self._bounds[1], self._bounds[2]
+        """Start and end positions of every live episode (ended ones, then the running one):
+        views, valid until the lane changes."""
+        return self.ended.with_running(self.running)
 
     def segments(self) -> list[tuple[int, int]]:
         """The live rows as one or two contiguous ``[lo, hi)`` row ranges, oldest first."""
@@ -250,14 +320,52 @@ def spans(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.arange(int(lengths.sum())) - first[which] + starts[which], which
 
 
-def whole_episodes(lanes: list[Lane]) -> list[tuple[Lane, Episode]]:
-    """Every ended whole episode with its lane, lane by lane, oldest first."""
-    return [(lane, e) for lane in lanes for e in lane.ended if e.whole]
+@dataclass(frozen=True)
+class EpisodeTable:
+    """Episodes of several lanes as arrays, lane by lane and oldest first: positions ``[starts,
+    ends)`` in their lanes, and rows."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    offsets: np.ndarray  # of each one's lane
+    capacity: int
+
+    def __len__(self) -> int:
+        return self.starts.size
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.ends - self.starts
+
+    def rows(self, k: int) -> np.ndarray:
+        """The buffer rows of the ``k``-th, in time order."""
+        return self.offsets[k] + np.arange(self.starts[k], self.ends[k]) % self.capacity
+
+    def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of every one back to back, each in time order, and the position in them of
+        each one's last row."""
+        positions, which = spans(self.starts, self.ends)
+        return self.offsets[which] + positions % self.capacity, np.cumsum(self.lengths) - 1
 
 
-def episode_rows(episodes: list[tuple[Lane, Episode]]) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of ``episodes`` back to back, each in time order, and the position in them of
-    each episode's last row."""
-    lengths = np.array([e.end - e.start for _, e in episodes], dtype=np.int64)
-    rows = np.concatenate([lane.rows(e) for lane, e in episodes]) if episodes else np.zeros(0, np.int64)
-    return rows, np.cumsum(lengths) - 1
+def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
+    """Every ended whole episode of ``lanes`` (with ``running``: every episode that has a step,
+    clipped or running ones too)."""
+    starts, ends, which = [], [], []
+    for i, lane in enumerate(lanes):
+        if running:
+            first, last = lane.ended.with_running(lane.running)
+            keep = last > first
+        else:
+            first, last, keep = lane.ended.starts, lane.ended.ends, lane.ended.whole
+        starts.append(first[keep])
+        ends.append(last[keep])
+        which.append(np.full(starts[-1].size, i))
+    offsets = np.array([lane.offset for lane in lanes], dtype=np.int64)
+    return EpisodeTable(np.concatenate(starts), np.concatenate(ends), offsets[np.concatenate(which)],
+                        lanes[0].capacity)
+
+
+def count_whole(lanes: list[Lane]) -> int:
+    """How many ended whole episodes ``lanes`` hold."""
+    return sum(int(np.count_nonzero(lane.ended.whole)) for lane in lanes)

@@ -350,7 +350,9 @@ def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> Flexibl
             lane.live_start = info.live_start
             # rows below written hold the file's values (or are not live): the rest opens as recorded
             buffer._open(lane, info.written, block=0, fill=False)
-            lane.ended.extend(Episode(*episode) for episode in info.ended)
+            if info.ended:
+                ended = np.array(info.ended, dtype=np.int64)
+                lane.ended.extend(ended[:, 0], ended[:, 1], ended[:, 2].astype(bool))
             lane.running = None if info.running is None else Episode(*info.running)
             lane.agent_start = (list(info.agent_start) if info.agent_start is not None else
                                 [info.running[0] if info.running else 0] * buffer.spec.n_agents)

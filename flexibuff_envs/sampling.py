@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.episodes import Lane, whole_episodes
+from flexibuff_envs.episodes import Lane, episode_table
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
@@ -211,7 +211,7 @@ class Episodes:
     every: bool = False
 
     def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
-        pool = whole_episodes(list(lanes))
+        pool = episode_table(lanes)
         if self.every:
             order = np.arange(len(pool))
         else:
@@ -221,13 +221,12 @@ class Episodes:
                                        f"buffer holds {len(pool)}")
             order = rng.permutation(len(pool))
             if self.n is None:
-                lengths = np.array([pool[i][1].end - pool[i][1].start for i in order])
-                fits = np.cumsum(lengths) <= self.max_rows
+                fits = np.cumsum(pool.lengths[order]) <= self.max_rows
                 order = np.sort(order[: max(1, int(np.argmin(fits)) if not fits.all() else len(order))])
             else:
                 order = np.sort(order[:want])
-        for i in order.tolist():
-            yield Draw(pool[i][0].rows(pool[i][1]))
+        for k in order.tolist():
+            yield Draw(pool.rows(k))
 
 
 @dataclass(slots=True)

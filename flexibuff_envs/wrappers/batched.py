@@ -149,15 +149,13 @@ class BatchRecorder:
             self._ended = []
             order = np.argsort(which, kind="stable")  # lane by lane, each in time order
             bounds = np.searchsorted(which[order], np.arange(self.n + 1))
-            first, last = starts[order].tolist(), ends[order].tolist()
-            for i, lane in enumerate(lanes):
-                lo, hi = bounds[i], bounds[i + 1]
-                if lo == hi:
-                    continue
-                self._running_episode(lane, first[lo])  # the first may be the episode running there
-                lane.running.end = last[lo]  # type: ignore[union-attr]
+            first, last = starts[order], ends[order]
+            for i in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+                lane, lo, hi = lanes[i], bounds[i], bounds[i + 1]
+                self._running_episode(lane, int(first[lo]))  # the first may be the episode running there
+                lane.running.end = int(last[lo])  # type: ignore[union-attr]
                 lane.end()
-                lane.ended.extend(map(Episode, first[lo + 1:hi], last[lo + 1:hi]))
+                lane.ended.extend(first[lo + 1:hi], last[lo + 1:hi])
             self.writer.write_run_returns(self._lane_array[which], starts, ends, boots)
         for lane, pos, start, running in zip(lanes, self.pos.tolist(), self.start.tolist(), self.running.tolist()):
             lane.written = pos
