@@ -400,7 +400,7 @@ class HeldBatch:
     def write(self, rows: np.ndarray, lanes: np.ndarray, before: np.ndarray, ends: np.ndarray,
               end_values: np.ndarray, newest: np.ndarray, chained: np.ndarray, touched: np.ndarray,
               latest: np.ndarray) -> None:
-        """Rows ``rows`` of lanes ``lanes`` (``[T]``, in step order) get base values ``before``.
+        """Rows ``rows`` of lanes ``lanes`` (``[T]``, each lane's in step order) get base values ``before``.
 
         Args:
             ends: rows that end an episode: their next values ``end_values`` get slots of their own.

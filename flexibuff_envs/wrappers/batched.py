@@ -253,8 +253,11 @@ class BatchRecorder:
             elif (needed > self._opened).any():
                 self._open(needed)
             positions = self.pos + np.cumsum(steps, axis=0)  # each step's next position, per lane
-            flat = np.flatnonzero(steps)  # the transitions, in step order
-            lanes = flat % self.n
+            # the transitions lane by lane, each lane's in step order: its rows then follow each
+            # other, and every field is written lane after lane (several times faster than
+            # step by step, which jumps between the lanes' rings on every row)
+            lanes, at = np.nonzero(steps.T)
+            flat = at * self.n + lanes  # in the block's [k, n] steps
             after = positions.reshape(-1).take(flat)  # each transition's next position
             rows = self._offsets[lanes] + (after - 1) % self._capacity
             self._write_fields(rows, flat, k)
@@ -268,7 +271,7 @@ class BatchRecorder:
             # comes before its own reset)
             chained = stepped if k == 1 else stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
             touched = stepped | reset
-            finished = np.flatnonzero(ends)  # in step order
+            finished = flat[ended]  # in the transitions' order
             end_obs = self._ends_of(self._obs, self._final, finished)
             self.obs.write(rows, lanes, self._obs[:k].reshape(k * self.n, -1).take(flat, axis=0), ended, end_obs,
                            newest, chained, touched, self._obs[k])
@@ -328,7 +331,7 @@ class BatchRecorder:
             store[rows] = staged[:k].reshape(-1, *staged.shape[2:]).take(flat, axis=0)
 
     def _ends_of(self, held: np.ndarray, final: np.ndarray | None, finished: np.ndarray) -> np.ndarray:
-        """The next values of the transitions ``finished`` (flat indices, in step order) that end
+        """The next values of the transitions ``finished`` (flat indices, each lane's in step order) that end
         an episode: what their lane held after the step (SAME_STEP: the final ones)."""
         values = held[1:].reshape(-1, held.shape[-1]).take(finished, axis=0)
         if final is not None and any(self._has_final):
@@ -339,7 +342,7 @@ class BatchRecorder:
     def _end_block(self, finished: np.ndarray, starts: np.ndarray, positions: np.ndarray, end_obs: np.ndarray,
                    truncated: np.ndarray) -> None:
         """The episodes that ended in this block (``finished``: flat indices of their last
-        transitions, in step order), queued for `commit` with their bootstraps."""
+        transitions, each lane's in step order), queued for `commit` with their bootstraps."""
         at, lanes = np.divmod(finished, self.n)
         before = np.where(at > 0, starts[np.maximum(at - 1, 0), lanes], -1)
         first = np.where(before >= 0, before, self.start[lanes])
