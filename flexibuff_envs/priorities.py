@@ -4,7 +4,8 @@ A leaf holds its row's ``priority ** alpha`` (0 for a row that is not recorded).
 on a batch of rows is a fixed number of numpy calls, whatever the batch size, and no Python loop
 runs over rows:
 
-- a draw finds each target's node at level 11 (2,048 nodes) with one ``np.searchsorted`` over
+- a draw sorts its targets (so the rows come in row order, and every read below runs forward in
+  memory), finds each one's node at level 11 (2,048 nodes) with one ``np.searchsorted`` over
   that level's prefix sums, then descends the rest of the sum tree for the whole batch at once,
   one pass of five branch-free numpy calls per level (9 more for a million rows). The levels
   above level 11 are never read, so they are not kept;
@@ -14,8 +15,9 @@ runs over rows:
   cannot build up;
 - the minimum (the largest importance weight) is kept as the smallest positive leaf (a row at
   priority 0 is never drawn, so it weighs nothing) and how many leaves hold it. Only when the
-  last of them rises or leaves is it found again: from the minima of blocks of 128 leaves, of
-  which only the blocks changed since the last search are looked at.
+  last of them rises or leaves is it found again: from the minima of blocks of 128 leaves. A
+  leaf that falls below its block's minimum lowers it at once; only blocks whose minimum's
+  holder changed since the last search are looked at again.
 
 The tree follows the lanes by comparing what each lane held when it last looked with what it
 holds now: rows forgotten since can never be drawn, and rows recorded since get the highest
