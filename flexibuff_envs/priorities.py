@@ -4,11 +4,11 @@ A leaf holds its row's ``priority ** alpha`` (0 for a row that is not recorded).
 on a batch of rows is a fixed number of numpy calls, whatever the batch size, and no Python loop
 runs over rows:
 
-- a draw sorts its targets (so the rows come in row order, and every read below runs forward in
-  memory), finds each one's node at level 11 (2,048 nodes) with one ``np.searchsorted`` over
-  that level's prefix sums, then descends the rest of the sum tree for the whole batch at once,
-  one pass of five branch-free numpy calls per level (9 more for a million rows). The levels
-  above level 11 are never read, so they are not kept;
+- a draw takes its targets in sorted order, so every read below runs forward in memory (the
+  rows are handed out in the order drawn). It finds each target's node at level 11 (2,048
+  nodes) with one ``np.searchsorted`` over that level's prefix sums, then descends the rest of
+  the sum tree for the whole batch at once, one pass of five branch-free numpy calls per level
+  (9 more for a million rows). The levels above level 11 are never read, so they are not kept;
 - an update sets the changed leaves and adds each one's difference to its kept ancestors in one
   ``np.add.at`` over ``[levels, batch]`` indices. The sums are rebuilt exactly, in one pass per
   level over the whole tree, once as many leaves have changed as the tree has, so float error
@@ -165,7 +165,7 @@ class PriorityTree:
 
     def draw(self, rng: np.random.Generator, n: int, beta: float) -> tuple[np.ndarray, np.ndarray]:
         """``n`` rows drawn with replacement in proportion to their leaves (one descent of the sum
-        tree for all of them at once), in row order, and their importance-sampling weights
+        tree for all of them at once), and their importance-sampling weights
         ``(N P(i)) ** -beta / max``, which is ``(p_i / p_min) ** -beta``."""
         rows = self._descend(rng, n)
         leaf = self.sums.take(rows + self.leaves)
@@ -184,8 +184,8 @@ class PriorityTree:
         below = np.cumsum(level)  # each node's prefix sum, its own included
         total = below[-1]
         target = rng.random(n)
-        target.sort()  # the same draws in tree order: the searches and reads below run forward in memory
-        target = np.minimum(target * total, np.nextafter(total, 0))
+        order = np.argsort(target)  # searched in tree order (the reads below then run forward in memory)
+        target = np.minimum(target.take(order) * total, np.nextafter(total, 0))
         node = np.minimum(np.searchsorted(below, target, side="right"), level.size - 1)
         target -= below[node] - level[node]
         node += 1 << self.top
@@ -196,4 +196,6 @@ class PriorityTree:
             left *= right
             target -= left
             node += right
-        return node - self.leaves
+        rows = np.empty_like(node)
+        rows[order] = node - self.leaves  # handed out in the order drawn
+        return rows
