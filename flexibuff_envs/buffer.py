@@ -22,7 +22,7 @@ from flexibuff_envs.episodes import (
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.priorities import ALPHA, PriorityTree
 from flexibuff_envs.returns import check_gamma
-from flexibuff_envs.sampling import Sampling, as_array, checked_rows, live_rows
+from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Storage
 from flexibuff_envs.storage import extra_fields as extra_fields_of
@@ -408,27 +408,16 @@ class FlexibleBuffer(Sampling):
         recorded are left out; new rows get the highest priority given so far. Both may be torch
         tensors (on any device, needing grad or not)."""
         rows = checked_rows("update_priorities", idx, self._store.rows)
-        values = as_array(priorities).astype(np.float64, copy=False)
-        if values.ndim and values.shape != rows.shape:
-            raise ValueError(f"update_priorities: priorities has shape {values.shape} but idx has {rows.shape}")
-        values = np.full(rows.size, values) if values.ndim == 0 else values.reshape(-1)
-        rows = rows.reshape(-1)
-        if values.size and not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both
-            raise ValueError("update_priorities: priorities must be finite and non-negative")
+        values = checked_weights("update_priorities", "priorities", priorities, rows)
         tree = self._priority_tree()
         tree.sync(self._read_lanes)
-        tree.update(rows, values)
+        tree.update(rows.reshape(-1), values.reshape(-1))
 
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors;
         either may be a torch tensor)."""
         rows = checked_rows("set_memory_weights", idx, self._storage.rows)
-        values = as_array(weights).astype(np.float64, copy=False)
-        if values.ndim and values.shape != rows.shape:
-            raise ValueError(f"set_memory_weights: weights has shape {values.shape} but idx has {rows.shape}")
-        if not (np.isfinite(values).all() and (values >= 0).all()):
-            raise ValueError("set_memory_weights: weights must be finite and non-negative")
-        self._storage.ensure("memory_weights")[rows] = values
+        self._storage.ensure("memory_weights")[rows] = checked_weights("set_memory_weights", "weights", weights, rows)
 
     # ------------------------------------------------------------------ summaries and files
 

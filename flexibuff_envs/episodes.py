@@ -320,6 +320,18 @@ def spans(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.arange(int(lengths.sum())) - first[which] + starts[which], which
 
 
+def lane_offsets(lanes: Sequence[Lane]) -> np.ndarray:
+    """Each lane's first buffer row."""
+    return np.array([lane.offset for lane in lanes], dtype=np.int64)
+
+
+def span_rows(offsets: np.ndarray, capacity: int, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The buffer rows of positions ``[starts, ends)`` of the lanes at ``offsets`` (one range each,
+    back to back, each in time order), and which range each row belongs to."""
+    positions, which = spans(starts, ends)
+    return offsets[which] + positions % capacity, which
+
+
 @dataclass(frozen=True)
 class EpisodeTable:
     """Episodes of several lanes as arrays, lane by lane and oldest first: positions ``[starts,
@@ -344,8 +356,7 @@ class EpisodeTable:
     def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows of every one back to back, each in time order, and the position in them of
         each one's last row."""
-        positions, which = spans(self.starts, self.ends)
-        return self.offsets[which] + positions % self.capacity, np.cumsum(self.lengths) - 1
+        return span_rows(self.offsets, self.capacity, self.starts, self.ends)[0], np.cumsum(self.lengths) - 1
 
 
 def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
@@ -361,8 +372,7 @@ def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
         starts.append(first[keep])
         ends.append(last[keep])
         which.append(np.full(starts[-1].size, i))
-    offsets = np.array([lane.offset for lane in lanes], dtype=np.int64)
-    return EpisodeTable(np.concatenate(starts), np.concatenate(ends), offsets[np.concatenate(which)],
+    return EpisodeTable(np.concatenate(starts), np.concatenate(ends), lane_offsets(lanes)[np.concatenate(which)],
                         lanes[0].capacity)
 
 

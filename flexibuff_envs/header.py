@@ -21,7 +21,7 @@ import numpy as np
 from flexibuff_envs.errors import plain_dtype, short_repr
 from flexibuff_envs.priorities import ALPHA
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import MASKS, NEXT, Storage, extra_fields
+from flexibuff_envs.storage import MASKS, NEXT, Storage, extra_fields, field_table
 
 #: bounds no real buffer comes near; a header past them is refused before any arithmetic
 MAX_ROWS = 1 << 40
@@ -303,7 +303,7 @@ def _expected(storage: Storage, meta: dict[str, Any], version: int) -> tuple[np.
 
 
 def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: int) -> tuple[list[dict[str, Any]], int]:
-    known = {*Storage(spec, 0).fields, PRIORITY}
+    known = {*field_table(spec), PRIORITY}
     metas = [_field_meta(v, k, version, known) for k, v in enumerate(_of(value, list, "fields"))]
     seen = {(m["name"], m.get("part")) for m in metas}
     if len(seen) != len(metas):

@@ -359,7 +359,7 @@ def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> Flexibl
                                 [info.running[0] if info.running else 0] * buffer.spec.n_agents)
         problem = data_problem(buffer, segments)
         if leaves is not None and not problem:
-            live = live_rows(buffer._lanes) if any(lane.size for lane in buffer._lanes) else np.zeros(0, np.int64)
+            live = live_rows(buffer._lanes)
             if not (np.isfinite(leaves[live]).all() and (leaves[live] >= 0).all()):
                 problem = f"{PRIORITY} holds a value that is negative or not finite"
             else:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flexibuff_envs.episodes import Lane, spans
+from flexibuff_envs.episodes import Lane, lane_offsets, span_rows
 
 #: prioritized replay's exponent unless one is given (and in files written before it was kept)
 ALPHA = 0.6
@@ -70,15 +70,12 @@ class PriorityTree:
         """The tree of a loaded buffer: ``leaves`` (``priority ** alpha`` per buffer row, as
         `leaf_values` gave them) over the live rows of ``lanes``."""
         tree = cls(leaves.size, len(lanes), alpha)
-        live_from = np.array([lane.live_start for lane in lanes], dtype=np.int64)
-        written = np.array([lane.written for lane in lanes], dtype=np.int64)
-        positions, which = spans(live_from, written)
-        rows = np.array([lane.offset for lane in lanes], dtype=np.int64)[which] + positions % lanes[0].capacity
+        tree._known = [(lane.live_start, lane.written) for lane in lanes]
+        rows, _ = span_rows(lane_offsets(lanes), lanes[0].capacity, *np.array(tree._known, dtype=np.int64).T)
         tree.live[rows] = True
         tree.sums[tree.leaves + rows] = leaves[rows]
         tree._rebuild()
         tree.max_priority = max_priority
-        tree._known = [(lane.live_start, lane.written) for lane in lanes]
         return tree
 
     def leaf_values(self, rows: int) -> np.ndarray:
@@ -140,21 +137,21 @@ class PriorityTree:
         now = [(lane.live_start, lane.written) for lane in lanes]
         if now == self._known:
             return
-        offsets = np.array([lane.offset for lane in lanes], dtype=np.int64)
-        capacity = lanes[0].capacity
-        (kept_from, kept_to), (live_from, written) = np.array(self._known, dtype=np.int64).T, np.array(now, dtype=np.int64).T
-        gone, which = spans(kept_from, np.minimum(live_from, kept_to))
+        offsets, capacity = lane_offsets(lanes), lanes[0].capacity
+        kept_from, kept_to = np.array(self._known, dtype=np.int64).T
+        live_from, written = np.array(now, dtype=np.int64).T
+        gone, _ = span_rows(offsets, capacity, kept_from, np.minimum(live_from, kept_to))
         if gone.size:
-            self._set(offsets[which] + gone % capacity, np.zeros(gone.size), live=False)
-        new, which = spans(np.maximum(kept_to, live_from), written)
+            self._set(gone, np.zeros(gone.size), live=False)
+        new, _ = span_rows(offsets, capacity, np.maximum(kept_to, live_from), written)
         if new.size:
-            self._set(offsets[which] + new % capacity, np.full(new.size, self.max_priority ** self.alpha), live=True)
+            self._set(new, np.full(new.size, self.max_priority ** self.alpha), live=True)
         self._known = now
 
     def update(self, rows: np.ndarray, priorities: np.ndarray) -> None:
         """New priorities of recorded ``rows`` (rows no longer recorded are left out; of a row
         given twice, the last)."""
-        order = np.argsort(rows, kind="stable")  # a batch's idx is in row order already: one pass
+        order = np.argsort(rows, kind="stable")  # equal rows keep the order given
         rows, priorities = rows[order], priorities[order]
         keep = self.live[rows]
         keep[:-1] &= rows[:-1] != rows[1:]  # of a row given twice the later, last of its run

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.episodes import Lane, episode_table
+from flexibuff_envs.episodes import Lane, episode_table, lane_offsets
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
@@ -34,6 +34,17 @@ def as_array(value: Any) -> np.ndarray:
     values, detached)."""
     detach = getattr(value, "detach", None)
     return np.asarray(detach().cpu() if detach is not None else value)
+
+
+def checked_weights(caller: str, name: str, value: Any, rows: np.ndarray) -> np.ndarray:
+    """``value`` (one per row of ``rows``, or one for all; a torch tensor too) as float64 of
+    ``rows``' shape, or ValueError naming ``caller`` and ``name`` unless finite and non-negative."""
+    values = as_array(value).astype(np.float64, copy=False)
+    if values.ndim and values.shape != rows.shape:
+        raise ValueError(f"{caller}: {name} has shape {values.shape} but idx has {rows.shape}")
+    if values.size and not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both
+        raise ValueError(f"{caller}: {name} must be finite and non-negative")
+    return np.full(rows.shape, values) if values.ndim == 0 else values
 
 
 def checked_rows(caller: str, idx: Any, rows: int) -> np.ndarray:
@@ -72,7 +83,7 @@ def uniform_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int, what: 
     k = _draw(rng, int(sizes.sum()), n)
     which = np.searchsorted(firsts, k, side="right") - 1
     starts = np.array([lane.live_start for lane in lanes])
-    offsets = np.array([lane.offset for lane in lanes])
+    offsets = lane_offsets(lanes)
     capacity = lanes[0].capacity
     return offsets[which] + (starts[which] + k - firsts[which]) % capacity
 

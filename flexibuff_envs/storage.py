@@ -101,6 +101,13 @@ def extra_fields(fields: Mapping[str, object] | None) -> tuple[tuple[str, tuple[
     return tuple(out)
 
 
+def field_table(spec: BufferSpec) -> dict[str, Field]:
+    """Every field a buffer of ``spec`` can hold: the built-ins and the spec's own (NaN, or 0 for
+    integers, until given)."""
+    return {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
+                         for name, shape, dtype in spec.extra_fields}}
+
+
 #: the legal-action mask fields
 MASKS = ("action_mask", "action_mask_")
 
@@ -142,9 +149,8 @@ class Storage:
     def __init__(self, spec: BufferSpec, rows: int, *, lanes: int = 1, log_prob_continuous: int = 0) -> None:
         self.spec = spec
         self.rows = rows
-        #: every field this storage can hold: the built-ins and the spec's own (NaN, or 0, until given)
-        self.fields = {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
-                                    for name, shape, dtype in spec.extra_fields}}
+        #: every field this storage can hold
+        self.fields = field_table(spec)
         #: the names a batch may be asked for (`fields=`)
         self.known = frozenset([*self.fields, *N_STEP_MADE])
         self.lane_rows = rows // lanes

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.chain import Chain
-from flexibuff_envs.episodes import Lane, spans
+from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.sampling import live_rows
 
@@ -218,8 +218,7 @@ class Writer:
         if not starts.size:
             return
         buffer = self.buffer
-        positions, which = spans(starts, ends)
-        last = np.zeros(positions.size, dtype=bool)
+        rows, which = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
+        last = np.zeros(rows.size, dtype=bool)
         last[np.cumsum(ends - starts) - 1] = True
-        buffer._store.write_run_returns(lanes[which] * buffer.num_steps + positions % buffer.num_steps, last,
-                                        bootstrap[which], buffer.gamma, buffer.gae_lambda)
+        buffer._store.write_run_returns(rows, last, bootstrap[which], buffer.gamma, buffer.gae_lambda)
