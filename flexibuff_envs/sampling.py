@@ -363,7 +363,7 @@ class Sampling:
         """``batch_size`` rows drawn uniformly with replacement (all agents of a row together).
 
         Args:
-            weighted: draw rows in proportion to ``memory_weights`` (need not be normalised).
+            weighted: draw rows in proportion to ``memory_weights`` (need not be normalised); not with ``prioritized``.
             idx: gather exactly these buffer rows instead of drawing.
             fields: gather only these (a DQN wants obs, obs_, discrete_actions,
                 individual_rewards, terminated); the others are None on the batch.
@@ -383,6 +383,9 @@ class Sampling:
             sampler = Given(idx)
         else:
             n = positive_int("batch_size", batch_size)
+            if prioritized and weighted:
+                raise ValueError("sample_transitions: choose weighted=True (memory_weights) or prioritized=True "
+                                 "(update_priorities), not both")
             if prioritized and not (isinstance(beta, numbers.Real) and 0 <= beta < np.inf):
                 raise ValueError(f"beta must be a finite number >= 0 (1 corrects fully), got {beta!r}")
             sampler = Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted \

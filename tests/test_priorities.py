@@ -119,6 +119,8 @@ def test_bad_priorities_and_alpha_are_refused_naming_them() -> None:
             buffer.update_priorities(np.array([0]), bad)
     with pytest.raises(ValueError, match="alpha"):
         fe.FlexibleBuffer(10, 2, alpha=-0.5)
+    with pytest.raises(ValueError, match="weighted=True .* or prioritized=True"):
+        buffer.sample_transitions(4, weighted=True, prioritized=True)
     for beta in (-0.1, float("nan"), "0.4"):
         with pytest.raises(ValueError, match="beta"):
             buffer.sample_transitions(4, prioritized=True, beta=beta)  # type: ignore[arg-type]
