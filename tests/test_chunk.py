@@ -141,6 +141,25 @@ def test_masks_are_switched_on_by_the_first_chunk_that_has_them() -> None:
         assert not all(m.all() for m in a.action_mask)
 
 
+def test_masks_switched_on_give_every_row_held_before_all_actions_legal_running_episodes_too() -> None:
+    """Masks arrive with a chunk appended to lane 1 while lane 0 runs an episode of 5 steps and
+    holds an ended one: every row recorded before, running or ended, has all actions legal, now
+    and next."""
+    masked = fe.record(ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,),
+                              mask_info=True), num_steps=100)
+    play(masked, 0, 8)()
+    learner = fe.FlexibleBuffer.from_spec(dataclasses.replace(masked.buffer.spec, n_envs=2, action_mask=False),
+                                          num_steps=50, gamma=masked.buffer.gamma)
+    learner.begin_episode(0)
+    ended = learner.claim_rows(3, 0)
+    learner.end_episode(0)
+    learner.begin_episode(0)
+    running = learner.claim_rows(5, 0)
+    learner.extend(masked.buffer.take_episodes(), lane=1)
+    batch = learner.sample_transitions(idx=np.concatenate([ended, running]))
+    assert all(m.all() for m in batch.action_mask + batch.action_mask_)
+
+
 def test_next_values_filled_by_hand_travel_too_even_chained_across_episodes() -> None:
     """A hand-filled ``obs_`` equal to the next episode's first ``obs`` is stored chained to it
     (`compact`); the chunk must still carry that value, as the next episode may not follow."""

@@ -79,3 +79,45 @@ def test_thousands_of_short_episodes_through_a_wrapping_ring_keep_the_index_righ
         kept.insert(0, n)
     assert held == kept
     assert env.buffer.n_episodes == len(kept)
+
+
+def test_episode_stats_are_the_rewards_the_env_gave_each_agent_over_the_episodes_held() -> None:
+    """simple_spread's three agents, episodes of 10 steps into a 45-row ring that wraps: lengths
+    and per-agent returns of the held episodes equal sums a plain loop took from the env."""
+    pytest.importorskip("mpe2")
+    from mpe2 import simple_spread_v3
+
+    env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=45, record_state=False)
+    returns = []
+    for episode in range(9):
+        env.reset(seed=episode)
+        total = dict.fromkeys(env.possible_agents, 0.0)
+        while env.agents:
+            _, rewards, _, _, _ = env.step({a: env.action_space(a).sample() for a in env.agents})
+            for agent, reward in rewards.items():
+                total[agent] += float(np.float32(reward))  # as stored
+        returns.append([total[a] for a in env.possible_agents])
+    stats = env.buffer.episode_stats()
+    assert stats["lengths"].tolist() == [10] * 4  # the newest that fit 45 rows
+    np.testing.assert_allclose(stats["returns"], returns[-4:], rtol=1e-6)
+
+
+def test_sample_episodes_keeps_within_max_batch_size_with_whole_episodes_in_recording_order() -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=5_000, seed=3)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(3_000):
+        _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+        if terminated or truncated:
+            env.reset()
+    held = {int(e.idx[0]): len(e) for e in env.buffer.episodes()}
+    for budget in (1, 60, 300):
+        episodes = env.buffer.sample_episodes(max_batch_size=budget)
+        total = sum(len(e) for e in episodes)
+        assert total <= budget or len(episodes) == 1
+        assert len({int(e.idx[0]) for e in episodes}) == len(episodes)
+        firsts = [int(e.idx[0]) for e in episodes]
+        assert firsts == sorted(firsts)  # in recording order (this ring has not wrapped)
+        for e in episodes:
+            assert held[int(e.idx[0])] == len(e) and (np.diff(e.idx) == 1).all()
+            assert e.terminated[-1] or e.truncated[-1]
