@@ -39,6 +39,9 @@ class ObsCodec:
     flatten: Callable[[Any], np.ndarray]
     #: Box values are written through a view of the row with the space's shape (no flatten copy).
     direct: bool
+    #: values of a vector env (``[n, ...]``, one per sub-env) -> ``[n, size]`` rows in one numpy
+    #: operation per part of the space, checked
+    batch: Callable[[Any], np.ndarray]
     #: PettingZoo classic: the value is a dict whose "action_mask" is the mask, not obs.
     split_mask: bool = False
     #: a space of categories only (Discrete, MultiDiscrete, Tuple or Dict of those): each one's
@@ -48,15 +51,13 @@ class ObsCodec:
     indices: Callable[[Any], np.ndarray] | None = None
     #: what the space is, for errors ("observation space of agent 'a'")
     where: str = "observation space"
-    #: values of a vector env (``[n, ...]``, one per sub-env) -> ``[n, size]`` rows in one numpy
-    #: operation, checked; None: the space's values are flattened one by one
-    batch: Callable[[Any], np.ndarray] | None = None
     #: `batch` of the category indices (`indices` for a whole batch)
     batch_indices: Callable[[Any], np.ndarray] | None = None
 
     def compact(self) -> ObsCodec:
         """The codec storing this space's category indices instead of its one-hot flattening."""
-        assert self.indices is not None, "compact() is only asked of codecs with categories"
+        assert self.indices is not None and self.batch_indices is not None, \
+            "compact() is only asked of codecs with categories"
         k = len(self.categories)
         return dataclasses.replace(self, size=k, dtype=index_dtype(self.categories), shape=(k,),
                                    flatten=self.indices, direct=False, batch=self.batch_indices)
@@ -136,8 +137,7 @@ def _(space: spaces.Box, where: str) -> ObsCodec:
     def batch(values: Any) -> np.ndarray:
         return numbers_batch(values, shape, "biuf", where).reshape(-1, size)
 
-    return ObsCodec(size, dtype, shape, lambda x: box_value(x, shape, where).reshape(-1), True, where=where,
-                    batch=batch)
+    return ObsCodec(size, dtype, shape, lambda x: box_value(x, shape, where).reshape(-1), True, batch, where=where)
 
 
 def index_dtype(categories: tuple[int, ...]) -> np.dtype:
@@ -145,21 +145,26 @@ def index_dtype(categories: tuple[int, ...]) -> np.dtype:
     return np.min_scalar_type(max(categories))
 
 
-def _flattened(space: spaces.Space, where: str, parts: list[ObsCodec] | None = None) -> ObsCodec:
+def _flattened(space: spaces.Space, where: str, batch: Callable[[Any], np.ndarray]) -> ObsCodec:
+    """A space stored as Gymnasium's flattening (float32); ``batch`` encodes a vector env's values."""
     size = int(spaces.flatdim(space))
+
     def flatten(value: Any) -> np.ndarray:
         return np.asarray(spaces.flatten(space, value))
 
-    codec = ObsCodec(size, np.dtype(np.float32), (size,), flatten, False, where=where)
+    return ObsCodec(size, np.dtype(np.float32), (size,), flatten, False, batch, where=where)
+
+
+def _of_parts(space: spaces.Tuple | spaces.Dict, where: str, parts: list[ObsCodec]) -> ObsCodec:
+    """A Tuple or Dict of the spaces ``parts`` encode, each part's batch side by side."""
     if not parts:
-        return codec
+        raise UnsupportedSpaceError(f"{where}: {space!r} holds no values to record")
     pick = (lambda value: [value[k] for k in space.spaces]) if isinstance(space, spaces.Dict) else list
 
-    def batch(values: Any) -> np.ndarray:  # each part's batch side by side: Gymnasium's flattening
-        return np.concatenate([part.batch(v) for part, v in zip(parts, pick(values))], axis=1,  # type: ignore[misc]
-                              dtype=np.float32)
+    def batch(values: Any) -> np.ndarray:  # Gymnasium's flattening: the parts' in order
+        return np.concatenate([part.batch(v) for part, v in zip(parts, pick(values))], axis=1, dtype=np.float32)
 
-    codec = dataclasses.replace(codec, batch=batch)
+    codec = _flattened(space, where, batch)
     if all(part.categories for part in parts):
         def indices(value: Any) -> np.ndarray:
             return np.concatenate([part.indices(v) for part, v in zip(parts, pick(value))])  # type: ignore[misc]
@@ -192,9 +197,8 @@ def _(space: spaces.Discrete, where: str) -> ObsCodec:
         return (numbers_batch(values, (), "iu", where) - shift).reshape(-1, 1)
 
     categories = (int(space.n),)
-    return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices,
-                               batch_indices=batch_indices,
-                               batch=lambda values: _one_hot(batch_indices(values) - 1, categories))
+    return dataclasses.replace(_flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
+                               categories=categories, indices=indices, batch_indices=batch_indices)
 
 
 @_obs_codec.register
@@ -208,22 +212,19 @@ def _(space: spaces.MultiDiscrete, where: str) -> ObsCodec:
         return numbers_batch(values, tuple(space.shape), "iu", where).reshape(-1, shift.size) - shift
 
     categories = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
-    return dataclasses.replace(_flattened(space, where), categories=categories, indices=indices,
-                               batch_indices=batch_indices,
-                               batch=lambda values: _one_hot(batch_indices(values) - 1, categories))
+    return dataclasses.replace(_flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
+                               categories=categories, indices=indices, batch_indices=batch_indices)
 
 
 @_obs_codec.register
 def _(space: spaces.MultiBinary, where: str) -> ObsCodec:
     shape = tuple(space.shape)
-    return dataclasses.replace(_flattened(space, where), batch=lambda values: numbers_batch(
-        values, shape, "biu", where).reshape(len(values), -1))
+    return _flattened(space, where, lambda values: numbers_batch(values, shape, "biu", where).reshape(len(values), -1))
 
 
 @_obs_codec.register
 def _(space: spaces.Tuple, where: str) -> ObsCodec:
-    parts = [_obs_codec(sub, f"{where}[{i}]") for i, sub in enumerate(space.spaces)]
-    return _flattened(space, where, parts)
+    return _of_parts(space, where, [_obs_codec(sub, f"{where}[{i}]") for i, sub in enumerate(space.spaces)])
 
 
 @_obs_codec.register
@@ -231,8 +232,7 @@ def _(space: spaces.Dict, where: str) -> ObsCodec:
     if set(space.spaces) == {"observation", "action_mask"}:
         inner = _obs_codec(space["observation"], f"{where}['observation']")
         return dataclasses.replace(inner, split_mask=True)
-    parts = [_obs_codec(sub, f"{where}[{key!r}]") for key, sub in space.spaces.items()]
-    return _flattened(space, where, parts)
+    return _of_parts(space, where, [_obs_codec(sub, f"{where}[{key!r}]") for key, sub in space.spaces.items()])
 
 
 def obs_codec(space: spaces.Space, where: str = "observation space") -> ObsCodec:

@@ -86,6 +86,12 @@ def test_unsupported_spaces_name_the_space_and_what_is_supported(space: spaces.S
         fe.infer_spec(ToyEnv(action_space=space))
 
 
+@pytest.mark.parametrize("space", [spaces.Tuple(()), spaces.Dict({})])
+def test_an_observation_space_with_no_values_is_refused_naming_it(space: spaces.Space) -> None:
+    with pytest.raises(fe.UnsupportedSpaceError, match="observation space.*holds no values"):
+        fe.infer_spec(ToyEnv(space))
+
+
 def test_info_mask_turns_masks_on() -> None:
     env = gym.make("Taxi-v4")
     assert not fe.infer_spec(env).action_mask

@@ -152,7 +152,6 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
     buffer_options.setdefault("num_steps", max(int(dataset.total_steps), 1))
     buffer = FlexibleBuffer.from_spec(spec, **buffer_options)
     stored = obs.compact() if spec.obs_categories else obs
-    assert stored.batch is not None  # every observation codec encodes batches
     fields = {name: buffer.field(name) for name in ("obs", "obs_", "individual_rewards", "global_rewards",
                                                       "terminated", "truncated")}
     discrete = buffer.field("discrete_actions") if action.cardinalities else None

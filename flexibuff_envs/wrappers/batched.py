@@ -59,7 +59,6 @@ class BatchRecorder:
         self._lane_array = np.array(lanes, dtype=np.int64)
         self._offsets = self._lane_array * buffer.num_steps
         codec = obs.compact() if buffer.spec.obs_categories else obs
-        assert codec.batch is not None  # every observation codec encodes batches
         self._encode_obs = codec.batch
         self._flatten = codec.flatten
         self._action = action
