@@ -20,7 +20,7 @@ from flexibuff_envs.episodes import (
     episode_table,
 )
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
-from flexibuff_envs.priorities import ALPHA, PriorityTree
+from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
 from flexibuff_envs.spec import BufferSpec
@@ -123,9 +123,7 @@ class FlexibleBuffer(Sampling):
         if self.spec.obs_categories and sum(self.spec.obs_categories) != self.spec.obs_size:
             raise ValueError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
                              f"but obs_size is {self.spec.obs_size}")
-        if not (np.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = check_alpha(alpha)
         self._priorities: PriorityTree | None = None  # made on the first prioritized use
         self.gamma = check_gamma(gamma)
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")

@@ -26,6 +26,8 @@ priority seen so far.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,6 +36,13 @@ from flexibuff_envs.episodes import Lane, lane_offsets, span_rows
 
 #: prioritized replay's exponent unless one is given (and in files written before it was kept)
 ALPHA = 0.6
+def check_alpha(alpha: float, name: str = "alpha") -> float:
+    """Return ``alpha`` as a float, or raise ValueError unless it is a finite number >= 0."""
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:
+        raise ValueError(f"{name} must be a finite number >= 0, got {alpha!r}")
+    return float(alpha)
+
+
 #: leaves a block of the minimum's search holds (fewer in a smaller tree)
 BLOCK = 128
 #: the tree level a draw searches directly (its nodes' prefix sums); below it, it descends

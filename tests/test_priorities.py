@@ -186,6 +186,8 @@ def test_record_takes_alpha_and_a_given_buffer_must_agree() -> None:
     assert env.buffer.alpha == 0.3
     with pytest.raises(fe.SpecMismatchError, match="alpha"):
         fe.record(gym.make("CartPole-v1"), env.buffer, alpha=0.5)
+    with pytest.raises(ValueError, match="alpha must be a finite number"):  # not a mismatch: no alpha at all
+        fe.record(gym.make("CartPole-v1"), env.buffer, alpha=-1.0)
     vector = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=10, alpha=1.0)
     assert vector.buffer.alpha == 1.0
 

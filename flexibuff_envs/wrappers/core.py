@@ -19,6 +19,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
+from flexibuff_envs.priorities import check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import extra_fields as extra_fields_of
@@ -63,8 +64,9 @@ def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps
                                         global_reward=global_reward != "none",
                                         **({} if alpha is None else {"alpha": alpha}))
     buffer.check_matches(spec)
-    for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda), ("alpha", alpha)):
-        if value is not None and (check_gamma(value, name) if name != "alpha" else value) != getattr(buffer, name):
+    for name, value, check in (("gamma", gamma, check_gamma), ("gae_lambda", gae_lambda, check_gamma),
+                               ("alpha", alpha, check_alpha)):
+        if value is not None and check(value, name) != getattr(buffer, name):
             raise SpecMismatchError(f"{name}={value!r} differs from the given buffer's "
                                     f"{name}={getattr(buffer, name)!r}")
     if seed is not None:
