@@ -18,6 +18,7 @@ from flexibuff_envs.episodes import (
     Lane,
     count_whole,
     episode_table,
+    newest_rows,
 )
 from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
@@ -245,11 +246,7 @@ class FlexibleBuffer(Sampling):
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
         lanes = self._read_lanes
-        live = live_rows(lanes)
-        newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size])
-        for name in [name for name in NEXT if name in self._storage.arrays]:
-            explicit = self._storage.pop(name)
-            self._storage.chain(name).absorb(explicit, live, self._storage.successor_rows(live), ~np.isin(live, newest))
+        self._storage.compact(live_rows(lanes), newest_rows(lanes))
 
     def _enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
@@ -335,7 +332,9 @@ class FlexibleBuffer(Sampling):
         """Hand out every ended whole episode as a `Chunk` (plain numpy arrays, cheap to send to
         another process) and forget all ended episodes here; a running episode goes on recording.
         """
-        return chunk.take(self)
+        if any(name in self._storage.arrays for name in NEXT):
+            self.compact()  # next values filled in by hand travel chained too
+        return chunk.take(self._storage, self._lanes, self.gamma, self.gae_lambda)
 
     def extend(self, episodes: Chunk, lane: int = 0) -> int:
         """Append the whole episodes of a `Chunk` (from `take_episodes`) to ``lane``, with the
@@ -349,7 +348,21 @@ class FlexibleBuffer(Sampling):
             SpecMismatchError: the chunk's layout, ``gamma`` or ``gae_lambda`` differ from this
                 buffer's (the message names which). Nothing is changed then.
         """
-        return chunk.extend(self, episodes, lane)
+        chunk.check(episodes, self._storage, self._read_lanes, lane, self.gamma, self.gae_lambda)
+        lane_ = self._lanes[lane]
+        kept = episodes.newest(lane_.capacity)
+        if not kept.n_episodes:
+            return 0
+        if any(name in self._storage.arrays for name in NEXT):
+            self.compact()  # next values filled in by hand are chained first, like the chunk's
+        if kept.spec.action_mask and not self.spec.action_mask:
+            self._enable_action_mask()
+        for part in kept.parts:
+            if part.part is None:
+                self._column(part.name, width=part.shape[-1] if part.name == "continuous_log_probs" else None)
+        first = lane_.append(kept.lengths)
+        self._storage.insert(kept.parts, lane_.segments(first, first + kept.rows), np.cumsum(kept.lengths) - 1)
+        return kept.n_episodes
 
     # ------------------------------------------------------------------ sampling
 
@@ -430,7 +443,10 @@ class FlexibleBuffer(Sampling):
     def save(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write the buffer to one file (no pickle, atomic); returns the path written."""
         target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
-        io.save(self, target)
+        settings = {"spec": self.spec.to_dict(), "num_steps": self.num_steps, "gamma": self.gamma,
+                    "gae_lambda": self.gae_lambda, "path": self.path, "name": self.name,
+                    "rng": self.rng.bit_generator.state, "alpha": self.alpha}
+        io.save(target, settings, self._storage, self._read_lanes, self._priorities)
         return target
 
     @classmethod
@@ -443,7 +459,23 @@ class FlexibleBuffer(Sampling):
                 never in the file. Only the header's checksum is checked, not the data's. A file
                 whose lanes are partly empty is read instead (its rows keep their numbers).
         """
-        return io.load(cls, os.fspath(path), mmap=mmap)
+        with io.BufferFile(os.fspath(path)) as file:
+            header = file.header
+            try:
+                buffer = cls.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
+                                       gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
+                                       global_reward=False, individual_reward=False)
+            except MemoryError:
+                file.fail(f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
+                          "on this machine")
+            buffer.path, buffer.name, buffer.alpha = header.path, header.name, header.alpha
+            buffer.rng.bit_generator.state = header.rng
+            leaves = io.fill(file, buffer._storage, buffer._lanes, mmap=mmap)
+        if leaves is not None:
+            buffer._priorities = PriorityTree.restore(leaves, buffer._lanes, buffer.alpha, header.max_priority)  # type: ignore[arg-type]
+        if not mmap and any(name in buffer._storage.arrays for name in NEXT):
+            buffer.compact()  # an older file's next values, written out row by row: keep them once
+        return buffer
 
     def __repr__(self) -> str:
         return (f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "

@@ -249,14 +249,29 @@ class Lane:
         views, valid until the lane changes."""
         return self.ended.with_running(self.running)
 
-    def segments(self) -> list[tuple[int, int]]:
-        """The live rows as one or two contiguous ``[lo, hi)`` row ranges, oldest first."""
-        first = self.live_start % self.capacity
-        head = min(self.size, self.capacity - first)
+    def segments(self, start: int | None = None, end: int | None = None) -> list[tuple[int, int]]:
+        """The rows of positions ``[start, end)`` (at most ``capacity``; by default the live ones)
+        as one or two contiguous ``[lo, hi)`` row ranges, oldest first."""
+        start = self.live_start if start is None else start
+        n = (self.written if end is None else end) - start
+        first = start % self.capacity
+        head = min(n, self.capacity - first)
         out = [(self.offset + first, self.offset + first + head)]
-        if head < self.size:  # the live rows wrap around the lane's end
-            out.append((self.offset, self.offset + self.size - head))
+        if head < n:  # they wrap around the lane's end
+            out.append((self.offset, self.offset + n - head))
         return out
+
+    def restore(self, written: int, live_start: int, ended: np.ndarray, running: tuple[int, int, bool] | None,
+                agent_start: list[int]) -> None:
+        """Take the positions and episodes a file gives (``ended``: ``[start, end, whole]`` rows),
+        into this lane as made: rows below ``written`` hold their values."""
+        self.written = self.dirty = written
+        self.live_start = live_start
+        self.opened = written if written < self.capacity else ALL
+        if len(ended):
+            self.ended.extend(ended[:, 0], ended[:, 1], ended[:, 2].astype(bool))
+        self.running = None if running is None else Episode(*running)
+        self.agent_start = list(agent_start)
 
     @property
     def size(self) -> int:
@@ -374,6 +389,11 @@ def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
         which.append(np.full(starts[-1].size, i))
     return EpisodeTable(np.concatenate(starts), np.concatenate(ends), lane_offsets(lanes)[np.concatenate(which)],
                         lanes[0].capacity)
+
+
+def newest_rows(lanes: Sequence[Lane]) -> np.ndarray:
+    """The newest row of each lane that holds any (its successor is not recorded)."""
+    return np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size], dtype=np.int64)
 
 
 def count_whole(lanes: list[Lane]) -> int:

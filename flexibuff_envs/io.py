@@ -23,22 +23,18 @@ import stat
 import struct
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED, Chain
-from flexibuff_envs.episodes import Episode
+from flexibuff_envs.episodes import Lane, newest_rows
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse, stored_range
 from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.sampling import live_rows
-from flexibuff_envs.storage import MASKS, NEXT, Storage, pack_mask
-
-if TYPE_CHECKING:
-    from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.storage import Part, Segments, Storage
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
 VERSION = 4
@@ -82,84 +78,44 @@ class _Checksum:
         return self.value
 
 
-def _ranges(buffer: FlexibleBuffer) -> list[tuple[int, int]]:
-    """Each lane's stored rows ``[lo, hi)``, counted from the lane's first row."""
-    return [stored_range(lane.live_start, lane.written, lane.capacity) for lane in buffer._lanes]
+def _lanes(lanes: Sequence[Lane], ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Each lane's positions, stored rows ``[lo, hi)`` and episodes, as the header holds them."""
+    return [{
+        "written": lane.written,
+        "live_start": lane.live_start,
+        "rows": [lo, hi],
+        "ended": [list(e) for e in zip(lane.ended.starts.tolist(), lane.ended.ends.tolist(), lane.ended.whole.tolist())],
+        "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
+        "agent_start": list(lane.agent_start),
+    } for lane, (lo, hi) in zip(lanes, ranges)]
 
 
-def _header(buffer: FlexibleBuffer, ranges: list[tuple[int, int]]) -> dict[str, Any]:
-    lanes = []
-    for lane, (lo, hi) in zip(buffer._lanes, ranges):
-        lanes.append({
-            "written": lane.written,
-            "live_start": lane.live_start,
-            "rows": [lo, hi],
-            "ended": [list(e) for e in zip(lane.ended.starts.tolist(), lane.ended.ends.tolist(),
-                                           lane.ended.whole.tolist())],
-            "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
-            "agent_start": list(lane.agent_start),
-        })
-    return {
-        "format": "flexibuff_envs buffer",
-        "spec": buffer.spec.to_dict(),
-        "num_steps": buffer.num_steps,
-        "gamma": buffer.gamma,
-        "gae_lambda": buffer.gae_lambda,
-        "path": buffer.path,
-        "name": buffer.name,
-        "rng": buffer.rng.bit_generator.state,
-        "alpha": buffer.alpha,
-        "lanes": lanes,
-        "fields": [],
-    }
-
-
-def _blocks(array: np.ndarray, per_agent: bool, segments: list[tuple[int, int]]) -> Iterator[np.ndarray]:
-    """The contiguous pieces of ``array`` a file holds, in file order."""
-    for agent in range(array.shape[0]) if per_agent else (None,):
-        for lo, hi in segments:
-            yield array[lo:hi] if agent is None else array[agent, lo:hi]
-
-
-def save(buffer: FlexibleBuffer, path: str) -> None:
-    """Write ``buffer`` to ``path`` atomically: the old file stays intact until the new is whole.
+def save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane],
+         tree: PriorityTree | None) -> None:
+    """Write a buffer (its ``settings``, the JSON-ready values its header keeps, and its parts)
+    to ``path`` atomically: the old file stays intact until the new is whole.
 
     Rows go from the ring to the file slice by slice, in ring order (so row numbers stay as they
     are): no copy of the buffer is made.
     """
-    ranges = _ranges(buffer)
-    segments = [(lane.offset + lo, lane.offset + hi) for lane, (lo, hi) in zip(buffer._lanes, ranges)]
-    rows = sum(hi - lo for lo, hi in segments)
-    header = _header(buffer, ranges)
-    fields: list[list[np.ndarray] | Iterator[np.ndarray]] = []
-    offset = 0
-
-    def add(meta: dict[str, Any], shape: list[int], array: np.ndarray,
-            blocks: list[np.ndarray] | Iterator[np.ndarray]) -> None:
-        nonlocal offset
-        offset += _padding(offset)
-        header["fields"].append({**meta, "dtype": array.dtype.str, "shape": shape, "offset": offset})
-        fields.append(blocks)
-        offset += int(np.prod(shape)) * array.itemsize
-
-    def row_shape(array: np.ndarray, per_agent: bool) -> list[int]:
-        return [array.shape[0], rows, *array.shape[2:]] if per_agent else [rows, *array.shape[1:]]
-
-    for name, array in buffer._storage:
-        per_agent = buffer._storage.fields[name].per_agent
-        add({"name": name, "width": array.shape[-1] if array.ndim > 1 + per_agent else None},
-            row_shape(array, per_agent), array, _blocks(array, per_agent, segments))
-    tree = buffer._priorities
+    ranges = [stored_range(lane.live_start, lane.written, lane.capacity) for lane in lanes]
+    segments = [(lane.offset + lo, lane.offset + hi) for lane, (lo, hi) in zip(lanes, ranges)]
+    header = {"format": "flexibuff_envs buffer", **settings, "lanes": _lanes(lanes, ranges), "fields": []}
+    parts = storage.export(segments)
     if tree is not None:  # prioritized replay's priority ** alpha per row, and the highest priority given
-        tree.sync(buffer._read_lanes)
+        tree.sync(lanes)
         header["max_priority"] = tree.max_priority
-        leaves = tree.leaf_values(buffer._storage.rows)
-        add({"name": PRIORITY}, [rows], leaves, _blocks(leaves, False, segments))
-    stored = np.concatenate([np.arange(lo, hi) for lo, hi in segments])
-    for name, chain in buffer._storage.chains.items():
-        index, tail = chain.extract(stored)  # slots renumbered to the ones in use
-        add({"name": name, "part": "index"}, row_shape(chain.index, chain.per_agent), index, [index])
-        add({"name": name, "part": "tail"}, list(tail.shape), tail, [tail])
+        parts.append(Part.of(PRIORITY, None, tree.leaf_values(storage.rows), False, segments))
+    offset = 0
+    for part in parts:
+        offset += _padding(offset)
+        meta: dict[str, Any] = {"name": part.name}
+        if part.part is not None:
+            meta["part"] = part.part
+        elif part.name != PRIORITY:
+            meta["width"] = part.shape[-1] if len(part.shape) > 1 + part.per_agent else None
+        header["fields"].append({**meta, "dtype": part.dtype.str, "shape": list(part.shape), "offset": offset})
+        offset += part.nbytes
     header["data_bytes"] = offset
     blob = json.dumps(header).encode()
     prefix = _PREFIX.pack(MAGIC, VERSION, len(blob)) + blob
@@ -174,12 +130,12 @@ def save(buffer: FlexibleBuffer, path: str) -> None:
             checksum = _Checksum()
             try:
                 position = 0
-                for blocks in fields:
+                for part in parts:
                     pad = b"\0" * _padding(position)
                     out.write(pad)
                     checksum.add(pad)
                     position += len(pad)
-                    for block in blocks:
+                    for block in part.blocks():
                         for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
                             out.write(piece)
                         position += block.nbytes
@@ -258,7 +214,7 @@ def _open_regular(path: str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-class _File:
+class BufferFile:
     """An opened regular buffer file whose size, end marker, checksum and header were checked."""
 
     def __init__(self, path: str) -> None:
@@ -312,167 +268,78 @@ class _File:
         self.handle.close()
         raise BufferFileError(f"{self.path}: {problem}")
 
+    def __enter__(self) -> BufferFile:  # noqa: PYI034 (Self needs Python 3.11)
+        return self
 
-def load(cls: type[FlexibleBuffer], path: str, *, mmap: bool = False) -> FlexibleBuffer:
-    """Read a buffer file written by `save`; rows keep their numbers (``batch.idx``).
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
 
-    Any file either loads, using memory in proportion to its size, or raises `BufferFileError`:
-    the header is checked whole (`header.parse`) before anything is allocated or mapped, and
-    the next-value indices once read.
+    def mapped(self, meta: dict[str, Any]) -> np.ndarray:
+        """The array field ``meta`` of the header describes, mapped copy-on-write."""
+        return np.asarray(np.memmap(self.path, dtype=np.dtype(meta["dtype"]), mode="c",
+                                    offset=self.data_start + meta["offset"], shape=tuple(meta["shape"])))
+
+    def read_into(self, storage: Storage, segments: Segments, leaves: np.ndarray | None) -> None:
+        """Read each part straight into where ``storage`` holds the ring rows ``segments`` (the
+        priorities into ``leaves``), checking the CRC."""
+        handle, checksum = self.handle, _Checksum(self.crc_seed)
+        handle.seek(self.data_start)
+        parts = []
+        try:
+            for meta in self.header.fields:
+                checksum.add(handle.read(self.data_start + meta["offset"] - handle.tell()))  # padding
+                dtype = np.dtype(meta["dtype"])
+                part = (Part.of(PRIORITY, None, leaves, False, segments) if meta["name"] == PRIORITY  # type: ignore[arg-type]
+                        else storage.receive(meta["name"], meta.get("part"), tuple(meta["shape"]), dtype, segments))
+                if part.dtype != dtype:
+                    self.fail(f"corrupt: field {meta['name']!r} has dtype {meta['dtype']} in the header, "
+                              f"{part.dtype.str} in its spec")
+                for block in part.blocks():
+                    for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
+                        if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
+                            self.fail(f"truncated inside field {meta['name']!r}")
+                parts.append(part)
+            checksum.add(handle.read(self.data_end - handle.tell()))
+        finally:
+            crc = checksum.result()
+        if crc != self.data_crc:
+            self.fail(f"corrupt: data checksum mismatch (bytes {self.data_start}-{self.data_end})")
+        storage.settle(parts, segments)
+
+
+def fill(file: BufferFile, storage: Storage, lanes: Sequence[Lane], *, mmap: bool = False) -> np.ndarray | None:
+    """Give ``storage`` and ``lanes`` (of a buffer made as ``file``'s header says) the file's rows
+    and episodes; returns each row's priority ``** alpha`` when the file holds priorities.
+
+    Rows keep their numbers (``batch.idx``). Values sampling uses as indices or flags are
+    checked (`Storage.problem`): any file either loads or raises `BufferFileError`.
 
     Args:
-        cls: the buffer class to make (`FlexibleBuffer` passes itself: io imports no buffer).
         mmap: map the arrays from the file instead of reading them (copy-on-write: the buffer can
             be changed and recorded into, the file never is). Only the header is read and checked;
             the data checksum is not, as that would read the whole file. A file whose lanes do
             not all span their whole ring is read instead: the ring needs its full size.
     """
-    file = _File(path)
     header = file.header
-    try:
-        try:
-            buffer = cls.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
-                                   gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
-                                   global_reward=False, individual_reward=False)
-        except MemoryError:
-            file.fail(f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
-                      "on this machine")
-        buffer.path, buffer.name = header.path, header.name
-        buffer.rng.bit_generator.state = header.rng
-        buffer.alpha = header.alpha
-        segments = [(lane.offset + info.lo, lane.offset + info.hi) for lane, info in zip(buffer._lanes, header.lanes)]
-        leaves = np.zeros(buffer._store.rows) if header.max_priority is not None else None
-        if mmap and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
-            _map(buffer._storage, file.path, file.data_start, header.fields, leaves)
-        else:
-            _read_into(buffer, file, header.fields, segments, leaves)
-        for lane, info in zip(buffer._lanes, header.lanes):
-            lane.written = lane.dirty = info.written
-            lane.live_start = info.live_start
-            # rows below written hold the file's values (or are not live): the rest opens as recorded
-            buffer._open(lane, info.written, block=0, fill=False)
-            if info.ended:
-                ended = np.array(info.ended, dtype=np.int64)
-                lane.ended.extend(ended[:, 0], ended[:, 1], ended[:, 2].astype(bool))
-            lane.running = None if info.running is None else Episode(*info.running)
-            lane.agent_start = (list(info.agent_start) if info.agent_start is not None else
-                                [info.running[0] if info.running else 0] * buffer.spec.n_agents)
-        problem = data_problem(buffer, segments)
-        if leaves is not None and not problem:
-            live = live_rows(buffer._lanes)
-            if not (np.isfinite(leaves[live]).all() and (leaves[live] >= 0).all()):
-                problem = f"{PRIORITY} holds a value that is negative or not finite"
-            else:
-                buffer._priorities = PriorityTree.restore(leaves, buffer._lanes, buffer.alpha,
-                                                          header.max_priority)  # type: ignore[arg-type]
-        if problem:
-            file.fail(f"corrupt: {problem}")
-    finally:
-        file.handle.close()
-    if not mmap and any(name in buffer._storage.arrays for name in NEXT):
-        buffer.compact()  # an older file's next values, written out row by row: keep them once
-    return buffer
-
-
-def data_problem(buffer: FlexibleBuffer, segments: list[tuple[int, int]]) -> str | None:
-    """What is wrong with values a file gave ``buffer`` (its rows ``segments``) that sampling
-    uses as indices or flags, or None: next-value indices (every row names a slot of the tail
-    store or is chained; no two live rows share a slot; no lane's newest row is chained, its
-    successor not being recorded), category indices within their categories, bools 0 or 1."""
-    storage = buffer._storage
-    categories = np.asarray(buffer.spec.obs_categories)
-
-    def stored(array: np.ndarray, per_agent: bool) -> list[np.ndarray]:
-        return [array[:, lo:hi] if per_agent else array[lo:hi] for lo, hi in segments]
-
-    for name, array in storage.arrays.items():
-        parts = stored(array, storage.fields[name].per_agent)
-        if array.dtype == bool and any(part.view(np.uint8).max(initial=0) > 1 for part in parts):
-            return f"{name} holds a bool that is neither 0 nor 1"
-        if name == "obs" and categories.size and any((part > categories).any() for part in parts):
-            return "obs names a category past its space's size"
-    if categories.size and "obs_" in storage.chains and (storage.chains["obs_"].tail > categories).any():
-        return "obs_ names a category past its space's size"
-    if not any(lane.size for lane in buffer._lanes):
-        return None
-    live = live_rows(buffer._lanes)
-    newest = np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in buffer._lanes if lane.size])
-    for name, chain in storage.chains.items():
-        if any(((part < CHAINED) | (part >= len(chain.tail))).any() for part in stored(chain.index, chain.per_agent)):
-            return f"{name} names a slot outside its {len(chain.tail)} stored ones"
-        slots = chain.index.take(live, axis=-1)
-        slots = slots[slots > 0]
-        if np.unique(slots).size != slots.size:
-            return f"{name} gives two rows one stored slot"
-        if (chain.index.take(newest, axis=-1) == CHAINED).any():
-            return f"{name} chains a lane's newest row to a row not recorded"
-    return None
-
-
-def _map(storage: Storage, path: str, start: int, fields: list[dict[str, Any]], leaves: np.ndarray | None) -> None:
-    """``storage`` uses the arrays of a buffer file in place (copy-on-write memory maps), and
-    ``leaves`` gets the priorities. The file holds every row of every lane, in ring order."""
-    def mapped(meta: dict[str, Any]) -> np.ndarray:
-        return np.asarray(np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="c",
-                                    offset=start + meta["offset"], shape=tuple(meta["shape"])))
-
-    arrays = {meta["name"]: mapped(meta) for meta in fields if "part" not in meta}
-    if leaves is not None:
-        leaves[:] = arrays.pop(PRIORITY)
-    for name in MASKS:
-        if name in arrays and arrays[name].dtype == bool:  # formats 1-2
-            arrays[name] = pack_mask(arrays[name])
-    storage.replace(arrays)
-    parts = {(meta["name"], meta["part"]): mapped(meta) for meta in fields if "part" in meta}
-    storage.chains = {name: Chain(storage.arrays[NEXT[name]], storage.fields[name].per_agent,
-                                  index=index, tail=parts[name, "tail"])
-                      for (name, part), index in parts.items() if part == "index"}
-
-
-def _read_into(buffer: FlexibleBuffer, file: _File, fields: list[dict[str, Any]],
-               segments: list[tuple[int, int]], leaves: np.ndarray | None) -> None:
-    """Read each field's rows from ``file`` straight into the buffer's ring rows ``segments``
-    (one range per lane; the priorities into ``leaves``), checking the CRC."""
-    handle, checksum = file.handle, _Checksum(file.crc_seed)
-    handle.seek(file.data_start)
-    try:
-        for meta in fields:
-            checksum.add(handle.read(file.data_start + meta["offset"] - handle.tell()))  # padding
-            part = meta.get("part")
-            if part is None and meta["name"] in NEXT:  # formats 1-2: next values written out row by row
-                buffer._storage.chains.pop(meta["name"], None)
-            if meta["name"] in MASKS and meta["dtype"] == "|b1":  # formats 1-2: a bool per action
-                target = np.ones(meta["shape"], dtype=bool)  # the stored rows, packed into the ring below
-                blocks = iter([target])
-            elif meta["name"] == PRIORITY:
-                target = leaves  # type: ignore[assignment]
-                blocks = _blocks(target, False, segments)
-            elif part is None:
-                target = buffer._storage.ensure(meta["name"])
-                blocks = _blocks(target, buffer._storage.fields[meta["name"]].per_agent, segments)
-            elif part == "index":
-                chain = buffer._storage.chain(meta["name"])
-                target = chain.index
-                blocks = _blocks(target, chain.per_agent, segments)
-            else:
-                chain = buffer._storage.chain(meta["name"])
-                chain.alloc(meta["shape"][0] - chain.fresh)
-                target = chain.tail
-                blocks = iter([target[:meta["shape"][0]]])
-            if target.dtype.str != meta["dtype"]:
-                file.fail(f"corrupt: field {meta['name']!r} has dtype {meta['dtype']} in the header, "
-                          f"{target.dtype.str} in its spec")
-            for block in blocks:
-                for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
-                    if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
-                        file.fail(f"truncated inside field {meta['name']!r}")
-            if target.dtype == bool and meta["name"] in MASKS:
-                packed, at = buffer._storage.ensure(meta["name"]), 0
-                for lo, hi in segments:
-                    packed[:, lo:hi] = pack_mask(target[:, at:at + hi - lo])
-                    at += hi - lo
-        checksum.add(handle.read(file.data_end - handle.tell()))
-    finally:
-        crc = checksum.result()
-    if crc != file.data_crc:
-        file.fail(f"corrupt: data checksum mismatch (bytes {file.data_start}-{file.data_end})")
+    segments = [(lane.offset + info.lo, lane.offset + info.hi) for lane, info in zip(lanes, header.lanes)]
+    leaves = np.zeros(storage.rows) if header.max_priority is not None else None
+    if mmap and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
+        arrays = {(meta["name"], meta.get("part")): file.mapped(meta) for meta in header.fields}
+        if leaves is not None:
+            leaves[:] = arrays.pop((PRIORITY, None))
+        storage.adopt(arrays)
+    else:
+        file.read_into(storage, segments, leaves)
+    for k, (lane, info) in enumerate(zip(lanes, header.lanes)):
+        # rows below written hold the file's values (or are not live): the rest opens as recorded
+        storage.open(k, min(info.written, lane.capacity), fill=False)
+        running = info.running[0] if info.running else 0
+        lane.restore(info.written, info.live_start, np.array(info.ended, dtype=np.int64).reshape(-1, 3),
+                     info.running, info.agent_start if info.agent_start is not None else [running] * len(lane.agent_start))
+    live = live_rows(lanes)
+    problem = storage.problem(segments, live, newest_rows(lanes))
+    if not problem and leaves is not None and not (np.isfinite(leaves[live]).all() and (leaves[live] >= 0).all()):
+        problem = f"{PRIORITY} holds a value that is negative or not finite"
+    if problem:
+        file.fail(f"corrupt: {problem}")
+    return leaves

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch
-from flexibuff_envs.chain import Chain, TakeMode, zeroed
+from flexibuff_envs.chain import CHAINED, Chain, TakeMode, renumbered, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.errors import plain_dtype
 from flexibuff_envs.nstep import Windows, discounted_sum
@@ -141,6 +141,69 @@ def one_hot(indices: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
 NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
 #: fields stored in another form than batches show (`Storage.decode`)
 DECODED = ("obs", "obs_", *MASKS)
+
+#: ring rows as ``[lo, hi)`` ranges, in order
+Segments = Sequence[tuple[int, int]]
+
+
+@dataclass(frozen=True, eq=False)
+class Part:
+    """One array of a buffer's stored form, the one form files hold, chunks carry and memory maps
+    give (`Storage.export`, `Storage.insert`, `Storage.receive`, `Storage.adopt`): field
+    ``name``'s rows (``part`` None), or a chained next value's ``"index"`` (a slot per row;
+    `CHAINED`: the base field at the next row) or ``"tail"`` (the slots it names, slot 0 zeros).
+
+    ``pieces`` hold its rows in order, ``[n_agents, n, ...]`` each for a per-agent field and
+    ``[n, ...]`` else; a tail is one piece.
+    """
+
+    name: str
+    part: str | None
+    per_agent: bool
+    pieces: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, name: str, part: str | None, array: np.ndarray, per_agent: bool, segments: Segments) -> Part:
+        """The rows ``segments`` of ``array`` (views)."""
+        return cls(name, part, per_agent, tuple(array[:, lo:hi] if per_agent else array[lo:hi] for lo, hi in segments))
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.name, self.part
+
+    @property
+    def axis(self) -> int:
+        """The axis of its rows."""
+        return int(self.per_agent and self.part != "tail")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first, axis = self.pieces[0], self.axis
+        return (*first.shape[:axis], sum(piece.shape[axis] for piece in self.pieces), *first.shape[axis + 1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.pieces[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(piece.nbytes for piece in self.pieces)
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """Its values in the C order of `shape`, as pieces that are contiguous where its arrays
+        are: agent after agent, each rows first to last."""
+        for agent in range(self.shape[0]) if self.axis else (None,):
+            for piece in self.pieces:
+                yield piece if agent is None else piece[agent]
+
+    def whole(self) -> np.ndarray:
+        """Its values as one array of `shape`."""
+        return self.pieces[0] if len(self.pieces) == 1 else np.concatenate(self.pieces, axis=self.axis)
+
+    def rows(self, lo: int, hi: int) -> np.ndarray:
+        """Its rows ``[lo, hi)`` (a tail whole)."""
+        whole = self.whole()
+        return whole if self.part == "tail" else whole[:, lo:hi] if self.axis else whole[lo:hi]
 
 
 class Storage:
@@ -430,6 +493,117 @@ class Storage:
         chain = self.chains[name]
         value = chain.value(row, int(self.successor_rows(np.array(row))), agent if chain.per_agent else None)
         return self.decode(name, value)
+
+    # ----------------------------------------------------------------- the stored form, out and in
+
+    def export(self, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> list[Part]:
+        """``rows`` in their stored form: given as ring ranges, each field's parts are views of its
+        arrays; given as row numbers, copies. Each chain's parts hold the slots those rows name,
+        renumbered ``1, 2, ...``; a chained row at a position in ``last`` (an episode's end,
+        whose successor does not follow it in ``rows``) gets a slot with its value."""
+        if isinstance(rows, np.ndarray):
+            parts = [Part(name, None, self.fields[name].per_agent,
+                          (array.take(rows, axis=int(self.fields[name].per_agent)),)) for name, array in self]
+            numbers = rows
+        else:
+            parts = [Part.of(name, None, array, self.fields[name].per_agent, rows) for name, array in self]
+            numbers = np.concatenate([np.arange(lo, hi) for lo, hi in rows] or [np.zeros(0, dtype=np.int64)])
+        ends = None if last is None else self.successor_rows(numbers[last])
+        for name, chain in self.chains.items():
+            index, tail = chain.extract(numbers, last, ends)
+            parts += [Part(name, "index", chain.per_agent, (index,)), Part(name, "tail", False, (tail,))]
+        return parts
+
+    def insert(self, parts: Sequence[Part], segments: Segments, ends: np.ndarray) -> None:
+        """Write rows in their stored form (`export`ed, whole episodes back to back) to the ring
+        rows ``segments``; ``ends``: each episode's last position in them. A field the parts do
+        not hold gets a fresh row's values, a next value a fresh row's value at each end."""
+        given = {part.key: part.whole() for part in parts}
+        for name, array in self:
+            source, per_agent, at = given.get((name, None)), self.fields[name].per_agent, 0
+            for lo, hi in segments:
+                target = array[:, lo:hi] if per_agent else array[lo:hi]
+                if source is None:
+                    target[...] = self.fill(name)
+                else:
+                    target[...] = source[:, at:at + hi - lo] if per_agent else source[at:at + hi - lo]
+                at += hi - lo
+        rows = np.concatenate([np.arange(lo, hi) for lo, hi in segments])
+        for name, chain in self.chains.items():
+            if (name, "index") in given:
+                chain.insert(rows, *renumbered(given[name, "index"], given[name, "tail"]))
+            else:
+                chain.fill(rows, ends, self.fill(NEXT[name]))
+
+    def receive(self, name: str, part: str | None, shape: tuple[int, ...], dtype: np.dtype,
+                segments: Segments) -> Part:
+        """Where a file's part ``(name, part)`` of ``shape`` and ``dtype`` is read to, for the ring
+        rows ``segments``: views of the arrays it is held in (`settle` finishes what is read in
+        an older form)."""
+        if part is None and name in NEXT:  # formats 1-2: next values written out row by row
+            self.chains.pop(name, None)
+        if part is None and name in MASKS and dtype == bool:  # formats 1-2: a bool per action
+            return Part(name, "bools", False, (np.ones(shape, dtype=bool),))
+        if part is None:
+            return Part.of(name, None, self.ensure(name), self.fields[name].per_agent, segments)
+        chain = self.chain(name)
+        if part == "index":
+            return Part.of(name, part, chain.index, chain.per_agent, segments)
+        chain.alloc(shape[0] - chain.fresh)
+        return Part(name, part, False, (chain.tail[:shape[0]],))
+
+    def settle(self, parts: Sequence[Part], segments: Segments) -> None:
+        """Store what `receive` read in an older form: masks as bits."""
+        for part in parts:
+            if part.part == "bools":
+                bools, packed, at = part.whole(), self.ensure(part.name), 0
+                for lo, hi in segments:
+                    packed[:, lo:hi] = pack_mask(bools[:, at:at + hi - lo])
+                    at += hi - lo
+
+    def adopt(self, arrays: Mapping[tuple[str, str | None], np.ndarray]) -> None:
+        """Hold a mapped file's parts, every ring row of every lane, instead of any array."""
+        self.replace({name: pack_mask(array) if name in MASKS and array.dtype == bool else array
+                      for (name, part), array in arrays.items() if part is None})  # formats 1-2: a bool per action
+        self.chains = {name: Chain(self.arrays[NEXT[name]], self.fields[name].per_agent,
+                                   index=index, tail=arrays[name, "tail"])
+                       for (name, part), index in arrays.items() if part == "index"}
+
+    def problem(self, segments: Segments, live: np.ndarray, newest: np.ndarray) -> str | None:
+        """What is wrong with the values of rows ``segments`` given from outside (a file) that
+        sampling uses as indices or flags, or None: bools 0 or 1; category indices within their
+        categories; next-value indices naming a slot of the tail, no two of the ``live`` rows
+        one slot, and no lane's ``newest`` row chained (its successor is not recorded)."""
+        categories = np.asarray(self.spec.obs_categories)
+        for name, array in self:
+            pieces = Part.of(name, None, array, self.fields[name].per_agent, segments).pieces
+            if array.dtype == bool and any(piece.view(np.uint8).max(initial=0) > 1 for piece in pieces):
+                return f"{name} holds a bool that is neither 0 nor 1"
+            if name == "obs" and categories.size and any((piece > categories).any() for piece in pieces):
+                return "obs names a category past its space's size"
+        if categories.size and "obs_" in self.chains and (self.chains["obs_"].tail > categories).any():
+            return "obs_ names a category past its space's size"
+        if not live.size:
+            return None
+        for name, chain in self.chains.items():
+            pieces = Part.of(name, "index", chain.index, chain.per_agent, segments).pieces
+            if any(((piece < CHAINED) | (piece >= len(chain.tail))).any() for piece in pieces):
+                return f"{name} names a slot outside its {len(chain.tail)} stored ones"
+            slots = chain.index.take(live, axis=-1)
+            slots = slots[slots > 0]
+            if np.unique(slots).size != slots.size:
+                return f"{name} gives two rows one stored slot"
+            if (chain.index.take(newest, axis=-1) == CHAINED).any():
+                return f"{name} chains a lane's newest row to a row not recorded"
+        return None
+
+    def compact(self, live: np.ndarray, newest: np.ndarray) -> None:
+        """Keep next values given row by row (filled in by hand, or an old file's) once: chained
+        where a row's equals its base field at the next row, bit for bit (not for a lane's
+        ``newest`` row: its successor is not recorded), else in a slot of its own."""
+        for name in [name for name in NEXT if name in self.arrays]:
+            explicit = self.pop(name)
+            self.chain(name).absorb(explicit, live, self.successor_rows(live), ~np.isin(live, newest))
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
         return iter(self.arrays.items())

@@ -20,7 +20,6 @@ from pettingzoo.classic import connect_four_v3
 import flexibuff_envs as fe
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.rollout import Annotated, steps
-from flexibuff_envs.storage import FIELDS
 from tests.batches import assert_same_batches, key, whole_episodes
 from tests.envs import ToyEnv
 
@@ -178,10 +177,7 @@ def test_next_values_filled_by_hand_travel_too_even_chained_across_episodes() ->
     first, second = whole_episodes(buffer)
     chunk = buffer.take_episodes()
     learner = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2])
-    learner.extend(dataclasses.replace(  # the first episode alone
-        chunk, lengths=chunk.lengths[:1],
-        arrays={name: array[:, :3] if FIELDS[name].per_agent else array[:3] for name, array in chunk.arrays.items()},
-        chains={name: (index[..., :3], tail) for name, (index, tail) in chunk.chains.items()}))
+    learner.extend(chunk[:1])  # the first episode alone
     (moved,) = whole_episodes(learner)
     assert_same_batches(moved, first)
     np.testing.assert_array_equal(moved.obs_[-1], obs[3])
@@ -228,3 +224,39 @@ def test_a_chunk_that_does_not_fit_is_refused_by_name_and_the_buffer_keeps_every
     assert fingerprint(learner) == before
     with pytest.raises(ValueError, match="lane 0 has a running episode"):
         cartpole.buffer.extend(learner.take_episodes())
+
+
+def test_a_chunk_sliced_by_episode_moves_exactly_those_episodes_and_only_their_bytes() -> None:
+    worker = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=500)
+    play(worker, 2, 95)()
+    recorded = whole_episodes(worker.buffer)
+    chunk = worker.buffer.take_episodes()
+    assert chunk.n_episodes == len(recorded) == 9
+    for part, episodes in ((chunk[2:5], recorded[2:5]), (chunk[-2:], recorded[-2:]), (chunk.newest(25), recorded[-2:])):
+        learner = learner_for(worker.buffer, 500)
+        assert learner.extend(part) == len(episodes)
+        for a, b in zip(whole_episodes(learner), episodes, strict=True):
+            assert_same_batches(a, b)
+        assert part.nbytes < chunk.nbytes * (len(episodes) + 1) / len(recorded)  # its tail keeps only its slots
+    assert chunk[5:2].n_episodes == 0 == learner_for(worker.buffer, 500).extend(chunk[5:2])
+    with pytest.raises(ValueError, match="step 1, got step 2"):
+        chunk[::2]
+
+
+def test_a_chunk_whose_next_values_name_slots_it_lacks_is_refused_by_name() -> None:
+    worker = fe.record(gym.make("CartPole-v1"), num_steps=500)
+    play(worker, 0, 60)()
+    chunk = worker.buffer.take_episodes()
+    learner = learner_for(worker.buffer, 500)
+    before = fingerprint(learner)
+    index = next(part for part in chunk.parts if part.key == ("obs_", "index"))
+    bad = index.whole().copy()
+    bad[0, 3] = 10_000
+    crafted = dataclasses.replace(chunk, parts=tuple(
+        dataclasses.replace(part, pieces=(bad,)) if part is index else part for part in chunk.parts))
+    with pytest.raises(ValueError, match=r"next-value field 'obs_' of the chunk does not fit .* up to 10000 of"):
+        learner.extend(crafted)
+    no_tail = dataclasses.replace(chunk, parts=tuple(part for part in chunk.parts if part.part != "tail"))
+    with pytest.raises(ValueError, match="'obs_' of the chunk needs both its index and tail"):
+        learner.extend(no_tail)
+    assert fingerprint(learner) == before

@@ -92,7 +92,7 @@ def test_files_and_chunks_keep_them(tmp_path: Path, mmap: bool) -> None:
     chunk = buffer.take_episodes()
     assert other.extend(chunk) == chunk.n_episodes
     moved = np.concatenate([e.hidden for e in other.episodes()])
-    np.testing.assert_array_equal(moved, chunk.arrays["hidden"][0])
+    np.testing.assert_array_equal(moved, next(p.whole() for p in chunk.parts if p.name == "hidden")[0])
 
 
 def test_every_agent_and_every_sub_env_has_its_own() -> None:
