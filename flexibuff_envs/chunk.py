@@ -74,6 +74,8 @@ class Chunk:
 
     def newest(self, rows: int) -> Chunk:
         """Its newest episodes that fit in ``rows`` rows."""
+        if self.rows <= rows:
+            return self
         fits = np.cumsum(self.lengths[::-1])[::-1] <= rows  # the episodes from here on fit
         return self[int(np.argmax(fits)) if fits.any() else self.n_episodes:]
 

@@ -9,6 +9,7 @@ catching an exception, and an absent field is ``None`` on every batch. The next-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import keyword
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch
-from flexibuff_envs.chain import CHAINED, Chain, TakeMode, renumbered, zeroed
+from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.errors import plain_dtype
 from flexibuff_envs.nstep import Windows, discounted_sum
@@ -176,7 +177,7 @@ class Part:
         """The axis of its rows."""
         return int(self.per_agent and self.part != "tail")
 
-    @property
+    @functools.cached_property
     def shape(self) -> tuple[int, ...]:
         first, axis = self.pieces[0], self.axis
         return (*first.shape[:axis], sum(piece.shape[axis] for piece in self.pieces), *first.shape[axis + 1:])
@@ -531,7 +532,7 @@ class Storage:
         rows = np.concatenate([np.arange(lo, hi) for lo, hi in segments])
         for name, chain in self.chains.items():
             if (name, "index") in given:
-                chain.insert(rows, *renumbered(given[name, "index"], given[name, "tail"]))
+                chain.insert(rows, given[name, "index"], given[name, "tail"])
             else:
                 chain.fill(rows, ends, self.fill(NEXT[name]))
 
