@@ -10,6 +10,8 @@ Run: python benchmarks/bench_sample.py             (1,000,000 CartPole-sized row
      python benchmarks/bench_sample.py --frames    (20,000 rows of 84x84x4 uint8 frames)
      python benchmarks/bench_sample.py --fields    (only the five fields a DQN reads, ours with
                                                    fields=...; the peers gather all theirs)
+     python benchmarks/bench_sample.py --fields --next-apart   (ours too with obs_ kept row by
+                                                   row, as the floor holds it: twice the memory)
      (peers: pip install -e '.[bench]')
 """
 
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--fields", action="store_true",
                         help="gather only obs, obs_, discrete_actions, individual_rewards, terminated")
+    parser.add_argument("--next-apart", action="store_true",
+                        help="also time ours holding obs_ row by row (filled by hand, not compacted)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -99,6 +103,9 @@ def main() -> None:
         if installed(name):
             sample = loaded(name, data, fields=ours_fields) if name == OURS else loaded(name, data)
             samplers[name] = lambda sample=sample: sample(args.batch)
+    if args.next_apart:
+        apart = loaded(OURS, data, fields=ours_fields, compact=False)
+        samplers[f"{OURS}, obs_ apart"] = lambda: apart(args.batch)
     times: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(5):  # interleaved, so machine noise hits all alike
         for name, fn in samplers.items():

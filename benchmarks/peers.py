@@ -130,11 +130,12 @@ def installed(name: str) -> bool:
 
 
 def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch: bool = True,
-           fields: tuple[str, ...] | None = None) -> Sample:
+           fields: tuple[str, ...] | None = None, compact: bool = True) -> Sample:
     """A buffer of ``name`` holding ``data`` (obs, act, rew, obs_, terminated, truncated; one row
     each) in episodes of ``episode`` steps, put in place in bulk: the state that many ``add`` calls
     would leave, without waiting for them. Returns its sampler (torch batches; ours can also give
-    numpy, and only ``fields``). Ours stores each observation once (`compact`), as its recorders do."""
+    numpy, and only ``fields``). Ours stores each observation once (`compact`), as its recorders do;
+    with ``compact=False`` it keeps ``obs_`` row by row, as the peers and a bare gather do."""
     n = len(data["act"])
     dtype = data["obs"].dtype
     if name == OURS:
@@ -151,7 +152,8 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
             for _ in range(episode):
                 buffer.claim_row()
             buffer.end_episode()
-        buffer.compact()
+        if compact:
+            buffer.compact()
         return lambda b: buffer.sample_transitions(b, as_torch=as_torch, fields=fields)
     if name == "flexibuff 0.3.1":
         from flexibuff import FlexibleBuffer
