@@ -181,7 +181,6 @@ class PriorityTree:
             while empty.any():
                 rows[empty] = self._descend(rng, int(empty.sum()))
                 empty = self.sums[rows + self.leaves] <= 0
-            rows.sort()
             leaf = self.sums.take(rows + self.leaves)
         return rows, ((leaf / self.minimum()) ** -beta).astype(np.float32)
 

@@ -357,3 +357,17 @@ def test_priorities_follow_a_plain_model_through_records_wraps_and_updates(ops: 
         np.testing.assert_allclose(batch.weights, [min(positive.values()) / positive[r] for r in batch.idx.tolist()],
                                    rtol=1e-6)
     assert buffer.max_priority == highest
+
+
+def test_a_draw_that_meets_stale_sums_draws_again_and_keeps_the_order_drawn() -> None:
+    """Sums that lag their leaves (what float rounding can leave) lead a descent to a leaf at 0:
+    the sums are rebuilt and only those rows drawn again, in their places, never a row at 0."""
+    from flexibuff_envs.priorities import PriorityTree
+
+    tree = PriorityTree(4096, 1, alpha=1.0)
+    rows = np.arange(4096)
+    tree._set(rows, np.ones(4096), live=True)
+    tree.sums[tree.leaves + rows[1::2]] = 0.0  # half the leaves emptied behind the sums' back
+    drawn, weights = tree.draw(np.random.default_rng(0), 4096, beta=1.0)
+    assert (drawn % 2 == 0).all() and (weights == 1).all()
+    assert np.diff(drawn).min() < 0  # the order drawn, not sorted
