@@ -245,8 +245,9 @@ class FlexibleBuffer(Sampling):
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
-        lanes = self._read_lanes
-        self._storage.compact(live_rows(lanes), newest_rows(lanes))
+        if any(name in self._storage.arrays for name in NEXT):
+            lanes = self._read_lanes
+            self._storage.compact(live_rows(lanes), newest_rows(lanes))
 
     def _enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
@@ -332,8 +333,7 @@ class FlexibleBuffer(Sampling):
         """Hand out every ended whole episode as a `Chunk` (plain numpy arrays, cheap to send to
         another process) and forget all ended episodes here; a running episode goes on recording.
         """
-        if any(name in self._storage.arrays for name in NEXT):
-            self.compact()  # next values filled in by hand travel chained too
+        self.compact()  # next values filled in by hand travel chained too
         return chunk.take(self._storage, self._lanes, self.gamma, self.gae_lambda)
 
     def extend(self, episodes: Chunk, lane: int = 0) -> int:
@@ -353,8 +353,7 @@ class FlexibleBuffer(Sampling):
         kept = episodes.newest(lane_.capacity)
         if not kept.n_episodes:
             return 0
-        if any(name in self._storage.arrays for name in NEXT):
-            self.compact()  # next values filled in by hand are chained first, like the chunk's
+        self.compact()  # next values filled in by hand are chained first, like the chunk's
         if kept.spec.action_mask and not self.spec.action_mask:
             self._enable_action_mask()
         for part in kept.parts:
@@ -473,7 +472,7 @@ class FlexibleBuffer(Sampling):
             leaves = io.fill(file, buffer._storage, buffer._lanes, mmap=mmap)
         if leaves is not None:
             buffer._priorities = PriorityTree.restore(leaves, buffer._lanes, buffer.alpha, header.max_priority)  # type: ignore[arg-type]
-        if not mmap and any(name in buffer._storage.arrays for name in NEXT):
+        if not mmap:
             buffer.compact()  # an older file's next values, written out row by row: keep them once
         return buffer
 
