@@ -167,6 +167,73 @@ def torchrl(rows: int) -> Cycle:
     return cycle
 
 
+Draw = Callable[[], tuple[np.ndarray, np.ndarray]]  # a batch's rows and their importance weights
+Update = Callable[[np.ndarray, np.ndarray], None]
+
+
+def weights_error(make: Callable[[int], tuple[Draw, Update]], rows: int = 10_000) -> float:
+    """The largest relative error of a buffer's importance weights against Schaul et al.'s
+    ``(N P(i)) ** -beta / max_j (N P(j)) ** -beta`` (alpha 0.6, beta 0.4), which is
+    ``(p_i / p_min) ** (-alpha beta)`` over the priorities the rows hold, after 200 updates with
+    what a DQN gives (``|TD error| + 1e-6``, the errors standard normal); ``make(rows)`` gives
+    the buffer's draw and update."""
+    draw, update = make(rows)
+    rng = np.random.default_rng(1)
+    held = np.ones(rows)  # every row starts at the highest priority given, 1
+    for _ in range(200):
+        idx = np.unique(draw()[0])
+        priorities = np.abs(rng.normal(size=idx.size)) + 1e-6
+        update(idx, priorities)
+        held[idx] = priorities
+    idx, weights = draw()
+    expected = (held[idx] / held.min()) ** (-0.6 * 0.4)
+    return float(np.max(np.abs(weights / expected - 1)))
+
+
+def ours_weights(rows: int) -> tuple[Draw, Update]:
+    buffer = fe.FlexibleBuffer(rows, 4, [2], seed=0, alpha=0.6)
+    buffer.begin_episode()
+    buffer.claim_rows(rows)
+    buffer.end_episode()
+
+    def draw() -> tuple[np.ndarray, np.ndarray]:
+        batch = buffer.sample_transitions(256, prioritized=True, beta=0.4, fields=("obs",))
+        return batch.idx, batch.weights
+
+    return draw, buffer.update_priorities
+
+
+def tianshou_weights(rows: int) -> tuple[Draw, Update]:
+    from tianshou.data import Batch, PrioritizedReplayBuffer
+
+    data = transitions(rows)
+    buffer = PrioritizedReplayBuffer(rows, alpha=0.6, beta=0.4)
+    buffer.set_batch(Batch(obs=data["obs"], act=data["act"], rew=data["rew"], terminated=data["done"],
+                           truncated=data["done"], done=data["done"], obs_next=data["obs_next"], info=Batch()))
+    buffer._size, buffer._insertion_idx = rows, 0  # filled whole, as add() would after `rows` calls
+    buffer.init_weight(np.arange(rows))
+    np.random.seed(1)  # Tianshou draws with numpy's global generator
+
+    def draw() -> tuple[np.ndarray, np.ndarray]:
+        batch, indices = buffer.sample(256)
+        return indices, batch.weight
+
+    return draw, buffer.update_weight
+
+
+def cpprb_weights(rows: int) -> tuple[Draw, Update]:
+    from cpprb import PrioritizedReplayBuffer
+
+    buffer = PrioritizedReplayBuffer(rows, {"obs": {"shape": 4}}, alpha=0.6, eps=0.0)  # priorities as given
+    buffer.add(obs=np.zeros((rows, 4)))
+
+    def draw() -> tuple[np.ndarray, np.ndarray]:
+        batch = buffer.sample(256, beta=0.4)
+        return batch["indexes"].astype(np.int64), batch["weights"]
+
+    return draw, buffer.update_priorities
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -188,6 +255,12 @@ def main() -> None:
     for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all alike
         for name, cycle in cycles.items():
             times[name] += [cycle() for _ in range(20)]
+    print("importance weights against (N P(i)) ** -beta / max, after 200 updates at 10,000 rows (largest relative error)")
+    for name, make in (("flexibuff_envs", ours_weights), ("Tianshou", tianshou_weights), ("cpprb", cpprb_weights)):
+        try:
+            print(f"  {name:<16} {weights_error(make):.2e}")
+        except ImportError as exc:
+            print(f"  {name:<16} not measured ({exc})")
     print(f"sample(256) + update(256) at {args.rows:,} rows, {args.rounds} rounds (median us)")
     floor = None
     for name, runs in times.items():
