@@ -4,7 +4,8 @@ gymnasium's natively vectorized CartPole (``vectorization_mode="vector_entry_poi
 step for all sub-envs) with 64 sub-envs, and a SyncVectorEnv of 8 CartPole-v1. Each is recorded
 into a ring that holds the whole run, and into one that wraps (its oldest episodes forgotten as
 it goes), and recorded while a DQN-style loop samples 256 rows after every step (the bare loop
-does not sample: that ratio prices the sampling too). Prints the median of interleaved rounds in
+does not sample: that ratio prices the sampling too); and, when Stable-Baselines3 is installed,
+the bare env with each step added to SB3's ``ReplayBuffer`` as its off-policy algorithms do. Prints the median of interleaved rounds in
 microseconds per sub-env step, and ratios.
 Run: python benchmarks/bench_vector.py [--rounds N]
 """
@@ -12,6 +13,7 @@ Run: python benchmarks/bench_vector.py [--rounds N]
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 from typing import Any
@@ -27,6 +29,30 @@ CASES = {  # name: (make, vector steps per round, target)
         lambda: gym.make_vec("CartPole-v1", 64, vectorization_mode="vector_entry_point"), 2_000, 1.30),
     "SyncVectorEnv CartPole x8": (lambda: gym.make_vec("CartPole-v1", 8, vectorization_mode="sync"), 4_000, 1.15),
 }
+
+
+class SB3Added(gym.vector.VectorWrapper):
+    """The bare vector env, each step added to Stable-Baselines3's ``ReplayBuffer`` as its
+    off-policy algorithms add it (``add(obs, next_obs, actions, rewards, dones, infos)``)."""
+
+    def __init__(self, env: gym.vector.VectorEnv, size: int) -> None:
+        from stable_baselines3.common.buffers import ReplayBuffer
+
+        super().__init__(env)
+        self.replay = ReplayBuffer(size, env.single_observation_space, env.single_action_space, device="cpu",
+                                   n_envs=env.num_envs)
+        self.infos: list[dict[str, Any]] = [{} for _ in range(env.num_envs)]
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.obs, info = self.env.reset(**kwargs)
+        return self.obs, info
+
+    def step(self, actions: Any) -> Any:
+        result = self.env.step(actions)
+        obs, rewards, terminated, truncated, _ = result
+        self.replay.add(self.obs, obs, actions, rewards, terminated | truncated, self.infos)
+        self.obs = obs
+        return result
 
 
 def run(env: Any, actions: np.ndarray, sample: bool = False) -> float:
@@ -50,6 +76,8 @@ def main() -> None:
         recorders = {"recorded": fe.record(make(), num_steps=steps * args.rounds),
                      "recorded, ring wrapping": fe.record(make(), num_steps=steps),
                      SAMPLING: fe.record(make(), num_steps=steps * args.rounds)}
+        if importlib.util.find_spec("stable_baselines3") is not None:  # the peer our users come from
+            recorders["SB3 ReplayBuffer.add each step"] = SB3Added(make(), steps * bare.num_envs * args.rounds)
         timings: dict[str, list[float]] = {"bare": [], **{label: [] for label in recorders}}
         for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all alike
             timings["bare"].append(run(bare, actions))
