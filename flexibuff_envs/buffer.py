@@ -289,10 +289,12 @@ class FlexibleBuffer(Sampling):
         lane.opened = upto if upto < lane.capacity else ALL
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
-        self._forget_rows(lane.rows(episode))
+        for lo, hi in lane.segments(episode.start, episode.end):  # slices: the common case is one
+            self._forget_rows(slice(lo, hi))
 
-    def _forget_rows(self, rows: np.ndarray) -> None:
-        """``rows`` are no longer recorded: no ``G``, and their next-value slots come back."""
+    def _forget_rows(self, rows: np.ndarray | slice) -> None:
+        """``rows`` (indices, or a slice) are no longer recorded: no ``G``, and their next-value
+        slots come back."""
         self._store.arrays["G"][:, rows] = np.nan
         for chain in self._store.chains.values():
             chain.forget(rows)

@@ -112,12 +112,13 @@ class Chain:
         self.tail[slots] = 0
         return slots
 
-    def forget(self, rows: np.ndarray) -> None:
-        """``rows`` are no longer recorded: their slots come back and they read as cleared.
+    def forget(self, rows: np.ndarray | slice) -> None:
+        """``rows`` (indices, or a slice of contiguous ones) are no longer recorded: their slots
+        come back and they read as cleared.
 
         The rows read as cleared before their slots come back: interrupted in between (Ctrl-C),
         a slot is lost until `reclaim`, never handed out twice."""
-        slots = self.index[..., rows].ravel()
+        slots = self.index[..., rows].flatten()
         self.index[..., rows] = 0
         for holder in self.holders:
             holder.release(rows)
@@ -278,9 +279,11 @@ class Held:
         self._write = self._make_writer(self.tail[:, :self._size])
         self._views = {self.held: self.tail[self.held], self.spare: self.tail[self.spare]}
 
-    def release(self, rows: np.ndarray | None = None) -> None:
+    def release(self, rows: np.ndarray | slice | None = None) -> None:
         """The pending row was forgotten (``rows`` holds it; None: every row): hold without it."""
-        if self.pending >= 0 and (rows is None or (rows == self.pending).any()):
+        pending = self.pending
+        if pending >= 0 and (rows is None or (rows.start <= pending < rows.stop if isinstance(rows, slice)
+                                              else (rows == pending).any())):
             self.pending = -1
 
     def _settle(self) -> None:
@@ -361,7 +364,7 @@ class HeldBatch:
     def bind(self) -> None:
         """Nothing to rebind: the tail store is read from the chain at each use."""
 
-    def release(self, rows: np.ndarray | None = None) -> None:
+    def release(self, rows: np.ndarray | slice | None = None) -> None:
         """As `Held.release`, for every lane whose pending row is among ``rows`` (None: all):
         `Chain.forget` has cleared them, and a pending row names a slot, so it is one that reads
         slot 0 now (no search through ``rows``)."""
