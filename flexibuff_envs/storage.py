@@ -152,7 +152,8 @@ class Part:
     """One array of a buffer's stored form, the one form files hold, chunks carry and memory maps
     give (`Storage.export`, `Storage.insert`, `Storage.receive`, `Storage.adopt`): field
     ``name``'s rows (``part`` None), or a chained next value's ``"index"`` (a slot per row;
-    `CHAINED`: the base field at the next row) or ``"tail"`` (the slots it names, slot 0 zeros).
+    `CHAINED`: the base field at the next row) or ``"tail"`` (the slots it names, slot 0 zeros);
+    ``"bools"`` while a format 1-2 file's masks are read, a bool per action, until `settle`.
 
     ``pieces`` hold its rows in order, ``[n_agents, n, ...]`` each for a per-agent field and
     ``[n, ...]`` else; a tail is one piece.
