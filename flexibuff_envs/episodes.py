@@ -326,25 +326,30 @@ class EpisodeIndex:
         self.uncommitted = False
 
 
-def spans(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every position of the ranges ``[starts, ends)`` (empty where ``ends <= starts``) back to
-    back, and which range each belongs to."""
-    lengths = np.maximum(ends - starts, 0)
-    which = np.repeat(np.arange(lengths.size), lengths)
-    first = np.cumsum(lengths) - lengths
-    return np.arange(int(lengths.sum())) - first[which] + starts[which], which
-
-
 def lane_offsets(lanes: Sequence[Lane]) -> np.ndarray:
     """Each lane's first buffer row."""
     return np.array([lane.offset for lane in lanes], dtype=np.int64)
 
 
-def span_rows(offsets: np.ndarray, capacity: int, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The buffer rows of positions ``[starts, ends)`` of the lanes at ``offsets`` (one range each,
-    back to back, each in time order), and which range each row belongs to."""
-    positions, which = spans(starts, ends)
-    return offsets[which] + positions % capacity, which
+def span_rows(offsets: np.ndarray, capacity: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The buffer rows of positions ``[starts, ends)`` (at most ``capacity`` each; none where
+    ``ends <= starts``) of the lanes at ``offsets``, range after range, each in time order.
+
+    A range is one run of ring rows, or two where it wraps around its lane's end; the rows are
+    the running sum of steps that are 1 within a run and jump to the next run's first row."""
+    lengths = np.maximum(ends - starts, 0)
+    firsts = starts % capacity
+    head = np.minimum(lengths, capacity - firsts)  # the run up to the lane's end, then the wrapped rest
+    runs = np.stack([head, lengths - head], axis=1).ravel()
+    run_rows = np.stack([offsets + firsts, offsets], axis=1).ravel()
+    keep = runs > 0
+    runs, run_rows = runs[keep], run_rows[keep]
+    if not runs.size:
+        return np.zeros(0, dtype=np.int64)
+    step = np.ones(int(runs.sum()), dtype=np.int64)
+    step[np.cumsum(runs[:-1])] = run_rows[1:] - (run_rows[:-1] + runs[:-1] - 1)
+    step[0] = run_rows[0]
+    return np.cumsum(step)
 
 
 @dataclass(frozen=True)
@@ -371,7 +376,7 @@ class EpisodeTable:
     def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """The rows of every one back to back, each in time order, and the position in them of
         each one's last row."""
-        return span_rows(self.offsets, self.capacity, self.starts, self.ends)[0], np.cumsum(self.lengths) - 1
+        return span_rows(self.offsets, self.capacity, self.starts, self.ends), np.cumsum(self.lengths) - 1
 
 
 def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:

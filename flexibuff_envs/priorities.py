@@ -80,7 +80,7 @@ class PriorityTree:
         `leaf_values` gave them) over the live rows of ``lanes``."""
         tree = cls(leaves.size, len(lanes), alpha)
         tree._known = [(lane.live_start, lane.written) for lane in lanes]
-        rows, _ = span_rows(lane_offsets(lanes), lanes[0].capacity, *np.array(tree._known, dtype=np.int64).T)
+        rows = span_rows(lane_offsets(lanes), lanes[0].capacity, *np.array(tree._known, dtype=np.int64).T)
         tree.live[rows] = True
         tree.sums[tree.leaves + rows] = leaves[rows]
         tree._rebuild()
@@ -149,10 +149,10 @@ class PriorityTree:
         offsets, capacity = lane_offsets(lanes), lanes[0].capacity
         kept_from, kept_to = np.array(self._known, dtype=np.int64).T
         live_from, written = np.array(now, dtype=np.int64).T
-        gone, _ = span_rows(offsets, capacity, kept_from, np.minimum(live_from, kept_to))
+        gone = span_rows(offsets, capacity, kept_from, np.minimum(live_from, kept_to))
         if gone.size:
             self._set(gone, np.zeros(gone.size), live=False)
-        new, _ = span_rows(offsets, capacity, np.maximum(kept_to, live_from), written)
+        new = span_rows(offsets, capacity, np.maximum(kept_to, live_from), written)
         if new.size:
             self._set(new, np.full(new.size, self.max_priority ** self.alpha), live=True)
         self._known = now

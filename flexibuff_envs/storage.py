@@ -366,15 +366,20 @@ class Storage:
     def write_run_returns(self, rows: np.ndarray, last: np.ndarray, bootstrap: np.ndarray, gamma: float,
                           lam: float) -> None:
         """``G`` (and GAE where values were annotated) of many single-agent episodes in one pass:
-        ``rows`` hold them back to back, ``last`` flags each one's last row and ``bootstrap`` is
-        the value after it (``[rows]``, read where ``last``)."""
+        ``rows`` hold them back to back, ``last`` is the position there of each one's last row
+        and ``bootstrap`` the value after it."""
         arrays = self.arrays
         rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
-        arrays["G"][0, rows] = segmented_scan(rewards + gamma * np.where(last, bootstrap, 0.0), gamma, last)
+        ends = np.zeros(rows.size, dtype=bool)
+        ends[last] = True
         if "values" in arrays:
-            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), last, gamma, lam, bootstrap)
+            boots = np.zeros(rows.size)
+            boots[last] = bootstrap
+            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), ends, gamma, lam, boots)
             self.ensure("advantages")[0, rows] = advantages
             self.ensure("returns")[0, rows] = value_targets
+        rewards[last] += gamma * bootstrap
+        arrays["G"][0, rows] = segmented_scan(rewards, gamma, ends)
 
     def write_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float,
                        lam: float) -> None:

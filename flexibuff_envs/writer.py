@@ -218,7 +218,5 @@ class Writer:
         if not starts.size:
             return
         buffer = self.buffer
-        rows, which = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
-        last = np.zeros(rows.size, dtype=bool)
-        last[np.cumsum(ends - starts) - 1] = True
-        buffer._store.write_run_returns(rows, last, bootstrap[which], buffer.gamma, buffer.gae_lambda)
+        rows = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
+        buffer._store.write_run_returns(rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flexibuff_envs as fe
-from flexibuff_envs.episodes import Ended, Episode
+from flexibuff_envs.episodes import Ended, Episode, span_rows
 
 ENDED_OPS = st.lists(st.one_of(
     st.tuples(st.just("append"), st.integers(1, 5), st.booleans()),
@@ -121,3 +121,16 @@ def test_sample_episodes_keeps_within_max_batch_size_with_whole_episodes_in_reco
         for e in episodes:
             assert held[int(e.idx[0])] == len(e) and (np.diff(e.idx) == 1).all()
             assert e.terminated[-1] or e.truncated[-1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(-3, 9)), max_size=12))
+def test_span_rows_are_each_ranges_rows_in_time_order_across_the_lanes_end(
+        capacity: int, ranges: list[tuple[int, int, int]]) -> None:
+    """Ranges of lane positions (some wrapping around their lane's end, some empty) as buffer rows,
+    against a plain loop over the positions."""
+    lanes = np.array([lane for lane, _, _ in ranges], dtype=np.int64)
+    starts = np.array([start for _, start, _ in ranges], dtype=np.int64)
+    ends = starts + np.array([min(length, capacity) for _, _, length in ranges], dtype=np.int64)
+    expected = [lane * capacity + p % capacity for lane, s, e in zip(lanes, starts, ends) for p in range(s, e)]
+    assert span_rows(lanes * capacity, capacity, starts, ends).tolist() == expected
