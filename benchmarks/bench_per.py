@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -105,7 +106,8 @@ def ours_episodes(rows: int, length: int = 20) -> Cycle:
     return cycle
 
 
-def tianshou(rows: int) -> Cycle:
+def tianshou_filled(rows: int) -> Any:
+    """Tianshou's ``PrioritizedReplayBuffer`` (alpha 0.6, beta 0.4) holding ``rows`` transitions."""
     from tianshou.data import Batch, PrioritizedReplayBuffer
 
     data = transitions(rows)
@@ -114,6 +116,11 @@ def tianshou(rows: int) -> Cycle:
                            truncated=data["done"], done=data["done"], obs_next=data["obs_next"], info=Batch()))
     buffer._size, buffer._insertion_idx = rows, 0  # filled whole, as add() would after `rows` calls
     buffer.init_weight(np.arange(rows))
+    return buffer
+
+
+def tianshou(rows: int) -> Cycle:
+    buffer = tianshou_filled(rows)
     rng = np.random.default_rng(0)
 
     def cycle() -> tuple[float, float]:
@@ -204,14 +211,7 @@ def ours_weights(rows: int) -> tuple[Draw, Update]:
 
 
 def tianshou_weights(rows: int) -> tuple[Draw, Update]:
-    from tianshou.data import Batch, PrioritizedReplayBuffer
-
-    data = transitions(rows)
-    buffer = PrioritizedReplayBuffer(rows, alpha=0.6, beta=0.4)
-    buffer.set_batch(Batch(obs=data["obs"], act=data["act"], rew=data["rew"], terminated=data["done"],
-                           truncated=data["done"], done=data["done"], obs_next=data["obs_next"], info=Batch()))
-    buffer._size, buffer._insertion_idx = rows, 0  # filled whole, as add() would after `rows` calls
-    buffer.init_weight(np.arange(rows))
+    buffer = tianshou_filled(rows)
     np.random.seed(1)  # Tianshou draws with numpy's global generator
 
     def draw() -> tuple[np.ndarray, np.ndarray]:
