@@ -54,9 +54,16 @@ class Chunk:
         """Bytes of its arrays: what it costs to send."""
         return self.lengths.nbytes + sum(part.nbytes for part in self.parts)
 
-    def __getitem__(self, episodes: slice) -> Chunk:
-        """Episodes ``episodes`` (a slice of step 1) as a chunk of their own: ``chunk[-3:]`` holds
-        the newest three."""
+    def __getitem__(self, episodes: slice | int) -> Chunk:
+        """Episodes ``episodes`` (a slice of step 1, or one episode's index) as a chunk of their
+        own: ``chunk[-3:]`` holds the newest three, ``chunk[0]`` the oldest."""
+        if isinstance(episodes, (int, np.integer)) and not isinstance(episodes, bool):
+            k = int(episodes) + (self.n_episodes if episodes < 0 else 0)
+            if not 0 <= k < self.n_episodes:
+                raise IndexError(f"episode {episodes} of a chunk of {self.n_episodes}")
+            episodes = slice(k, k + 1)
+        if not isinstance(episodes, slice):
+            raise TypeError(f"a chunk is indexed by episode, chunk[k] or chunk[a:b], got {episodes!r}")
         first, stop, step = episodes.indices(self.n_episodes)
         if step != 1:
             raise ValueError(f"a chunk's episodes are sliced in order, with step 1, got step {step}")

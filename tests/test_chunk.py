@@ -239,8 +239,15 @@ def test_a_chunk_sliced_by_episode_moves_exactly_those_episodes_and_only_their_b
             assert_same_batches(a, b)
         assert part.nbytes < chunk.nbytes * (len(episodes) + 1) / len(recorded)  # its tail keeps only its slots
     assert chunk[5:2].n_episodes == 0 == learner_for(worker.buffer, 500).extend(chunk[5:2])
+    one = learner_for(worker.buffer, 500)
+    assert one.extend(chunk[-1]) == 1
+    assert_same_batches(whole_episodes(one)[0], recorded[-1])
     with pytest.raises(ValueError, match="step 1, got step 2"):
         chunk[::2]
+    with pytest.raises(IndexError, match="episode 9 of a chunk of 9"):
+        chunk[9]
+    with pytest.raises(TypeError, match="indexed by episode"):
+        chunk["obs"]  # type: ignore[index]
 
 
 def test_a_chunk_whose_next_values_name_slots_it_lacks_is_refused_by_name() -> None:
