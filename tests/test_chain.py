@@ -1,10 +1,13 @@
 """The chain (next values stored once) against a plain model that keeps ``obs`` and ``obs_`` of
 every row apart, for any sequence of holds, writes, sat-out steps, given-back rows, episode ends
 and ring wraps, over two lanes of two agents. As in a recorder, a step given back ends its
-episode and the next one begins (a reset)."""
+episode and the next one begins (a reset). What it holds then goes through the stored form: a
+file, read and mapped, and its whole episodes moved to another buffer."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 import flexibuff_envs as fe
 from flexibuff_envs.codecs import obs_codec
+from flexibuff_envs.episodes import episode_table
 from flexibuff_envs.sampling import live_rows
 from flexibuff_envs.wrappers.core import held
 from flexibuff_envs.writer import Writer
@@ -115,3 +119,19 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
     named = chain.index[..., rows].ravel()
     named = named[named > 0]
     assert np.unique(named).size == named.size  # no stored slot read by two rows
+    # the stored form carries every row as it was: a file, read and mapped, then whole episodes moved
+    with tempfile.TemporaryDirectory() as directory:
+        path = buffer.save(os.path.join(directory, "chain.fbuf"))
+        for mmap in (False, True):
+            loaded = fe.FlexibleBuffer.load(path, mmap=mmap).gather(rows)
+            np.testing.assert_array_equal(loaded.obs, batch.obs)
+            np.testing.assert_array_equal(loaded.obs_, batch.obs_)
+    ended = episode_table(buffer._lanes).all_rows()[0]
+    chunk = buffer.take_episodes()
+    learner = fe.FlexibleBuffer(100, WIDTH, n_agents=AGENTS)
+    assert learner.extend(chunk) == chunk.n_episodes
+    moved = learner.gather(live_rows(learner._lanes))
+    for k, row in enumerate(ended.tolist()):
+        for a in range(AGENTS):
+            np.testing.assert_array_equal(moved.obs[a, k], model.obs[row, a], err_msg=f"moved obs row {row} agent {a}")
+            np.testing.assert_array_equal(moved.obs_[a, k], model.obs_[row, a], err_msg=f"moved obs_ row {row} agent {a}")
