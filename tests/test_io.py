@@ -44,6 +44,23 @@ def test_round_trip_keeps_every_field_and_keeps_recording_and_sampling_as_before
         assert not (episode.terminated[:-1] | episode.truncated[:-1]).any()
 
 
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mapped"])
+def test_a_loaded_buffer_records_on_exactly_as_the_saved_one_does(tmp_path: Path, mmap: bool) -> None:
+    """Recording on into a loaded buffer gives every row, next values and masks included, what
+    recording on into the buffer that was saved gives (new episode ends take stored slots the
+    file's rows must keep)."""
+    env = recorder()
+    play(env, seed=0, steps=95)
+    loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "run.fbuf"), mmap=mmap)
+    resumed = fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11),
+                               mask_info=True), buffer=loaded)
+    for going_on in (env, resumed):
+        play(going_on, seed=5, steps=23)  # less than the ring: rows from the file are still held
+    assert len(loaded) == len(env.buffer) > 20 and loaded.n_episodes == env.buffer.n_episodes
+    (mine,), (theirs,) = (list(b.minibatches(len(b), shuffle=False)) for b in (loaded, env.buffer))  # every live row
+    assert_same_batches(mine, theirs)
+
+
 def test_file_holds_recorded_rows_not_the_empty_ring(tmp_path: Path) -> None:
     env = recorder(capacity=1_000_000)
     play(env, seed=0, steps=30)
