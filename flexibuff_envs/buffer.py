@@ -280,13 +280,12 @@ class FlexibleBuffer(Sampling):
         blocks = [lane_.claim_block(min(lane_.capacity, n - done)) for done in range(0, n, lane_.capacity)]
         return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
 
-    def _open(self, lane: Lane, needed: int, *, block: int = _OPEN_ROWS, fill: bool = True) -> None:
-        """Give the rows of ``lane`` up to position ``needed`` (and ``block`` more) their fields'
-        allocated values: a ring is filled as it is first used, not when it is made. ``fill=False``:
-        those rows hold their values already (read from a file)."""
-        upto = min(lane.capacity, needed + block)
-        self._store.open(lane.offset // self.num_steps, upto, fill=fill)
-        lane.opened = upto if upto < lane.capacity else ALL
+    def _open(self, lane: Lane, needed: int) -> None:
+        """Give the rows of ``lane`` up to position ``needed`` (and `_OPEN_ROWS` more) their
+        fields' allocated values: a ring is filled as it is first used, not when it is made."""
+        upto = min(lane.capacity, needed + _OPEN_ROWS)
+        self._store.open(lane.offset // self.num_steps, upto)
+        lane.open_to(upto)
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
         for lo, hi in lane.segments(episode.start, episode.end):  # slices: the common case is one
@@ -465,11 +464,11 @@ class FlexibleBuffer(Sampling):
             try:
                 buffer = cls.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
                                        gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
-                                       global_reward=False, individual_reward=False)
+                                       alpha=header.alpha, global_reward=False, individual_reward=False)
             except MemoryError:
                 file.fail(f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
                           "on this machine")
-            buffer.path, buffer.name, buffer.alpha = header.path, header.name, header.alpha
+            buffer.path, buffer.name = header.path, header.name
             buffer.rng.bit_generator.state = header.rng
             leaves = io.fill(file, buffer._storage, buffer._lanes, mmap=mmap)
         if leaves is not None:

@@ -261,13 +261,18 @@ class Lane:
             out.append((self.offset, self.offset + n - head))
         return out
 
+    def open_to(self, upto: int) -> None:
+        """Rows below position ``upto`` (on the ring's first pass) hold their fields' allocated
+        values."""
+        self.opened = upto if upto < self.capacity else ALL
+
     def restore(self, written: int, live_start: int, ended: np.ndarray, running: tuple[int, int, bool] | None,
                 agent_start: list[int]) -> None:
         """Take the positions and episodes a file gives (``ended``: ``[start, end, whole]`` rows),
         into this lane as made: rows below ``written`` hold their values."""
         self.written = self.dirty = written
         self.live_start = live_start
-        self.opened = written if written < self.capacity else ALL
+        self.open_to(written)
         if len(ended):
             self.ended.extend(ended[:, 0], ended[:, 1], ended[:, 2].astype(bool))
         self.running = None if running is None else Episode(*running)

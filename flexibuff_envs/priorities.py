@@ -36,6 +36,8 @@ from flexibuff_envs.episodes import Lane, lane_offsets, span_rows
 
 #: prioritized replay's exponent unless one is given (and in files written before it was kept)
 ALPHA = 0.6
+
+
 def check_alpha(alpha: float, name: str = "alpha") -> float:
     """Return ``alpha`` as a float, or raise ValueError unless it is a finite number >= 0."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:

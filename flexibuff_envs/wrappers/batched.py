@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
-from flexibuff_envs.episodes import Episode, Lane
+from flexibuff_envs.episodes import Episode, Lane, span_rows
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
 from flexibuff_envs.storage import pack_mask
 from flexibuff_envs.wrappers.annotations import add_feedback, checked
@@ -297,14 +297,13 @@ class BatchRecorder:
         `Lane.make_room` (the lanes are committed first)."""
         self._push()  # what was written before this block
         ring = self._lanes()
-        forgotten = []
         # room for an eighth of the ring at once (a block is at most that), in every lane that
         # would need it within that many rows: the lanes then make room together, seldom
         ahead = np.maximum(counts, self._capacity // 8)
-        for i in np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened)).tolist():
-            lo, hi = ring[i].make_room(int(ahead[i]), defer=True)
-            forgotten.append(self._offsets[i] + np.arange(lo, hi) % self._capacity)
-        self.writer.forget_rows(np.concatenate(forgotten))
+        lanes = np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened))
+        lo, hi = np.array([ring[i].make_room(int(ahead[i]), defer=True) for i in lanes.tolist()],
+                          dtype=np.int64).reshape(-1, 2).T
+        self.writer.forget_rows(span_rows(self._offsets[lanes], self._capacity, lo, hi))
         self._reload()
 
     def _open(self, needed: np.ndarray) -> None:
