@@ -118,7 +118,7 @@ class Chain:
 
         The rows read as cleared before their slots come back: interrupted in between (Ctrl-C),
         a slot is lost until `reclaim`, never handed out twice."""
-        slots = self.index[..., rows].flatten()
+        slots = self.index[..., rows].flatten()  # a copy: a slice's view would read the zeros below
         self.index[..., rows] = 0
         for holder in self.holders:
             holder.release(rows)
