@@ -112,6 +112,39 @@ def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_does_not_e
     assert {tuple(np.round(f, 5)) for f in finals} <= drawn  # every final observation can be drawn
 
 
+def test_the_replay_buffer_holds_each_sub_env_s_adds_as_whole_episodes_and_every_read_sees_the_last_add() -> None:
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    venv = DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+    venv.seed(3)
+    replay = ReplayBuffer(1000, venv.observation_space, venv.action_space, device="cpu", n_envs=2)
+    added: list[list[tuple[np.ndarray, int, float, np.ndarray]]] = [[], []]  # the running episode's, per sub-env
+    ended: list[list[list[tuple[np.ndarray, int, float, np.ndarray]]]] = [[], []]
+    obs, rng = venv.reset(), np.random.default_rng(0)
+    for step in range(300):  # as SB3's off-policy collection adds: next_obs is the final one where done
+        action = rng.integers(0, 2, 2)
+        next_obs, reward, done, infos = venv.step(action)
+        real_next = np.stack([info["terminal_observation"] if d else o for o, d, info in zip(next_obs, done, infos)])
+        replay.add(obs, real_next, action, reward, done, infos)
+        assert len(replay.buffer) == 2 * (step + 1)  # a read right after an add sees it
+        for i in range(2):
+            added[i].append((obs[i].copy(), int(action[i]), float(reward[i]), real_next[i].copy()))
+            if done[i]:
+                ended[i].append(added[i])
+                added[i] = []
+        obs = next_obs
+    episodes = list(replay.buffer.episodes())
+    for lane in range(2):
+        mine = [e for e in episodes if int(e.idx[0]) // replay.buffer.num_steps == lane]
+        assert len(mine) == len(ended[lane]) > 3
+        for episode, plain in zip(mine, ended[lane]):
+            np.testing.assert_array_equal(episode.obs, np.stack([t[0] for t in plain]))
+            np.testing.assert_array_equal(episode.discrete_actions[:, 0], [t[1] for t in plain])
+            np.testing.assert_array_equal(episode.individual_rewards, [t[2] for t in plain])
+            np.testing.assert_array_equal(episode.obs_, np.stack([t[3] for t in plain]))
+            assert episode.terminated[-1] and not episode.terminated[:-1].any()
+
+
 def test_sb3_sac_trains_on_this_replay_buffer_with_continuous_actions() -> None:
     from stable_baselines3 import SAC
 

@@ -22,7 +22,7 @@ from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.errors import MissingExtraError
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
-from flexibuff_envs.wrappers.core import prepare_buffer
+from flexibuff_envs.wrappers.core import LaneRecorder, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 try:
@@ -101,6 +101,9 @@ class ReplayBuffer(buffers.ReplayBuffer):
     Use it as ``DQN(..., replay_buffer_class=ReplayBuffer)`` (or SAC, TD3, ...): SB3 passes the
     arguments below. Observations must be a ``Box`` (SB3 keeps Dict ones in ``DictReplayBuffer``).
     ``optimize_memory_usage`` changes nothing: observations are always stored once.
+
+    Each sub-env's transition is written as it is added, as a single-env recorder writes it: SB3
+    samples every few adds, and a staged block (`BatchRecorder`) would be written at every sample.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
@@ -119,23 +122,21 @@ class ReplayBuffer(buffers.ReplayBuffer):
                                                num_steps=self.buffer_size, global_reward=False,
                                                seed=int(np.random.randint(2**31)))
         writer = Writer(self.buffer, self)
-        self._recorder = BatchRecorder(
-            writer, obs, action, writer.claim_lanes(n_envs), mode=AutoresetMode.DISABLED)
+        self._lanes = [LaneRecorder(writer, [obs], [action], lane=lane, global_reward="none")
+                       for lane in writer.claim_lanes(n_envs)]
         self._action_shape = (n_envs, *(action_space.shape or ()))
-        self._resetting: np.ndarray | None = None  # sub-envs whose next add starts an episode (None: all)
         self._continuous = isinstance(action_space, spaces.Box)
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
             infos: list[dict[str, Any]]) -> None:
         """One transition per sub-env: ``next_obs`` is the final observation where ``done``."""
-        recorder = self._recorder
-        if self._resetting is None or self._resetting.any():  # episodes begin here (their first observation)
-            recorder.begin(np.arange(self.n_envs) if self._resetting is None else np.flatnonzero(self._resetting),
-                           obs)
         done = np.asarray(done, dtype=bool)
-        self._resetting = done
         truncated = _timeouts(done, infos) if self.handle_timeout_termination else np.zeros_like(done)
-        recorder.step(np.reshape(action, self._action_shape), next_obs, reward, done & ~truncated, truncated)
+        actions = np.reshape(action, self._action_shape)
+        for i, (lane, ended, timeout) in enumerate(zip(self._lanes, done.tolist(), truncated.tolist())):
+            if not lane.running:  # an episode begins here, with its first observation
+                lane.begin([(0, obs[i], {})])
+            lane.step_single(actions[i], next_obs[i], reward[i], ended and not timeout, timeout, infos[i])
         self.pos = (self.pos + 1) % self.buffer_size
         self.full = self.full or self.pos == 0
 
@@ -147,7 +148,6 @@ class ReplayBuffer(buffers.ReplayBuffer):
         """Forget every transition."""
         self.buffer.clear()
         self.pos, self.full = 0, False
-        self._resetting = None
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly over every sub-env's, as SB3's tensors."""

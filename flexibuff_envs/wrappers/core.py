@@ -320,7 +320,8 @@ class LaneRecorder:
             if reward.__class__ not in _NUMBERS:
                 reward = number(reward, "reward")
             self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
-            self.global_rewards[row] = reward  # type: ignore[index]
+            if self._summing:
+                self.global_rewards[row] = reward  # type: ignore[index]
             if self._annotated:
                 self.annotations.write(row, 0)
             if terminated or truncated:
