@@ -9,7 +9,9 @@ medians are printed with ratios to the floor of the same output.
 Run: python benchmarks/bench_sample.py             (1,000,000 CartPole-sized rows)
      python benchmarks/bench_sample.py --frames    (20,000 rows of 84x84x4 uint8 frames)
      python benchmarks/bench_sample.py --fields    (only the five fields a DQN reads, ours with
-                                                   fields=...; the peers gather all theirs)
+                                                   fields=...; the peers gather all theirs; a
+                                                   second floor holds each observation once, as
+                                                   ours does, and patches the episodes' finals)
      python benchmarks/bench_sample.py --fields --next-apart   (ours too with obs_ kept row by
                                                    row, as the floor holds it: twice the memory)
      (peers: pip install -e '.[bench]')
@@ -31,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import OURS, installed, loaded
 
+#: the floor holding observations as ours does (``--fields``)
+ONCE = "bare gather + torch, obs once"
 PEERS = ["flexibuff 0.3.1", "SB3 ReplayBuffer", "SB3 optimize_memory_usage", "Tianshou ReplayBuffer",
          "TorchRL LazyTensorStorage"]
 
@@ -95,6 +99,24 @@ def main() -> None:
             out[name] = tensor if keep else tensor.float()
         return out
 
+    # the same five fields held as ours holds them, by hand: each observation once (the trajectory's
+    # rows), an episode's final observation apart, and per row the final's slot or -1
+    once = np.concatenate([data["obs"], data["obs_"][-1:]])
+    finals_at = np.flatnonzero(data["terminated"] | data["truncated"])
+    slot = np.full(n, -1, dtype=np.int32)
+    slot[finals_at] = np.arange(finals_at.size, dtype=np.int32)
+    finals = data["obs_"][finals_at]
+
+    def bare_once_torch() -> dict[str, torch.Tensor]:
+        idx = rng.integers(0, n, args.batch)
+        out = {name: fields[name].take(idx, axis=0) for name in ("obs", "act", "rew", "terminated")}
+        out["obs_"] = once.take(idx + 1, axis=0)
+        own = slot.take(idx)
+        at = np.flatnonzero(own >= 0)
+        out["obs_"][at] = finals.take(own[at], axis=0)
+        out["terminated"] = out["terminated"].astype(np.float32)
+        return {name: torch.from_numpy(array) for name, array in out.items()}
+
     ours_numpy = loaded(OURS, data, as_torch=False, fields=ours_fields)
     samplers: dict[str, Callable[[], object]] = {
         "bare numpy gather": bare, f"{OURS} (numpy)": lambda: ours_numpy(args.batch),
@@ -103,6 +125,8 @@ def main() -> None:
         if installed(name):
             sample = loaded(name, data, fields=ours_fields) if name == OURS else loaded(name, data)
             samplers[name] = lambda sample=sample: sample(args.batch)
+    if args.fields:
+        samplers[ONCE] = bare_once_torch
     if args.next_apart:
         apart = loaded(OURS, data, fields=ours_fields, compact=False)
         samplers[f"{OURS}, obs_ apart"] = lambda: apart(args.batch)
@@ -117,6 +141,8 @@ def main() -> None:
     for name, us in medians.items():
         floor = medians["bare numpy gather" if "numpy" in name else "bare gather + torch"]
         print(f"  {name:<28} {us:10.1f} us   {us / floor:6.2f}x")
+    if ONCE in medians:
+        print(f"  {OURS} / {ONCE}: {medians[OURS] / medians[ONCE]:.2f}x (the same stored form; target <= 1.30x)")
     missing = [p for p in PEERS if not installed(p)]
     if missing:
         print(f"  not installed: {', '.join(missing)} (pip install -e '.[bench]')")
