@@ -51,11 +51,12 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         super().__init__(env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields)
-        self._mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+        self._same_step = mode == AutoresetMode.SAME_STEP
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
             writer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
-            writer.claim_lanes(env.num_envs), mode=self._mode, bootstrap_fn=bootstrap_fn)
+            writer.claim_lanes(env.num_envs), mode=mode, bootstrap_fn=bootstrap_fn)
 
     @property
     def buffer_spec(self) -> BufferSpec:
@@ -78,8 +79,8 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         result = self.env.step(actions)
         obs, rewards, terminations, truncations, info = result
         final = masks_ = None
-        masks = batch_masks(info, self.num_envs)
-        if self._mode == AutoresetMode.SAME_STEP and "final_obs" in info:
+        masks = None if "action_mask" not in info else batch_masks(info, self.num_envs)
+        if self._same_step and "final_obs" in info:
             done = terminations | truncations
             ended = np.flatnonzero(done)
             final = (ended, [info["final_obs"][i] for i in ended.tolist()])
