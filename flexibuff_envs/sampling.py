@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.episodes import Lane, episode_table, lane_offsets
+from flexibuff_envs.episodes import Lane, episode_table
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
@@ -76,16 +76,16 @@ def uniform_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int, what: 
         if first + size <= lane.capacity:  # the live rows do not wrap: one draw
             return _draw(rng, size, n) + (lane.offset + first)
         return lane.offset + (first + _draw(rng, size, n)) % lane.capacity
-    sizes = np.array([lane.size for lane in lanes])
-    if not sizes.any():
+    bounds = np.array([(lane.live_start, lane.written) for lane in lanes], dtype=np.int64)
+    sizes = bounds[:, 1] - bounds[:, 0]
+    ends = sizes.cumsum()  # the live rows of all lanes, one after the other
+    if not ends[-1]:
         _require(lanes, what)
-    firsts = np.cumsum(sizes) - sizes
-    k = _draw(rng, int(sizes.sum()), n)
-    which = np.searchsorted(firsts, k, side="right") - 1
-    starts = np.array([lane.live_start for lane in lanes])
-    offsets = lane_offsets(lanes)
+    k = _draw(rng, int(ends[-1]), n)
+    which = np.searchsorted(ends, k, side="right")  # each draw's lane, whose rows start at lane * capacity
+    shift = bounds[:, 0] - (ends - sizes)  # draw k is position k + shift of its lane
     capacity = lanes[0].capacity
-    return offsets[which] + (starts[which] + k - firsts[which]) % capacity
+    return which * capacity + (k + shift.take(which)) % capacity
 
 
 def weighted_rows(lanes: Sequence[Lane], weights: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
