@@ -3,6 +3,8 @@ SB3's steps: one lane per sub-env, each episode whole, as its Monitor counted it
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -112,37 +114,81 @@ def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_does_not_e
     assert {tuple(np.round(f, 5)) for f in finals} <= drawn  # every final observation can be drawn
 
 
+Transition = tuple[np.ndarray, int, float, np.ndarray]  # obs, action, reward, next_obs as added
+
+
+class Adder:
+    """Plays a DummyVecEnv of CartPoles with random actions, adding each step to ``replay`` as SB3's
+    off-policy collection does (next_obs is the final one where done), and keeps a plain list of
+    each sub-env's episodes that began and ended while it watched."""
+
+    def __init__(self, venv: DummyVecEnv, replay: Any) -> None:
+        self.venv, self.replay, self.n = venv, replay, venv.num_envs
+        self.obs, self.rng = venv.reset(), np.random.default_rng(0)
+        self.watching: list[list[Transition] | None] = [None] * self.n  # None: its episode began unwatched
+        self.ended: list[list[list[Transition]]] = [[] for _ in range(self.n)]
+
+    def play(self, steps: int) -> None:
+        for _ in range(steps):
+            action = self.rng.integers(0, 2, self.n)
+            next_obs, reward, done, infos = self.venv.step(action)
+            real_next = np.stack([info["terminal_observation"] if d else o
+                                  for o, d, info in zip(next_obs, done, infos)])
+            size = len(self.replay.buffer)
+            self.replay.add(self.obs, real_next, action, reward, done, infos)
+            assert len(self.replay.buffer) == size + self.n  # a read right after an add sees it
+            for i, episode in enumerate(self.watching):
+                if episode is not None:
+                    episode.append((self.obs[i].copy(), int(action[i]), float(reward[i]), real_next[i].copy()))
+                    if done[i]:
+                        self.ended[i].append(episode)
+                if done[i]:
+                    self.watching[i] = []
+            self.obs = next_obs
+
+    def watch(self) -> None:
+        """Only episodes that begin from now on are kept."""
+        self.watching, self.ended = [None] * self.n, [[] for _ in range(self.n)]
+
+    def check(self) -> None:
+        """The buffer's whole episodes are, sub-env by sub-env, exactly the watched ones."""
+        episodes = list(self.replay.buffer.episodes())
+        for lane in range(self.n):
+            mine = [e for e in episodes if int(e.idx[0]) // self.replay.buffer.num_steps == lane]
+            assert len(mine) == len(self.ended[lane]) > 2
+            for episode, plain in zip(mine, self.ended[lane]):
+                np.testing.assert_array_equal(episode.obs, np.stack([t[0] for t in plain]))
+                np.testing.assert_array_equal(episode.discrete_actions[:, 0], [t[1] for t in plain])
+                np.testing.assert_array_equal(episode.individual_rewards, [t[2] for t in plain])
+                np.testing.assert_array_equal(episode.obs_, np.stack([t[3] for t in plain]))
+                assert episode.terminated[-1] and not episode.terminated[:-1].any()
+
+
 def test_the_replay_buffer_holds_each_sub_env_s_adds_as_whole_episodes_and_every_read_sees_the_last_add() -> None:
     from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
     venv = DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
     venv.seed(3)
+    adder = Adder(venv, ReplayBuffer(1000, venv.observation_space, venv.action_space, device="cpu", n_envs=2))
+    adder.watching = [[], []]  # the first episodes begin with the first add
+    adder.play(300)
+    adder.check()
+
+
+def test_the_replay_buffer_s_reset_forgets_every_transition_and_the_adds_after_it_are_kept() -> None:
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    venv = DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2)
+    venv.seed(4)
     replay = ReplayBuffer(1000, venv.observation_space, venv.action_space, device="cpu", n_envs=2)
-    added: list[list[tuple[np.ndarray, int, float, np.ndarray]]] = [[], []]  # the running episode's, per sub-env
-    ended: list[list[list[tuple[np.ndarray, int, float, np.ndarray]]]] = [[], []]
-    obs, rng = venv.reset(), np.random.default_rng(0)
-    for step in range(300):  # as SB3's off-policy collection adds: next_obs is the final one where done
-        action = rng.integers(0, 2, 2)
-        next_obs, reward, done, infos = venv.step(action)
-        real_next = np.stack([info["terminal_observation"] if d else o for o, d, info in zip(next_obs, done, infos)])
-        replay.add(obs, real_next, action, reward, done, infos)
-        assert len(replay.buffer) == 2 * (step + 1)  # a read right after an add sees it
-        for i in range(2):
-            added[i].append((obs[i].copy(), int(action[i]), float(reward[i]), real_next[i].copy()))
-            if done[i]:
-                ended[i].append(added[i])
-                added[i] = []
-        obs = next_obs
-    episodes = list(replay.buffer.episodes())
-    for lane in range(2):
-        mine = [e for e in episodes if int(e.idx[0]) // replay.buffer.num_steps == lane]
-        assert len(mine) == len(ended[lane]) > 3
-        for episode, plain in zip(mine, ended[lane]):
-            np.testing.assert_array_equal(episode.obs, np.stack([t[0] for t in plain]))
-            np.testing.assert_array_equal(episode.discrete_actions[:, 0], [t[1] for t in plain])
-            np.testing.assert_array_equal(episode.individual_rewards, [t[2] for t in plain])
-            np.testing.assert_array_equal(episode.obs_, np.stack([t[3] for t in plain]))
-            assert episode.terminated[-1] and not episode.terminated[:-1].any()
+    adder = Adder(venv, replay)
+    adder.play(50)
+    replay.reset()  # mid-episode: SB3 goes on adding the running episodes' steps
+    assert replay.size() == 0 and len(replay.buffer) == 0
+    adder.watch()
+    adder.play(200)
+    assert replay.size() == 200
+    adder.check()  # the episodes cut by the reset are no longer whole; every later one is
 
 
 def test_sb3_sac_trains_on_this_replay_buffer_with_continuous_actions() -> None:
