@@ -191,6 +191,36 @@ def test_the_replay_buffer_s_reset_forgets_every_transition_and_the_adds_after_i
     adder.check()  # the episodes cut by the reset are no longer whole; every later one is
 
 
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("normalized", [False, True])
+def test_the_replay_buffer_samples_what_sb3_s_own_samples_with_and_without_vec_normalize(env_id: str,
+                                                                                          normalized: bool) -> None:
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make(env_id)]), gamma=0.9)
+    venv.seed(0)
+    venv.reset()
+    obs = venv.get_original_obs()
+    for _ in range(30):  # VecNormalize's running statistics move away from 0 and 1
+        venv.step(np.array([venv.action_space.sample()]))
+    ours = ReplayBuffer(10, venv.observation_space, venv.action_space, device="cpu")
+    theirs = SB3ReplayBuffer(10, venv.observation_space, venv.action_space, device="cpu")
+    action = np.array([venv.action_space.sample()])
+    next_obs, reward, done = obs + 0.5, np.array([1.5]), np.array([True])
+    for replay in (ours, theirs):  # one transition: every draw is it
+        replay.add(obs, next_obs, action, reward, done, [{}])
+    env = venv if normalized else None
+    for got, want in zip(ours.sample(4, env), theirs.sample(4, env)):
+        if want is None:  # SB3's n-step discounts
+            assert got is None
+            continue
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
 def test_sb3_sac_trains_on_this_replay_buffer_with_continuous_actions() -> None:
     from stable_baselines3 import SAC
 

@@ -151,14 +151,15 @@ class ReplayBuffer(buffers.ReplayBuffer):
 
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly over every sub-env's, as SB3's tensors."""
+        as_torch = env is None  # else VecNormalize scales numpy arrays first
         batch = self.buffer.sample_transitions(batch_size, fields=(
             "obs", "obs_", "continuous_actions" if self._continuous else "discrete_actions",
-            "individual_rewards", "terminated"))
+            "individual_rewards", "terminated"), as_torch=as_torch, device=self.device if as_torch else None)
         shape = (batch_size, *self.obs_shape)
         actions = batch.continuous_actions if self._continuous else batch.discrete_actions
         data = (self._normalize_obs(batch.obs.reshape(shape), env),
                 actions.reshape(batch_size, self.action_dim),
                 self._normalize_obs(batch.obs_.reshape(shape), env),
-                batch.terminated.astype(np.float32).reshape(-1, 1),
+                batch.terminated.reshape(-1, 1) if as_torch else batch.terminated.astype(np.float32).reshape(-1, 1),
                 self._normalize_reward(batch.individual_rewards.reshape(-1, 1), env))
-        return ReplayBufferSamples(*map(self.to_torch, data))
+        return ReplayBufferSamples(*(data if as_torch else map(self.to_torch, data)))
