@@ -181,8 +181,7 @@ class BatchRecorder:
         next observations."""
         k = self._k
         try:
-            if k == 0:  # a read commits (writes) every staged step: only a block's first makes the lanes behind
-                self.writer.uncommitted()
+            self.writer.uncommitted()
             self._obs[k + 1] = self._encode_obs(obs)
             self._staged_rewards[k] = self._checked_rewards(rewards)
             self._stage_actions(k, actions)
@@ -197,9 +196,8 @@ class BatchRecorder:
             if self.mask is not None:
                 self._masks[k + 1] = self._packed(masks)
                 self._final_masks[k] = self._masks[k + 1] if masks_ is None else self._packed(masks_)
-            if self._annotated:
-                for name, (_, missing, staged) in self._annotated.items():
-                    staged[k] = self._given.pop(name, missing)
+            for name, (_, missing, staged) in self._annotated.items():
+                staged[k] = self._given.pop(name, missing)
         except BaseException as error:
             self.abandon(error)
             raise

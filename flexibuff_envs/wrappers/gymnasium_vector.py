@@ -79,7 +79,7 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         result = self.env.step(actions)
         obs, rewards, terminations, truncations, info = result
         final = masks_ = None
-        masks = None if "action_mask" not in info else batch_masks(info, self.num_envs)
+        masks = batch_masks(info, self.num_envs)
         if self._same_step and "final_obs" in info:
             done = terminations | truncations
             ended = np.flatnonzero(done)
