@@ -24,8 +24,10 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_record.py
 	$(PY) benchmarks/bench_vector.py
 	$(PY) benchmarks/bench_sample.py
+	$(PY) benchmarks/bench_sample.py --fields
 	$(PY) benchmarks/bench_pettingzoo.py
 	$(PY) benchmarks/bench_gae.py
 	$(PY) benchmarks/bench_io.py
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_per.py
+	$(PY) benchmarks/bench_sb3.py
