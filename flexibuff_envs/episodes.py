@@ -336,6 +336,11 @@ def lane_offsets(lanes: Sequence[Lane]) -> np.ndarray:
     return np.array([lane.offset for lane in lanes], dtype=np.int64)
 
 
+def segment_rows(segments: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The rows of the ring ranges ``[lo, hi)`` of ``segments``, range after range."""
+    return np.concatenate([np.arange(lo, hi) for lo, hi in segments] or [np.zeros(0, dtype=np.int64)])
+
+
 def span_rows(offsets: np.ndarray, capacity: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The buffer rows of positions ``[starts, ends)`` (at most ``capacity`` each; none where
     ``ends <= starts``) of the lanes at ``offsets``, range after range, each in time order.

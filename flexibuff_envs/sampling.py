@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.episodes import Lane, episode_table
+from flexibuff_envs.episodes import Lane, episode_table, segment_rows
 from flexibuff_envs.errors import EmptyBufferError, positive_int
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 def live_rows(lanes: Sequence[Lane]) -> np.ndarray:
     """Every live row, lane by lane, each lane oldest first."""
-    return np.concatenate([np.arange(lo, hi) for lane in lanes for lo, hi in lane.segments()])
+    return segment_rows([segment for lane in lanes for segment in lane.segments()])
 
 
 def as_array(value: Any) -> np.ndarray:

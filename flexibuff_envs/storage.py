@@ -20,6 +20,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
+from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.errors import plain_dtype
 from flexibuff_envs.nstep import Windows, discounted_sum
 from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
@@ -145,6 +146,15 @@ DECODED = ("obs", "obs_", *MASKS)
 
 #: ring rows as ``[lo, hi)`` ranges, in order
 Segments = Sequence[tuple[int, int]]
+
+
+def _runs(segments: Segments) -> Iterator[tuple[int, int, slice]]:
+    """Each ring range ``[lo, hi)`` of ``segments``, and where its rows lie when the ranges'
+    rows are put back to back."""
+    at = 0
+    for lo, hi in segments:
+        yield lo, hi, slice(at, at + hi - lo)
+        at += hi - lo
 
 
 @dataclass(frozen=True, eq=False)
@@ -514,7 +524,7 @@ class Storage:
             numbers = rows
         else:
             parts = [Part.of(name, None, array, self.fields[name].per_agent, rows) for name, array in self]
-            numbers = np.concatenate([np.arange(lo, hi) for lo, hi in rows] or [np.zeros(0, dtype=np.int64)])
+            numbers = segment_rows(rows)
         ends = None if last is None else self.successor_rows(numbers[last])
         for name, chain in self.chains.items():
             index, tail = chain.extract(numbers, last, ends)
@@ -527,15 +537,14 @@ class Storage:
         not hold gets a fresh row's values, a next value a fresh row's value at each end."""
         given = {part.key: part.whole() for part in parts}
         for name, array in self:
-            source, per_agent, at = given.get((name, None)), self.fields[name].per_agent, 0
-            for lo, hi in segments:
+            source, per_agent = given.get((name, None)), self.fields[name].per_agent
+            for lo, hi, at in _runs(segments):
                 target = array[:, lo:hi] if per_agent else array[lo:hi]
                 if source is None:
                     target[...] = self.fill(name)
                 else:
-                    target[...] = source[:, at:at + hi - lo] if per_agent else source[at:at + hi - lo]
-                at += hi - lo
-        rows = np.concatenate([np.arange(lo, hi) for lo, hi in segments])
+                    target[...] = source[:, at] if per_agent else source[at]
+        rows = segment_rows(segments)
         for name, chain in self.chains.items():
             if (name, "index") in given:
                 chain.insert(rows, given[name, "index"], given[name, "tail"])
@@ -563,10 +572,9 @@ class Storage:
         """Store what `receive` read in an older form: masks as bits."""
         for part in parts:
             if part.part == "bools":
-                bools, packed, at = part.whole(), self.ensure(part.name), 0
-                for lo, hi in segments:
-                    packed[:, lo:hi] = pack_mask(bools[:, at:at + hi - lo])
-                    at += hi - lo
+                bools, packed = part.whole(), self.ensure(part.name)
+                for lo, hi, at in _runs(segments):
+                    packed[:, lo:hi] = pack_mask(bools[:, at])
 
     def adopt(self, arrays: Mapping[tuple[str, str | None], np.ndarray]) -> None:
         """Hold a mapped file's parts, every ring row of every lane, instead of any array."""
