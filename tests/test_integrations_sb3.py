@@ -88,13 +88,16 @@ def test_sb3_dqn_learns_cartpole_from_this_replay_buffer() -> None:
     assert before < 50 and after >= 150  # SB3's own buffer reaches 100-130 in as many steps
 
 
-def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_does_not_end_it() -> None:
+@pytest.mark.parametrize("handle_timeouts", [True, False])
+def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_ends_it_as_sb3_is_told(
+        handle_timeouts: bool) -> None:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
     venv = DummyVecEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=4)] * 2)
-    replay = ReplayBuffer(100, venv.observation_space, venv.action_space, device="cpu", n_envs=2)
+    replay = ReplayBuffer(100, venv.observation_space, venv.action_space, device="cpu", n_envs=2,
+                          handle_timeout_termination=handle_timeouts)
     obs = venv.reset()
     finals = []
     for _ in range(10):  # as SB3's off-policy collection adds: next_obs is the final one where done
@@ -109,9 +112,14 @@ def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_does_not_e
         obs = next_obs
     assert replay.size() == 10 and len(finals) == 4
     samples = replay.sample(4000)
-    assert samples.dones.sum() == 0  # time limits are no terminations
-    drawn = {tuple(np.round(o, 5)) for o in samples.next_observations.numpy()}
-    assert {tuple(np.round(f, 5)) for f in finals} <= drawn  # every final observation can be drawn
+    ended = {tuple(np.round(f, 5)) for f in finals}
+    drawn = [tuple(np.round(o, 5)) for o in samples.next_observations.numpy()]
+    assert ended <= set(drawn)  # every final observation can be drawn
+    done = samples.dones.numpy()[:, 0] == 1
+    if handle_timeouts:  # SB3's default: time limits are no terminations
+        assert not done.any()
+    else:  # SB3 told not to tell them apart: every episode end is a termination, and only those
+        assert [o in ended for o in drawn] == done.tolist()
 
 
 Transition = tuple[np.ndarray, int, float, np.ndarray]  # obs, action, reward, next_obs as added
