@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import PEERS, SB3_TARGET, Add, installed
 
 STATE = "flexibuff_envs, with global state"
+UNHELD = "flexibuff_envs, Ctrl-C not held"  # what holding Ctrl-C across each step's bookkeeping costs
 SKIP = ("SB3 optimize_memory_usage", "Tianshou ignore_obs_next")  # same add path as their defaults
 
 
@@ -40,6 +41,29 @@ def run(env: gym.Env, actions: np.ndarray) -> float:
         if terminated or truncated:
             env.reset()
     return (time.perf_counter() - start) / len(actions) * 1e6
+
+
+class _NoHold:
+    """A no-op in place of `flexibuff_envs.interrupts.HOLD`, to measure what the hold costs."""
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def run_unheld(env: gym.Env, actions: np.ndarray) -> float:
+    """`run` with Ctrl-C not held across the recorder's bookkeeping."""
+    from flexibuff_envs import interrupts
+    from flexibuff_envs.wrappers import core
+
+    held = interrupts.HOLD, core.HOLD
+    interrupts.HOLD = core.HOLD = _NoHold()  # type: ignore[assignment]
+    try:
+        return run(env, actions)
+    finally:
+        interrupts.HOLD, core.HOLD = held
 
 
 def run_peer(env: gym.Env, add: Add, actions: np.ndarray) -> float:
@@ -98,7 +122,8 @@ def report(title: str, timings: dict[str, list[float]], target: str = "") -> Non
     print(title)
     for name, value in us.items():
         ratio = "" if name == "bare" else f"  {value / us['bare']:5.2f}x"
-        label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)", STATE: STATE}.get(
+        label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)", STATE: STATE,
+                 UNHELD: UNHELD}.get(
             name, name + " (step + add)")
         print(f"  {label:<38} {value:8.2f} us{ratio}{target if name == 'recorded' else ''}")
 
@@ -109,10 +134,11 @@ def cartpole(steps: int, rounds: int) -> None:
     recorded = fe.record(gym.make("CartPole-v1"), num_steps=steps)
     peers = {name: make(bare.observation_space, steps)[0] for name, make in PEERS.items()
              if installed(name) and name not in SKIP}
-    timings: dict[str, list[float]] = {"bare": [], "recorded": [], **{name: [] for name in peers}}
+    timings: dict[str, list[float]] = {"bare": [], "recorded": [], UNHELD: [], **{name: [] for name in peers}}
     for _ in range(rounds):  # interleaved, so drift on a shared machine hits all alike
         timings["bare"].append(run(bare, actions))
         timings["recorded"].append(run(recorded, actions))
+        timings[UNHELD].append(run_unheld(recorded, actions))
         for name, add in peers.items():
             timings[name].append(run_peer(bare, add, actions))
     report(f"CartPole-v1, {steps} steps x {rounds} rounds (median us/step; ratio to the bare loop)", timings,

@@ -5,6 +5,8 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.errors import (
     BufferFileError,
+    BufferMemoryError,
+    BufferSaveError,
     EmptyBufferError,
     EnvValueError,
     FlexibuffError,
@@ -19,6 +21,8 @@ from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
 
 __all__ = [
     "BufferFileError",
+    "BufferMemoryError",
+    "BufferSaveError",
     "BufferSpec",
     "Chunk",
     "EmptyBufferError",

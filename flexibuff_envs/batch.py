@@ -86,8 +86,10 @@ class FlexiBatch:
         ``"observation"``, ``"action"`` (a discrete action's index, or ``[heads]`` indices; continuous
         values; both: ``"action"`` the discrete, ``"continuous_action"`` the rest), ``("next",
         "observation")``, ``("next", "reward")``, ``("next", "done" | "terminated" | "truncated")``
-        (``[..., 1]``), ``"action_mask"`` (heads side by side), ``"action_log_prob"``,
-        ``"state_value"``, ``"advantage"``, ``"value_target"``, ``"G"``, ``"index"``,
+        (``[..., 1]``), ``"action_mask"`` (heads side by side), ``"action_log_prob"`` (``[...]``,
+        the joint log prob: every head's and dimension's summed, as ``ProbabilisticActor`` gives
+        it), ``"state_value"``, ``"advantage"``, ``"value_target"`` (``[..., 1]``, as
+        ``ValueOperator`` and TorchRL's ``GAE`` give them), ``"G"``, ``"index"``,
         ``"steps_to_next_obs"`` (n-step batches: ``n_steps``, ``[..., 1]``), and each field of your
         own (``extra_fields``) under its name, in its dtype. With several
         agents these are per agent under ``"agents"`` (``[batch, n_agents, ...]``, as TorchRL's
@@ -139,12 +141,22 @@ class FlexiBatch:
             mine_after["reward"] = own(self.individual_rewards, flag=True)
         terminated, truncated = own(self.terminated, "bool", True), own(self.truncated, "bool", True)
         mine_after.update(done=terminated | truncated, terminated=terminated, truncated=truncated)
-        for name, key in (("action_mask", "action_mask"), ("discrete_log_probs", "action_log_prob"),
-                          ("values", "state_value"), ("advantages", "advantage"), ("returns", "value_target"),
-                          ("G", "G"), ("individual_auxiliary_rewards", "auxiliary_reward")):
+        if self.action_mask is not None:
+            mine["action_mask"] = own(self.action_mask, "bool")
+        for name, key in (("G", "G"), ("individual_auxiliary_rewards", "auxiliary_reward")):
             value = getattr(self, name)
             if value is not None:
-                mine[key] = own(value, "bool" if name == "action_mask" else "float")
+                mine[key] = own(value)
+        # as TorchRL's modules give them: the action's log prob [...] (the joint one: its heads' and
+        # dims' summed, as a composite distribution's), values [..., 1] (ValueOperator, GAE)
+        log_probs = [own(value).sum(-1) for value in (self.discrete_log_probs, self.continuous_log_probs)
+                     if value is not None]
+        if log_probs:
+            mine["action_log_prob"] = sum(log_probs[1:], log_probs[0])
+        for name, key in (("values", "state_value"), ("advantages", "advantage"), ("returns", "value_target")):
+            value = getattr(self, name)
+            if value is not None:
+                mine[key] = own(value, flag=True)
         if self.action_mask_ is not None:
             mine_after["action_mask"] = own(self.action_mask_, "bool")
         if self.n_steps is not None:  # n-step batches: TorchRL's value estimators raise gamma to it

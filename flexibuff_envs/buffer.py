@@ -20,7 +20,8 @@ from flexibuff_envs.episodes import (
     episode_table,
     newest_rows,
 )
-from flexibuff_envs.errors import SpecMismatchError, plain_dtype, positive_int
+from flexibuff_envs.errors import BufferMemoryError, SpecMismatchError, plain_dtype, positive_int
+from flexibuff_envs.interrupts import holding
 from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
@@ -30,6 +31,33 @@ from flexibuff_envs.storage import extra_fields as extra_fields_of
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
+
+
+def _allocate(storage: Storage, wanted: Mapping[str, bool]) -> None:
+    """The fields ``wanted`` says to allocate, and the chains of their next values."""
+    for field, on in wanted.items():
+        if on:
+            storage.ensure(field)
+    for next_field, base in NEXT.items():
+        if base in storage.arrays:
+            storage.chain(next_field)
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (Linux's MemAvailable; else all of it)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def rows_that_fit(row_bytes: int, budget: int) -> int:
+    """Rows of ``row_bytes`` (every lane's) that ``budget`` bytes hold (at least 1)."""
+    return max(1, budget // max(1, row_bytes))
 
 
 class FlexibleBuffer(Sampling):
@@ -147,12 +175,16 @@ class FlexibleBuffer(Sampling):
             "memory_weights": memory_weights, "values": values,
             **{name: True for name, _, _ in self.spec.extra_fields},
         }
-        for field, on in wanted.items():
-            if on:
-                self._storage.ensure(field)
-        for next_field, base in NEXT.items():
-            if base in self._storage.arrays:
-                self._storage.chain(next_field)
+        try:
+            _allocate(self._store, wanted)
+        except MemoryError:
+            probe = Storage(self.spec, self.spec.n_envs, lanes=self.spec.n_envs, log_prob_continuous=int(log_prob_continuous))
+            _allocate(probe, wanted)
+            raise BufferMemoryError(
+                f"num_steps={self.num_steps:,} rows x {self.spec.n_envs} lane(s) of {probe.row_nbytes:,} bytes "
+                f"({self.num_steps * probe.row_nbytes * self.spec.n_envs / 2**30:,.1f} GiB) cannot be reserved here; "
+                f"{rows_that_fit(probe.row_nbytes * self.spec.n_envs, available_memory()):,} rows per lane fit in the "
+                f"{available_memory() / 2**30:,.1f} GiB of memory available: pass a smaller num_steps") from None
 
     @property
     def _storage(self) -> Storage:
@@ -211,6 +243,7 @@ class FlexibleBuffer(Sampling):
 
     # ------------------------------------------------------------------ filling (by hand; recorders use `Writer`)
 
+    @holding
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
         """The storage array of ``name``, allocated on first use, to fill a buffer by hand.
 
@@ -221,7 +254,7 @@ class FlexibleBuffer(Sampling):
         """
         for lane in self._lanes:
             if lane.opened != ALL:
-                self._open(lane, lane.capacity)
+                self._open(lane, lane.open_limit)
         return self._column(name, width=width)
 
     def _column(self, name: str, *, width: int | None = None) -> np.ndarray:
@@ -241,6 +274,7 @@ class FlexibleBuffer(Sampling):
                 self._storage.chain(next_name)
         return array
 
+    @holding
     def compact(self) -> None:
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
@@ -249,6 +283,7 @@ class FlexibleBuffer(Sampling):
             lanes = self._read_lanes
             self._storage.compact(live_rows(lanes), newest_rows(lanes))
 
+    @holding
     def _enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
         self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
@@ -256,6 +291,7 @@ class FlexibleBuffer(Sampling):
         # rows recorded before: every action was legal, and is next
         chain.fill(*episode_table(self._lanes, running=True).all_rows(), self._storage.fill("action_mask"))
 
+    @holding
     def begin_episode(self, lane: int = 0) -> None:
         """Start an episode in ``lane``.
 
@@ -269,10 +305,12 @@ class FlexibleBuffer(Sampling):
             self.end_episode(lane)
         self._lanes[lane].begin()
 
+    @holding
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
         return self._lanes[lane].claim()
 
+    @holding
     def claim_rows(self, n: int, lane: int = 0) -> np.ndarray:
         """The rows for the next ``n`` steps of ``lane``'s running episode, as ``n`` calls of
         `claim_row` give them (an episode longer than the lane keeps its last steps' rows last)."""
@@ -283,8 +321,8 @@ class FlexibleBuffer(Sampling):
     def _open(self, lane: Lane, needed: int) -> None:
         """Give the rows of ``lane`` up to position ``needed`` (and `_OPEN_ROWS` more) their
         fields' allocated values: a ring is filled as it is first used, not when it is made."""
-        upto = min(lane.capacity, needed + _OPEN_ROWS)
-        self._store.open(lane.offset // self.num_steps, upto)
+        upto = min(lane.open_limit, needed + _OPEN_ROWS)
+        self._store.open(lane.offset // self.num_steps, lane.segments(lane.opened, upto))
         lane.open_to(upto)
 
     def _forget(self, lane: Lane, episode: Episode) -> None:
@@ -298,6 +336,7 @@ class FlexibleBuffer(Sampling):
         for chain in self._store.chains.values():
             chain.forget(rows)
 
+    @holding
     def end_episode(self, lane: int = 0, *, bootstrap: np.ndarray | float | None = None) -> None:
         """Close ``lane``'s running episode and write ``G`` of every agent still in it.
 
@@ -311,6 +350,7 @@ class FlexibleBuffer(Sampling):
             self._storage.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
 
+    @holding
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
         """Write ``G`` of still-running episodes at a rollout cut, bootstrapping from ``last_values``.
 
@@ -330,6 +370,7 @@ class FlexibleBuffer(Sampling):
 
     # ------------------------------------------------------------------ moving episodes
 
+    @holding
     def take_episodes(self) -> Chunk:
         """Hand out every ended whole episode as a `Chunk` (plain numpy arrays, cheap to send to
         another process) and forget all ended episodes here; a running episode goes on recording.
@@ -337,6 +378,7 @@ class FlexibleBuffer(Sampling):
         self.compact()  # next values filled in by hand travel chained too
         return chunk.take(self._storage, self._lanes, self.gamma, self.gae_lambda)
 
+    @holding
     def extend(self, episodes: Chunk, lane: int = 0) -> int:
         """Append the whole episodes of a `Chunk` (from `take_episodes`) to ``lane``, with the
         ``G``, masks and annotations they were recorded with; returns how many were appended.
@@ -389,6 +431,7 @@ class FlexibleBuffer(Sampling):
         """Bytes one row takes in the allocated arrays (next values stored apart are not per row)."""
         return self._storage.row_nbytes
 
+    @holding
     def clear(self) -> None:
         """Forget everything recorded (on-policy training starts each rollout empty).
 
@@ -413,6 +456,7 @@ class FlexibleBuffer(Sampling):
         is first used."""
         return None if self._priorities is None else self._priorities.max_priority
 
+    @holding
     def update_priorities(self, idx: np.ndarray, priorities: np.ndarray | float) -> None:
         """New priorities for rows ``idx`` (a prioritized batch's ``idx``), e.g. ``|TD error| +
         1e-6``: they are drawn in proportion to ``priority ** alpha`` from now on. Rows no longer
@@ -424,6 +468,7 @@ class FlexibleBuffer(Sampling):
         tree.sync(self._read_lanes)
         tree.update(rows.reshape(-1), values.reshape(-1))
 
+    @holding
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors;
         either may be a torch tensor)."""
@@ -441,7 +486,12 @@ class FlexibleBuffer(Sampling):
         return {"lengths": episodes.lengths, "returns": sums.T.reshape(len(episodes), self.spec.n_agents)}
 
     def save(self, path: str | os.PathLike[str] | None = None) -> str:
-        """Write the buffer to one file (no pickle, atomic); returns the path written."""
+        """Write the buffer to one file (no pickle, atomic); returns the path written.
+
+        Raises:
+            BufferSaveError: an ``OSError`` naming ``path`` (a directory, no permission, a full
+                disk); a file already at ``path`` is intact.
+        """
         target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
         settings = {"spec": self.spec.to_dict(), "num_steps": self.num_steps, "gamma": self.gamma,
                     "gae_lambda": self.gae_lambda, "path": self.path, "name": self.name,

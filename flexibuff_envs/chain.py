@@ -114,27 +114,12 @@ class Chain:
 
     def forget(self, rows: np.ndarray | slice) -> None:
         """``rows`` (indices, or a slice of contiguous ones) are no longer recorded: their slots
-        come back and they read as cleared.
-
-        The rows read as cleared before their slots come back: interrupted in between (Ctrl-C),
-        a slot is lost until `reclaim`, never handed out twice."""
+        come back and they read as cleared."""
         slots = self.index[..., rows].flatten()  # a copy: a slice's view would read the zeros below
         self.index[..., rows] = 0
         for holder in self.holders:
             holder.release(rows)
         self.release(slots)
-
-    def reclaim(self, live: np.ndarray) -> None:
-        """Rebuild the free slots from what rows ``live`` (every recorded row) and the holders
-        name: slots an interrupted `forget` lost come back."""
-        named = self.index[..., live].ravel()
-        used = np.zeros(len(self.tail), dtype=bool)
-        used[named[named > 0]] = True
-        used[:1] = True
-        used |= self.reserved
-        free = np.flatnonzero(~used[:self.fresh]).astype(np.int32)
-        self._free[:free.size] = free
-        self._n_free = free.size
 
     def reset(self, rows: np.ndarray) -> None:
         """Every row forgotten (`FlexibleBuffer.clear`; ``rows``: those recorded); the holders
@@ -298,6 +283,16 @@ class Held:
         self._write(self.spare, value)  # may raise: then nothing has changed
         self._settle()
         self.held, self.spare, self.pending = self.spare, self.held, -1
+
+    def hold_unless_held(self, value: Any) -> None:
+        """Hold ``value`` for the next row, unless it is, bit for bit, the value held already:
+        then the last row and the next chain as usual; else the last row keeps its next value
+        in a slot of its own (transitions added that do not follow one another)."""
+        self._write(self.spare, value)  # may raise: then nothing has changed
+        new, held = self._views[self.spare][:self._size], self._views[self.held][:self._size]
+        if not np.array_equal(new.view(np.uint8), held.view(np.uint8)):
+            self._settle()
+            self.held, self.spare, self.pending = self.spare, self.held, -1
 
     def replace(self, value: Any) -> None:
         """The held value becomes ``value``, and so does the pending row's next value: the row's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,9 +145,26 @@ def index_dtype(categories: tuple[int, ...]) -> np.dtype:
     return np.min_scalar_type(max(categories))
 
 
+#: values the flattening of a non-Box observation (a categorical one's one-hot) may have per agent:
+#: a batch row of it takes 4 MiB as float32 (a 256-row batch 1 GiB)
+MAX_ONE_HOT = 1 << 20
+
+
+def one_hot_problem(categories: Sequence[int], what: str = "obs_categories add up to") -> str | None:
+    """Why observations of ``categories`` (or of a flattening that long) cannot be handed out, or None."""
+    width = sum(categories)
+    if width <= MAX_ONE_HOT:
+        return None
+    return (f"{what} {width:,} one-hot values per agent and row ({width * 4 / 2**30:,.1f} GiB as float32), more "
+            f"than the {MAX_ONE_HOT:,} a batch presents; record such observations as a Box of indices instead")
+
+
 def _flattened(space: spaces.Space, where: str, batch: Callable[[Any], np.ndarray]) -> ObsCodec:
     """A space stored as Gymnasium's flattening (float32); ``batch`` encodes a vector env's values."""
     size = int(spaces.flatdim(space))
+    problem = one_hot_problem((size,), f"{where}: {space!r} flattens to")
+    if problem:
+        raise UnsupportedSpaceError(problem)
 
     def flatten(value: Any) -> np.ndarray:
         return np.asarray(spaces.flatten(space, value))

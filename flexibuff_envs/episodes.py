@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.interrupts import holding
+
 #: `Lane.opened` once every row of the lane's ring is open
 ALL = 1 << 62
 
@@ -114,15 +116,17 @@ class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
     __slots__ = ("agent_start", "capacity", "dirty", "ended", "live_start", "offset", "on_forget",
-                 "on_open", "opened", "running", "written")
+                 "on_open", "open_limit", "opened", "running", "written")
 
     def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None],
                  n_agents: int = 1, on_open: Callable[[Lane, int], None] | None = None) -> None:
         self.on_forget = on_forget
-        # on the ring's first pass, rows below position ``opened`` hold their fields' allocated
-        # values; claiming past it calls ``on_open(lane, position)`` (ALL: every row is open)
+        # rows of positions below ``opened`` hold their fields' allocated values or recorded ones;
+        # claiming past it calls ``on_open(lane, position)``, until ``open_limit`` (the ring's
+        # first pass; a loaded lane's non-live rows) is reached (ALL: every row is open)
         self.on_open = on_open
         self.opened = 0 if on_open is not None else ALL
+        self.open_limit = capacity
         # per agent: the position its own episode began at inside the running one (-1: it ended
         # there already, its G is final); its rows are the rows from there on where it is active
         self.agent_start = [0] * n_agents
@@ -262,21 +266,30 @@ class Lane:
         return out
 
     def open_to(self, upto: int) -> None:
-        """Rows below position ``upto`` (on the ring's first pass) hold their fields' allocated
-        values."""
-        self.opened = upto if upto < self.capacity else ALL
+        """Rows below position ``upto`` hold their fields' allocated values (or recorded ones)."""
+        self.opened = upto if upto < self.open_limit else ALL
 
     def restore(self, written: int, live_start: int, ended: np.ndarray, running: tuple[int, int, bool] | None,
                 agent_start: list[int]) -> None:
         """Take the positions and episodes a file gives (``ended``: ``[start, end, whole]`` rows),
-        into this lane as made: rows below ``written`` hold their values."""
-        self.written = self.dirty = written
-        self.live_start = live_start
-        self.open_to(written)
+        into this lane as made. The live rows hold the file's values; the others (the file does
+        not hold them, or holds what was forgotten) are opened as recording reaches them, as on
+        a ring's first pass: a file costs memory for what it holds, not for the ring it names.
+
+        Positions are renumbered by whole turns of the ring (every row stays where it is), so
+        the live ones start in the first turn: a file's positions, however large, leave room to
+        record on.
+        """
+        base = live_start - live_start % self.capacity
+        self.written = self.dirty = written - base
+        self.live_start = live_start - base
+        self.open_limit = self.live_start + self.capacity
+        self.open_to(self.written)
         if len(ended):
-            self.ended.extend(ended[:, 0], ended[:, 1], ended[:, 2].astype(bool))
-        self.running = None if running is None else Episode(*running)
-        self.agent_start = list(agent_start)
+            self.ended.extend(ended[:, 0] - base, ended[:, 1] - base, ended[:, 2].astype(bool))
+        self.running = None if running is None else Episode(running[0] - base, running[1] - base, running[2])
+        # an agent's own episode may have begun in rows forgotten since: it begins at the first kept
+        self.agent_start = [max(start - base, 0) if start >= 0 else start for start in agent_start]
 
     @property
     def size(self) -> int:
@@ -318,6 +331,7 @@ class EpisodeIndex:
             self.commit()
         return self.ring
 
+    @holding
     def commit(self) -> None:
         """Every batch recorder's staged steps into the lanes."""
         if self._committing:  # reached again from inside a recorder's commit: it is under way

@@ -25,6 +25,16 @@ class BufferFileError(FlexibuffError, ValueError):
     """A buffer file is missing, truncated, corrupt, foreign or from a newer format."""
 
 
+class BufferSaveError(FlexibuffError, OSError):
+    """A buffer could not be written to the path given (a directory, no permission, a full disk);
+    ``filename`` is that path, and a file already there is intact."""
+
+
+class BufferMemoryError(FlexibuffError, MemoryError):
+    """A buffer's ring cannot be reserved on this machine; the message names ``num_steps`` and
+    how many rows fit."""
+
+
 class EnvValueError(FlexibuffError, ValueError):
     """The env returned a value its space does not allow (a wrong shape, None, text), which the
     recorder refuses instead of storing something else."""

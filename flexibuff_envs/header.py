@@ -20,7 +20,7 @@ import numpy as np
 
 from flexibuff_envs.errors import plain_dtype, short_repr
 from flexibuff_envs.priorities import ALPHA
-from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.spec import BufferSpec, one_hot_problem
 from flexibuff_envs.storage import MASKS, NEXT, Storage, extra_fields, field_table
 
 #: bounds no real buffer comes near; a header past them is refused before any arithmetic
@@ -157,6 +157,8 @@ def _spec(value: Any) -> BufferSpec:
     obs_size = _int(data["obs_size"], "spec obs_size", 1, MAX_WIDTH)
     if categories and sum(categories) != obs_size:
         raise BadHeader(f"spec obs_categories add up to {sum(categories)}, not obs_size {obs_size}")
+    if one_hot_problem(categories):
+        raise BadHeader(f"spec {one_hot_problem(categories)}")
     per_agent = _of(data.get("agent_discrete_action_cardinalities", []), list,
                     "spec agent_discrete_action_cardinalities")
     if len(per_agent) not in (0, n_agents):

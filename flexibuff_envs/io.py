@@ -17,6 +17,7 @@ next-value field (``obs_``) is stored once, as in memory (`flexibuff_envs.chain`
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -30,7 +31,7 @@ from typing import Any, BinaryIO, NoReturn
 import numpy as np
 
 from flexibuff_envs.episodes import Lane, newest_rows
-from flexibuff_envs.errors import BufferFileError
+from flexibuff_envs.errors import BufferFileError, BufferSaveError
 from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse, stored_range
 from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.sampling import live_rows
@@ -97,7 +98,25 @@ def save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[
 
     Rows go from the ring to the file slice by slice, in ring order (so row numbers stay as they
     are): no copy of the buffer is made.
+
+    Raises:
+        BufferSaveError: the file could not be written (``path`` is a directory, a directory on
+            the way cannot be made, no permission, a full disk); it names ``path``.
     """
+    try:
+        _save(path, settings, storage, lanes, tree)
+    except BufferSaveError:
+        raise
+    except OSError as exc:
+        what = exc.strerror or str(exc)
+        raise BufferSaveError(exc.errno, f"cannot save the buffer ({what}; a file already there is intact)",
+                              path) from exc
+
+
+def _save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane],
+          tree: PriorityTree | None) -> None:
+    if os.path.isdir(path):
+        raise BufferSaveError(errno.EISDIR, "cannot save the buffer: it is a directory; give a file name", path)
     ranges = [stored_range(lane.live_start, lane.written, lane.capacity) for lane in lanes]
     segments = [(lane.offset + lo, lane.offset + hi) for lane, (lo, hi) in zip(lanes, ranges)]
     header = {"format": "flexibuff_envs buffer", **settings, "lanes": _lanes(lanes, ranges), "fields": []}
@@ -275,8 +294,9 @@ class BufferFile:
         self.handle.close()
 
     def mapped(self, meta: dict[str, Any]) -> np.ndarray:
-        """The array field ``meta`` of the header describes, mapped copy-on-write."""
-        return np.asarray(np.memmap(self.path, dtype=np.dtype(meta["dtype"]), mode="c",
+        """The array field ``meta`` of the header describes, mapped copy-on-write from the file
+        that was opened and checked (not the path again: it may name another file by now)."""
+        return np.asarray(np.memmap(self.handle, dtype=np.dtype(meta["dtype"]), mode="c",
                                     offset=self.data_start + meta["offset"], shape=tuple(meta["shape"])))
 
     def read_into(self, storage: Storage, segments: Segments, leaves: np.ndarray | None) -> None:
@@ -331,8 +351,9 @@ def fill(file: BufferFile, storage: Storage, lanes: Sequence[Lane], *, mmap: boo
     else:
         file.read_into(storage, segments, leaves)
     for k, (lane, info) in enumerate(zip(lanes, header.lanes)):
-        # rows below written hold the file's values (or are not live): the rest opens as recorded
-        storage.open(k, min(info.written, lane.capacity), fill=False)
+        # the rows that are not live are opened (given their allocated values) as recording on
+        # reaches them (`Lane.restore`); a field allocated later fills the whole lane
+        storage.open(k, [(lane.offset, lane.offset + lane.capacity)], fill=False)
         running = info.running[0] if info.running else 0
         lane.restore(info.written, info.live_start, np.array(info.ended, dtype=np.int64).reshape(-1, 3),
                      info.running, info.agent_start if info.agent_start is not None else [running] * len(lane.agent_start))

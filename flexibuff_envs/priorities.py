@@ -22,6 +22,10 @@ runs over rows:
 The tree follows the lanes by comparing what each lane held when it last looked with what it
 holds now: rows forgotten since can never be drawn, and rows recorded since get the highest
 priority seen so far.
+
+Its arrays cost memory only where written (`zeroed`), and nothing passes over all of them
+until as many leaves have changed as the tree has: a tree over a huge ring of which few rows
+are used (a loaded file's) costs memory for those rows.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from flexibuff_envs.chain import zeroed
 from flexibuff_envs.episodes import Lane, lane_offsets, span_rows
 
 #: prioritized replay's exponent unless one is given (and in files written before it was kept)
@@ -59,14 +64,16 @@ class PriorityTree:
         self.leaves = 1 << max(1, (rows - 1).bit_length())
         self.depth = self.leaves.bit_length() - 1
         self.top = min(TOP, self.depth)  # the level a draw searches; the ones above are not kept
-        self.sums = np.zeros(2 * self.leaves)  # node i's children are 2i and 2i + 1; the leaves from ``leaves`` on
-        self.live = np.zeros(self.leaves, dtype=bool)
+        # node i's children are 2i and 2i + 1; the leaves from ``leaves`` on
+        self.sums = zeroed((2 * self.leaves,), np.float64)
+        self.live = zeroed((self.leaves,), bool)
         self.max_priority = 1.0  # new rows get the highest priority seen so far
         self._min = np.inf  # the smallest positive leaf (inf: none); only recorded rows have one
         self._at_min = 0  # live leaves holding it; 0 while rows are live: to be found again
         self._block = min(BLOCK, self.leaves)
-        self._block_min = np.full(self.leaves // self._block, np.inf)  # each block's smallest positive leaf,
-        self._dirty = np.ones(self.leaves // self._block, dtype=bool)  # unless a leaf holding it changed since
+        # each block's smallest positive leaf (0: it has none), unless a leaf holding it changed since
+        self._block_min = zeroed((self.leaves // self._block,), np.float64)
+        self._dirty = zeroed((self.leaves // self._block,), bool)
         self._changed = 0  # leaves changed since the sums were last built exactly
         self._ancestors = np.arange(1, self.depth - self.top + 1)[:, None]  # shifts from a leaf to its kept ancestors
         self._known = [(0, 0)] * lanes  # per lane: (live_start, written) when last seen
@@ -85,7 +92,14 @@ class PriorityTree:
         rows = span_rows(lane_offsets(lanes), lanes[0].capacity, *np.array(tree._known, dtype=np.int64).T)
         tree.live[rows] = True
         tree.sums[tree.leaves + rows] = leaves[rows]
-        tree._rebuild()
+        tree._dirty[np.unique(rows // tree._block)] = True
+        if 2 * rows.size > tree.leaves:
+            tree._rebuild()
+        else:  # only the paths above the rows held: a file's few rows in a huge ring cost no more
+            nodes = rows + tree.leaves
+            while nodes.size and nodes[0] >= 2 << tree.top:
+                nodes = np.unique(nodes >> 1)
+                tree.sums[nodes] = tree.sums[2 * nodes] + tree.sums[2 * nodes + 1]
         tree.max_priority = max_priority
         return tree
 
@@ -109,8 +123,10 @@ class PriorityTree:
             if changed.size:
                 block = leaves[changed]
                 self._block_min[changed] = np.where(block > 0, block, np.inf).min(axis=1)
+                self._block_min[changed[np.isinf(self._block_min[changed])]] = 0.0
                 self._dirty[changed] = False
-            self._min = float(self._block_min.min())
+            held = self._block_min[self._block_min > 0]
+            self._min = float(held.min()) if held.size else np.inf
             if self._min < np.inf:
                 holders = np.flatnonzero(self._block_min == self._min)
                 self._at_min = int(np.count_nonzero(leaves[holders] == self._min))
@@ -133,7 +149,10 @@ class PriorityTree:
                 self._at_min += int(np.count_nonzero(values == self._min))
         blocks = rows // self._block
         self._dirty[blocks[old == self._block_min[blocks]]] = True  # its minimum may rise: looked at again
-        np.minimum.at(self._block_min, blocks, np.where(values > 0, values, np.inf))  # a fall is known at once
+        positive = values > 0  # a fall is known at once
+        lowered = blocks[positive]
+        self._block_min[lowered[self._block_min[lowered] == 0]] = np.inf
+        np.minimum.at(self._block_min, lowered, values[positive])
         self._changed += rows.size
         self.sums[node] = values
         if rows.size * self._ancestors.size > self.leaves or self._changed > self.leaves:

@@ -7,6 +7,7 @@ way); `play` runs it to a budget for the command line.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -49,12 +50,13 @@ class Budget:
 
 @dataclass(frozen=True)
 class Rollout:
-    """What a run did: episodes ended, env steps (``step`` calls, x sub-envs), wall seconds."""
+    """What a run did: episodes ended, env steps (``step`` calls, x sub-envs), wall seconds, and
+    the signal that stopped it early (``signal.SIGINT`` for Ctrl-C; 0: it ran to its budget)."""
 
     episodes: int
     steps: int
     seconds: float
-    interrupted: bool = False
+    interrupted: int = 0
 
 
 #: called with the running (episodes, steps) whenever an episode ends
@@ -100,8 +102,9 @@ def steps(env: Any, api: str, *, seed: int, policy: Policy | None = None) -> Ite
 def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -> Rollout:
     """Run ``env`` (a recorder of kind ``api``) until ``budget`` is spent or Ctrl-C is pressed.
 
-    A Ctrl-C stops the run early and keeps what was recorded: the recorder ends the step it
-    interrupted cleanly (see `LaneRecorder.abandon`).
+    A Ctrl-C (a ``KeyboardInterrupt``, or a subclass with the ``signum`` that raised it) stops the
+    run early and keeps what was recorded: the recorder holds it across its bookkeeping
+    (`flexibuff_envs.interrupts`), so it lands between steps or inside the env's own.
     """
     counts = [0, 0]  # episodes, steps: kept outside the loop so an interrupt keeps them
     start = time.perf_counter()
@@ -113,8 +116,9 @@ def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -
                 progress(*counts)
             if budget.spent(*counts):
                 break
-    except KeyboardInterrupt:
-        return Rollout(counts[0], counts[1], time.perf_counter() - start, interrupted=True)
+    except KeyboardInterrupt as stop:
+        return Rollout(counts[0], counts[1], time.perf_counter() - start,
+                       interrupted=getattr(stop, "signum", signal.SIGINT))
     return Rollout(counts[0], counts[1], time.perf_counter() - start)
 
 

@@ -10,12 +10,10 @@ from typing import Any
 import gymnasium as gym
 
 from flexibuff_envs import kinds
-from flexibuff_envs.codecs import ActionCodec, ObsCodec, action_codec, obs_codec
-from flexibuff_envs.errors import NotAnEnvError, SpecMismatchError
+from flexibuff_envs.codecs import ActionCodec, ObsCodec, action_codec, obs_codec, one_hot_problem
+from flexibuff_envs.errors import NotAnEnvError, SpecMismatchError, UnsupportedSpaceError
 
 ENV_KINDS = "gymnasium.Env, gymnasium.vector.VectorEnv, pettingzoo ParallelEnv or pettingzoo AECEnv"
-
-
 
 @dataclass(frozen=True)
 class BufferSpec:
@@ -75,6 +73,11 @@ class BufferSpec:
         "obs_categories",
         "extra_fields",
     )
+
+    def __post_init__(self) -> None:
+        problem = one_hot_problem(self.obs_categories)
+        if problem:
+            raise UnsupportedSpaceError(problem)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""

@@ -281,16 +281,21 @@ class Storage:
         else:
             array[lo:hi] = self.fill(name)
 
-    def open(self, lane: int, upto: int, *, fill: bool = True) -> None:
-        """Rows of ``lane`` up to ``upto`` (from its first) get their fields' allocated values
-        (``fill=False``: they hold them already)."""
+    def open(self, lane: int, segments: Segments, *, fill: bool = True) -> None:
+        """Rows ``segments`` (ranges ``[lo, hi)`` of lane ``lane``'s) get their fields' allocated
+        values (``fill=False``: they are left as they are); a field allocated later fills them
+        too, with every row of the lane before them."""
         first = lane * self.lane_rows
-        lo, hi = first + self.opened[lane], first + upto
-        if hi > lo:
-            for name, array in self.arrays.items():
-                if fill and self.fill(name):
-                    self._fill(array, name, lo, hi)
-            self.opened[lane] = upto
+        for lo, hi in segments:
+            if fill:
+                self.refill(lo, hi)
+            self.opened[lane] = max(self.opened[lane], hi - first)
+
+    def refill(self, lo: int, hi: int) -> None:
+        """Rows ``[lo, hi)`` hold their fields' allocated values again (NaN ``G``, active, ...)."""
+        for name, array in self.arrays.items():
+            if self.fill(name):
+                self._fill(array, name, lo, hi)
 
     def put(self, name: str, array: np.ndarray) -> None:
         """Hold ``array`` as field ``name``."""

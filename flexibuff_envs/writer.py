@@ -17,7 +17,7 @@ import numpy as np
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.errors import SpecMismatchError
-from flexibuff_envs.sampling import live_rows
+from flexibuff_envs.interrupts import holding
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -44,6 +44,7 @@ class Writer:
 
     # ----------------------------------------------------------------- lanes
 
+    @holding
     def claim_lanes(self, n: int) -> list[int]:
         """``n`` lanes no other recorder writes, written by the owner from now on (until it is
         closed or dropped): several recorders can share a buffer, one lane each.
@@ -66,6 +67,7 @@ class Writer:
             index.writers[lane] = self.owner
         return free[:n]
 
+    @holding
     def release_lanes(self) -> None:
         """The lanes the owner claimed are free again (its env was closed)."""
         index, owner = self.buffer._index, self.owner()
@@ -182,14 +184,6 @@ class Writer:
     def forget_rows(self, rows: np.ndarray) -> None:
         """``rows`` (of lanes whose episode index already left them) are no longer recorded."""
         self.buffer._forget_rows(rows)
-
-    def reclaim(self) -> None:
-        """Next-value slots lost by an eviction that was interrupted (Ctrl-C) come back; called
-        when a step could not be recorded."""
-        storage = self.buffer._storage
-        live = live_rows(self.buffer._lanes)
-        for chain in storage.chains.values():
-            chain.reclaim(live)
 
     # ----------------------------------------------------------------- episodes
 

@@ -50,7 +50,7 @@ BAD_CALLS: dict[str, tuple[Callable[[fe.GymRecorder, Path], Any], type[Exception
                                              fe.SpecMismatchError, "obs_size"),
     "a recorder with another gamma": (lambda env, _: fe.record(gym.make("CartPole-v1"), buffer=env.buffer, gamma=0.5),
                                       fe.SpecMismatchError, "gamma"),
-    "save onto a directory": (lambda env, tmp: env.buffer.save(tmp), IsADirectoryError, "Is a directory"),
+    "save onto a directory": (lambda env, tmp: env.buffer.save(tmp), fe.BufferSaveError, "is a directory"),
 }
 
 
@@ -162,3 +162,14 @@ def test_values_the_space_cannot_hold_are_refused_and_the_episode_kept(case: str
     (episode,) = env.buffer.sample_episodes(n_episodes=1)  # the two whole steps, ended as truncated
     assert len(episode) == 2 and episode.truncated[-1] and len(env.buffer) == 2
     np.testing.assert_array_equal(episode.obs_, [GOOD[0], GOOD[0]])
+
+
+def test_a_ring_that_cannot_be_reserved_names_num_steps_and_what_fits() -> None:
+    """pistonball's frames are 9 MB a row: a ring this machine cannot reserve is one error that
+    says how many rows would fit, not numpy's MemoryError about bytes."""
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.butterfly import pistonball_v6
+
+    with pytest.raises(fe.BufferMemoryError, match=r"num_steps=1,000,000,000 rows .* rows per lane fit .*num_steps"):
+        fe.record(pistonball_v6.parallel_env(), num_steps=10**9)
+    assert issubclass(fe.BufferMemoryError, MemoryError)

@@ -299,3 +299,33 @@ def test_the_default_capacity_keeps_what_the_buffer_reserves_within_the_budget()
     buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity)
     assert capacity > 100 and buffer.nbytes <= cli.MEMORY_BUDGET
     assert cli._longest_episode(env) == 900 > capacity  # so record says so before it starts
+
+
+def test_sigint_sigterm_and_sighup_stop_a_recording_which_is_saved(tmp_path: Path) -> None:
+    """What Ctrl-C, ``timeout``/``docker stop``/SLURM and a closed terminal send, as real signals
+    to real processes: each stops the run, the file holds what was recorded, the exit status is
+    128 + the signal."""
+    import signal
+    import time
+
+    runs = {}
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        out = tmp_path / f"{signum.name}.fbuf"
+        runs[signum] = (out, subprocess.Popen(
+            [sys.executable, "-m", "flexibuff_envs", "record", "CartPole-v1", "--steps", "100000000",
+             "--capacity", "100000", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    time.sleep(8)  # started and recording
+    for signum, (_, process) in runs.items():
+        process.send_signal(signum)
+    for signum, (out, process) in runs.items():
+        report, errors = process.communicate(timeout=120)
+        assert process.returncode == 128 + signum, errors[-2000:]
+        name = "Ctrl-C" if signum == signal.SIGINT else signum.name
+        assert f"(stopped by {name})" in report
+        buffer = fe.FlexibleBuffer.load(out)
+        assert len(buffer) > 1000 and buffer.n_episodes > 10
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_recording(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["record", "CartPole-v1", "--steps", "200000", "--out", "/proc/x.fbuf"]) == 2
+    assert capsys.readouterr().err.startswith("flexibuff-envs record: --out /proc/x.fbuf: cannot write in /proc (")

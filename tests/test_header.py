@@ -18,6 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import flexibuff_envs as fe
+from flexibuff_envs.header import MAX_POSITION
 from flexibuff_envs.testing.reference import play
 from tests.envs import ToyEnv
 
@@ -104,6 +105,8 @@ CRAFTED: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the 
     "spec of other agents": (lambda h: h["spec"].update(n_agents=2), "agent_ids"),
     "gamma out of range": (lambda h: h.update(gamma=1.5), "gamma"),
     "version 0": (lambda h: None, "format 0"),
+    "one-hot observations too wide to hand out": (lambda h: h["spec"].update(obs_size=2**31, obs_categories=[2**31]),
+                                                  "one-hot values"),
 }
 
 
@@ -211,6 +214,10 @@ try:
     if len(buffer):
         buffer.sample_transitions(16)
         buffer.episode_stats()
+        if buffer.max_priority is not None:  # the file holds priorities: draw by them and give new ones
+            batch = buffer.sample_transitions(16, prioritized=True)
+            buffer.update_priorities(batch.idx, 2.0)
+            buffer.sample_transitions(16, prioritized=True)
 except fe.BufferFileError as exc:
     outcome = f"refused: {exc}"
 print(outcome)
@@ -308,3 +315,51 @@ def test_an_object_dtype_file_is_refused_in_a_process_that_survives(tmp_path: Pa
         path = crafted(tmp_path, lambda h: field(h, "G").update(dtype="|O"))
     outcome, _ = probe(path, mmap)  # probe asserts the process was not killed by a signal
     assert outcome.startswith(f"refused: {path}: corrupt header: ") and "dtype" in outcome
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+def test_positions_near_the_limit_load_record_and_save_again(tmp_path: Path, mmap: bool) -> None:
+    """Positions only grow; a file may hold any up to 2**62. Loaded, they are renumbered by whole
+    turns of the ring (rows stay where they are), so recording on and saving again work."""
+    capacity = 50
+    good = saved(tmp_path, capacity=capacity, steps=120)  # wrapped: the file spans the ring
+    shift = (MAX_POSITION // capacity - 3) * capacity  # the newest position 30 below the limit
+    _, header, data, _ = parts(good.read_bytes())
+    for info in header["lanes"]:
+        info["written"] += shift
+        info["live_start"] += shift
+        info["ended"] = [[start + shift, end + shift, whole] for start, end, whole in info["ended"]]
+        if info["running"]:
+            info["running"][:2] = [p + shift for p in info["running"][:2]]
+        info["agent_start"] = [s + shift for s in info["agent_start"]]
+    far = tmp_path / "far.fbuf"
+    far.write_bytes(build(header, data))
+    buffer = fe.FlexibleBuffer.load(far, mmap=mmap)
+    near = fe.FlexibleBuffer.load(good, mmap=mmap)
+    (a,), (b,) = (list(x.minibatches(len(x), shuffle=False)) for x in (buffer, near))
+    np.testing.assert_array_equal(a.idx, b.idx)
+    for each in (buffer, near):
+        play(fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5), mask_info=True),
+                       buffer=each), seed=3, steps=30)
+    again = fe.FlexibleBuffer.load(buffer.save(tmp_path / "again.fbuf"))
+    (a,), (b,) = (list(x.minibatches(len(x), shuffle=False)) for x in (again, near))
+    np.testing.assert_array_equal(a.idx, b.idx)
+    np.testing.assert_array_equal(a.obs, b.obs)
+    assert again.n_episodes == near.n_episodes
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
+def test_a_huge_ring_with_priorities_claimed_by_a_small_file_costs_no_memory(tmp_path: Path, mmap: bool) -> None:
+    """The priority tree of a file's few rows in a claimed 2**28-row ring is as small as they are."""
+    env = fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5)), num_steps=3000)
+    play(env, seed=0, steps=60)
+    env.buffer.update_priorities(np.arange(60), np.linspace(0.1, 3, 60))
+    _, header, data, _ = parts(Path(env.buffer.save(tmp_path / "good.fbuf")).read_bytes())
+    assert any(meta["name"] == "priority" for meta in header["fields"])
+    header["num_steps"] = 2**28
+    path = tmp_path / "bomb.fbuf"
+    path.write_bytes(build(header, data))
+    assert path.stat().st_size < 10_000
+    outcome, grew = probe(path, mmap)
+    assert outcome == "loaded 60 rows"
+    assert grew < 100 * 2**20, f"peak memory grew by {grew / 2**20:.0f} MiB"

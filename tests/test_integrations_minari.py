@@ -120,3 +120,28 @@ def test_composite_observations_go_to_minari_as_minari_stores_them() -> None:
     back = [e.obs for e in from_minari("blackjack/recorded-v0").episodes()]
     mine = [e.obs for e in env.buffer.episodes()]
     assert len(back) == len(mine) and all(np.array_equal(b, m) for b, m in zip(back, mine))
+
+
+def test_the_cli_export_passes_the_credits_minari_asks_for_and_names_agent_for_several(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No warning from Minari when the credits are given (a one-line note names the flags when
+    they are not), and a multi-agent file gets told about --agent, the flag, not Python's keyword."""
+    import warnings
+
+    from flexibuff_envs.cli import main
+
+    path = str(tmp_path / "cartpole.fbuf")
+    recorded("CartPole-v1").save(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the export
+        assert main(["export", path, "--minari", "cartpole/credited-v0", "--env", "CartPole-v1", "--author", "me",
+                     "--author-email", "me@example.org", "--code-permalink", "https://example.org/run"]) == 0
+    assert capsys.readouterr().err == ""
+    assert minari.load_dataset("cartpole/credited-v0").storage.metadata["author"] == {"me"}  # as Minari keeps it
+    assert main(["export", path, "--minari", "cartpole/bare-v0"]) == 0
+    assert capsys.readouterr().err == ("flexibuff-envs export: note: Minari asks datasets to say who made them; pass "
+                                       "--author, --author-email, --code-permalink\n")
+    spread = str(tmp_path / "spread.fbuf")
+    recorded_spread(max_cycles=10, steps=30).save(spread)
+    assert main(["export", spread, "--minari", "spread/all-v0"]) == 2
+    assert "pass --agent NAME, one dataset per agent" in capsys.readouterr().err

@@ -243,3 +243,42 @@ def test_sb3_sac_trains_on_this_replay_buffer_with_continuous_actions() -> None:
     assert samples.actions.shape == (16, 1) and samples.observations.shape == (16, 3)
     assert float(samples.actions.abs().max()) <= 1.0  # SAC stores its actions scaled to [-1, 1]
     assert samples.dones.sum() == 0  # a time limit ends no episode for the critic
+
+
+def test_adds_that_do_not_follow_one_another_come_back_as_added_as_in_sb3_s_own_buffer() -> None:
+    """A shuffled demonstration prefill: each add's obs is not the last add's next_obs. Ours holds
+    what was added, as SB3's own buffer does (and each observation once where adds chain)."""
+    from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+    from flexibuff_envs.testing.reference import play
+
+    env = gym.make("CartPole-v1")
+    log = play(env, seed=0, steps=300)
+    order = np.random.default_rng(0).permutation(300)[:200]
+    order[100:110] = np.arange(50, 60)  # a run of adds that do chain
+    ours = ReplayBuffer(500, env.observation_space, env.action_space, device="cpu")
+    theirs = SB3ReplayBuffer(500, env.observation_space, env.action_space, device="cpu")
+    for t in order.tolist():
+        add = (log.obs[t][None], log.obs_[t][None], np.array([[log.actions[t]]]), np.array([log.reward[t]]),
+               np.array([log.terminated[t] or log.truncated[t]]), [{"TimeLimit.truncated": log.truncated[t]}])
+        ours.add(*add)
+        theirs.add(*add)
+    batch = ours.buffer.sample_transitions(idx=np.arange(200))
+    np.testing.assert_array_equal(batch.obs, theirs.observations[:200, 0])
+    np.testing.assert_array_equal(batch.obs_, theirs.next_observations[:200, 0])
+    np.testing.assert_array_equal(batch.discrete_actions[:, 0], theirs.actions[:200, 0, 0])
+    # the two adds the issue gives: (1, 2) then (5, 6) stay (1, 2) and (5, 6)
+    space = gym.spaces.Box(-10, 10, (1,), np.float32)
+    small = ReplayBuffer(10, space, gym.spaces.Discrete(2), device="cpu")
+    for first in (1.0, 5.0, 6.0):
+        small.add(np.array([[first]]), np.array([[first + 1]]), np.array([[0]]), np.array([0.0]), np.array([False]), [{}])
+    batch = small.buffer.sample_transitions(idx=np.arange(3))
+    np.testing.assert_array_equal(batch.obs[:, 0], [1, 5, 6])
+    np.testing.assert_array_equal(batch.obs_[:, 0], [2, 6, 7])
+
+
+def test_record_of_an_sb3_vec_env_names_the_recorder_to_use() -> None:
+    venv = DummyVecEnv([lambda: gym.make("CartPole-v1")])
+    with pytest.raises(fe.NotAnEnvError, match=r"Stable-Baselines3 VecEnv.*RecordingVecEnv\(venv\)"):
+        fe.record(venv)

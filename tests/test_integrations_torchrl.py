@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -115,3 +117,105 @@ def test_an_n_step_batch_gives_torchrl_its_steps_and_dqn_loss_discounts_by_them(
         taken = q.gather(-1, torch.as_tensor(batch.discrete_actions))[:, 0]
         expected = (taken - target).pow(2).mean()
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def _ppo_rollout(multi: bool) -> tuple[fe.FlexibleBuffer, Any, Any]:
+    """A rollout recorded with a policy's log probs and a critic's values annotated (truncations
+    bootstrapped by the critic, the cut closed by `finish_path`): the buffer, the TorchRL actor
+    and critic that acted."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    group = ("agents",) if multi else ()
+    obs_dim, n_actions = (18, 5) if multi else (4, 2)
+    policy = MLP(in_features=obs_dim, out_features=n_actions, num_cells=[16])
+    value = MLP(in_features=obs_dim, out_features=1, num_cells=[16])
+    actor = ProbabilisticActor(TensorDictModule(policy, in_keys=[(*group, "observation")], out_keys=[(*group, "logits")]),
+                               in_keys=[(*group, "logits")], out_keys=[(*group, "action")],
+                               distribution_class=torch.distributions.Categorical, return_log_prob=True,
+                               log_prob_key=(*group, "action_log_prob"))
+    critic = ValueOperator(value, in_keys=[(*group, "observation")], out_keys=[(*group, "state_value")])
+
+    def v(obs: Any, *agent: Any) -> float:
+        with torch.no_grad():
+            return float(value(torch.as_tensor(obs, dtype=torch.float32))[0])
+
+    def act(obs: Any) -> tuple[int, float, float]:
+        with torch.no_grad():
+            dist = torch.distributions.Categorical(logits=policy(torch.as_tensor(obs, dtype=torch.float32)))
+            action = dist.sample()
+        return int(action), float(dist.log_prob(action)), v(obs)
+
+    if multi:
+        pytest.importorskip("mpe2")
+        from mpe2 import simple_spread_v3
+
+        env = fe.record(simple_spread_v3.parallel_env(N=3, max_cycles=15), num_steps=500, gamma=0.9,
+                        gae_lambda=0.8, bootstrap_fn=v)
+        obs, _ = env.reset(seed=0)
+        for _ in range(40):
+            actions = {}
+            for agent, o in obs.items():
+                actions[agent], log_prob, value_ = act(o)
+                env.annotate(agent, discrete_log_probs=[log_prob], values=[value_])
+            obs, *_ = env.step(actions)
+            if not env.agents:
+                obs, _ = env.reset()
+        env.buffer.finish_path(np.array([v(obs[a]) for a in env.possible_agents]))
+    else:
+        env = fe.record(gym.make("CartPole-v1", max_episode_steps=40), num_steps=500, gamma=0.9, gae_lambda=0.8,
+                        bootstrap_fn=v)
+        obs, _ = env.reset(seed=0)
+        for _ in range(150):
+            action, log_prob, value_ = act(obs)
+            env.annotate(discrete_log_probs=[log_prob], values=[value_])
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                obs, _ = env.reset()
+        env.buffer.finish_path(v(obs))
+    return env.buffer, actor, critic
+
+
+@pytest.mark.parametrize("multi", [False, True], ids=["one agent", "three agents"])
+def test_torchrl_s_clip_ppo_loss_and_gae_read_a_recorded_rollout(multi: bool) -> None:
+    from torchrl.objectives import ClipPPOLoss
+    from torchrl.objectives.value import GAE
+
+    buffer, actor, critic = _ppo_rollout(multi)
+    (batch,) = buffer.minibatches(len(buffer), shuffle=False)  # the rollout in time order
+    td = batch.to_tensordict()
+    group = ("agents",) if multi else ()
+    lead = (len(buffer), 3) if multi else (len(buffer),)
+    assert td[(*group, "action_log_prob")].shape == lead  # as ProbabilisticActor writes it
+    for key in ("state_value", "advantage", "value_target"):  # as ValueOperator and GAE write them
+        assert td[(*group, key)].shape == (*lead, 1)
+
+    # TorchRL's GAE over the rollout gives the advantages the buffer wrote (same critic, same cuts)
+    estimator = GAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)
+    keys = {"advantage": (*group, "gae"), "value_target": (*group, "gae_target")}
+    if multi:
+        keys.update(reward=("agents", "reward"), done=("agents", "done"), terminated=("agents", "terminated"),
+                    value=("agents", "state_value"))
+    estimator.set_keys(**keys)
+    theirs = estimator(td.exclude((*group, "state_value")))  # it asks the critic itself
+    torch.testing.assert_close(theirs[(*group, "gae")], td[(*group, "advantage")], rtol=1e-4, atol=1e-4)
+
+    # ClipPPOLoss reads the batch; its objective equals the clipped surrogate by hand
+    with torch.no_grad():  # the policy moved since it acted: ratios differ from 1
+        for p in actor.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    loss_module = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_bonus=False, normalize_advantage=False)
+    if multi:
+        loss_module.set_keys(action=("agents", "action"), sample_log_prob=("agents", "action_log_prob"),
+                             value=("agents", "state_value"), advantage=("agents", "advantage"),
+                             value_target=("agents", "value_target"), reward=("agents", "reward"),
+                             done=("agents", "done"), terminated=("agents", "terminated"))
+    losses = loss_module(td)
+    with torch.no_grad():
+        dist = torch.distributions.Categorical(logits=actor.module[0].module(td[(*group, "observation")]))
+        ratio = (dist.log_prob(td[(*group, "action")]) - td[(*group, "action_log_prob")]).exp()[..., None]
+        advantage = td[(*group, "advantage")]
+        expected = -torch.minimum(ratio * advantage, ratio.clamp(0.8, 1.2) * advantage).mean()
+    assert not torch.allclose(ratio, torch.ones_like(ratio))
+    torch.testing.assert_close(losses["loss_objective"], expected, rtol=1e-5, atol=1e-6)

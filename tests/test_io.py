@@ -132,6 +132,40 @@ def test_mmap_load_reads_only_the_header(tmp_path: Path) -> None:
         fe.FlexibleBuffer.load(path)
 
 
+def test_a_mapped_load_maps_the_file_it_read_and_a_save_never_changes_a_mapped_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save landing at the path while a load maps it: the load maps the file whose header it
+    read, not the new one. And saving over a mapped file (ours write a new file and rename it)
+    leaves the mapped buffer's rows as they were."""
+    import flexibuff_envs.io as fio
+
+    runs = []
+    for seed in (0, 1):
+        env = recorder(capacity=40)
+        play(env, seed=seed, steps=95)  # both rings wrap: the file spans the ring and is mapped
+        runs.append(env.buffer)
+    path = runs[0].save(tmp_path / "run.fbuf")
+    other = runs[1].save(tmp_path / "other.fbuf")
+    parse = fio.parse
+
+    def a_save_lands_after_the_header_is_read(*args: object) -> object:
+        header = parse(*args)
+        os.replace(other, path)
+        return header
+
+    monkeypatch.setattr(fio, "parse", a_save_lands_after_the_header_is_read)
+    mapped = fe.FlexibleBuffer.load(path, mmap=True)
+    monkeypatch.undo()
+    (mine,), (want,) = (list(b.minibatches(len(b), shuffle=False)) for b in (mapped, runs[0]))
+    assert_same_batches(mine, want)
+    runs[0].clear()
+    play(fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11), mask_info=True),
+                   buffer=runs[0]), seed=7, steps=30)
+    runs[0].save(path)  # over the file the buffer maps
+    (again,) = mapped.minibatches(len(mapped), shuffle=False)
+    assert_same_batches(again, want)
+
+
 def test_files_of_format_1_still_load(tmp_path: Path) -> None:
     # tests/data/format1.fbuf was written by the format-1 writer from the same run as below
     env = recorder()
@@ -184,14 +218,24 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path: Path, monkeypat
 
         monkeypatch.setattr(os, "fsync", disk_full)
     try:
-        with pytest.raises(OSError):
+        with pytest.raises(fe.BufferSaveError) as caught:  # an OSError naming the path given
             env.buffer.save(path)
     finally:
         if failure == "write":
             resource.setrlimit(resource.RLIMIT_FSIZE, limits)
             signal.signal(signal.SIGXFSZ, previous)
+    assert caught.value.filename == str(path) and caught.value.errno == (errno.EFBIG if failure == "write" else errno.ENOSPC)
     assert path.read_bytes() == good and os.listdir(tmp_path) == ["run.fbuf"]
     assert len(fe.FlexibleBuffer.load(path)) == 20
+
+
+def test_a_save_to_a_directory_names_it_and_writes_nothing(tmp_path: Path) -> None:
+    env = recorder()
+    play(env, seed=0, steps=5)
+    with pytest.raises(fe.BufferSaveError, match="is a directory") as caught:
+        env.buffer.save(tmp_path)
+    assert caught.value.filename == str(tmp_path) and isinstance(caught.value, OSError)
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_saved_file_gets_ordinary_permissions(tmp_path: Path) -> None:
@@ -345,3 +389,53 @@ def test_a_vector_recorder_goes_on_recording_into_a_loaded_buffer(tmp_path: Path
         assert episode.terminated[-1] or episode.truncated[-1]
         assert not (episode.terminated[:-1] | episode.truncated[:-1]).any()
     assert sum(e.truncated[-1] for e in episodes) == 2  # the two episodes the file left running
+
+
+def _resume_case(case: str, buffer: fe.FlexibleBuffer | None = None, *, seed: int, steps: int) -> fe.FlexibleBuffer:
+    """Record ``steps`` steps of ``case`` with fixed actions (into ``buffer``, else a new small ring)."""
+    import gymnasium as gym
+
+    rng = np.random.default_rng(seed)
+    if case == "parallel":
+        from mpe2 import simple_spread_v3
+
+        env = fe.record(simple_spread_v3.parallel_env(N=3, max_cycles=25), buffer, num_steps=60)
+        env.reset(seed=seed)
+        for _ in range(steps):
+            env.step({a: int(rng.integers(5)) for a in env.agents})
+            if not env.agents:
+                env.reset()
+        return env.buffer
+    if case == "vector":
+        env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), buffer, num_steps=60,
+                        extra_fields={"hidden": (2,)})
+        env.reset(seed=[seed, seed + 1])
+        for _ in range(steps):
+            env.step(rng.integers(0, 2, 2))
+        return env.buffer
+    env = fe.record(gym.make("CartPole-v1"), buffer, num_steps=100, extra_fields={"hidden": (2,)})
+    env.reset(seed=seed)
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+        if terminated or truncated:
+            env.reset()
+    return env.buffer
+
+
+@pytest.mark.parametrize("mmap", [False, True], ids=["read", "mapped"])
+@pytest.mark.parametrize("case", ["gym", "vector", "parallel"])
+def test_rows_a_file_did_not_hold_record_on_as_in_the_saved_buffer(tmp_path: Path, case: str, mmap: bool) -> None:
+    """A ring that wrapped past rows it no longer holds: those rows come back with each field's
+    allocated value (active, NaN G while an episode runs, NaN for a field never annotated), so
+    recording on over them gives every field, n-step windows and weights what the saved buffer gives."""
+    if case == "parallel":
+        pytest.importorskip("mpe2")
+    saved = _resume_case(case, seed=0, steps=300)
+    loaded = fe.FlexibleBuffer.load(saved.save(tmp_path / "run.fbuf"), mmap=mmap)
+    for buffer in (saved, loaded):
+        _resume_case(case, buffer, seed=1, steps=20)
+    (mine,), (theirs,) = (list(b.minibatches(len(b), shuffle=False)) for b in (loaded, saved))
+    np.testing.assert_array_equal(mine.idx, theirs.idx)
+    assert_same_batches(mine, theirs)
+    assert np.isnan(mine.G).any()  # the episodes running now
+    assert_same_batches(loaded.sample_transitions(idx=mine.idx, n_step=3), saved.sample_transitions(idx=mine.idx, n_step=3))

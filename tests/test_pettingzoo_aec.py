@@ -176,8 +176,31 @@ class NoInfos(BaseWrapper):
         return {agent: {"wrapped": True} for agent in self.env.possible_agents}
 
 
-@pytest.mark.parametrize("wrapper", [TenfoldRewards, NoInfos])
-def test_inner_wrappers_are_honoured(wrapper: type) -> None:
+class ShapedInStep(BaseWrapper):
+    """A user's inner wrapper that keeps rewards of its own, assigned in reset() and step() (as
+    SuperSuit's reward_lambda_v0 does): the attributes exist only once the env was reset."""
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> None:
+        super().reset(seed=seed, options=options)
+        self.rewards = {agent: 0.0 for agent in self.agents}
+        self._cumulative_rewards = {agent: 0.0 for agent in self.agents}
+
+    def step(self, action: Any) -> None:
+        acting = self.agent_selection
+        super().step(action)
+        self.rewards = {agent: 10 * reward + 0.5 for agent, reward in self.env.rewards.items()}
+        self._cumulative_rewards[acting] = 0.0
+        for agent, reward in self.rewards.items():
+            self._cumulative_rewards[agent] = self._cumulative_rewards.get(agent, 0.0) + reward
+
+
+def supersuit_shaped(env: Any) -> Any:
+    ss = pytest.importorskip("supersuit")
+    return ss.reward_lambda_v0(env, lambda reward: 10 * reward + 0.5)
+
+
+@pytest.mark.parametrize("wrapper", [TenfoldRewards, NoInfos, ShapedInStep, supersuit_shaped])
+def test_inner_wrappers_are_honoured(wrapper: Callable[[Any], Any]) -> None:
     expected = play_aec(wrapper(tictactoe_v3.env()), seed=1, episodes=4)
     env = fe.record(wrapper(tictactoe_v3.env()), num_steps=100, gamma=GAMMA)
     bare = wrapper(tictactoe_v3.env())
@@ -195,3 +218,5 @@ def test_inner_wrappers_are_honoured(wrapper: type) -> None:
     np.testing.assert_allclose(batch.G, expected.G(GAMMA), rtol=1e-5, atol=1e-6)
     if wrapper is TenfoldRewards:
         assert np.abs(batch.individual_rewards).max() == 10
+    if wrapper in (ShapedInStep, supersuit_shaped):  # the shaped rewards (+0.5 a step) were recorded
+        assert (batch.individual_rewards[batch.active] % 1 == 0.5).any()

@@ -107,3 +107,12 @@ def test_spec_round_trips_through_a_dict() -> None:
 def test_infer_spec_rejects_what_is_not_an_env() -> None:
     with pytest.raises(TypeError, match="gymnasium.Env"):
         fe.infer_spec("CartPole-v1")
+
+
+def test_observations_whose_one_hot_cannot_be_handed_out_are_refused_naming_the_limit() -> None:
+    """A batch presents categorical observations one-hot: Discrete(2**31) would be 8 GiB a row."""
+    with pytest.raises(fe.UnsupportedSpaceError, match=r"Discrete\(2147483648\) flattens to 2,147,483,648 .*1,048,576"):
+        fe.infer_spec(ToyEnv(spaces.Discrete(2**31)))
+    with pytest.raises(fe.UnsupportedSpaceError, match=r"obs_categories add up to 2,147,483,648 .*1,048,576"):
+        fe.FlexibleBuffer(8, 2**31, obs_categories=[2**31])
+    assert fe.infer_spec(ToyEnv(spaces.MultiDiscrete([1024] * 1024))).obs_categories == (1024,) * 1024  # at the limit

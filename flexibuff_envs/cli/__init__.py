@@ -8,14 +8,20 @@ is one line on stderr and a non-zero exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any, NoReturn
 
 import flexibuff_envs as fe
+from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
 from flexibuff_envs.cli.report import inspect_report, record_report
 from flexibuff_envs.rollout import Budget, Progress, play
@@ -26,6 +32,34 @@ DEFAULT_CAPACITY = 100_000
 MEMORY_BUDGET = 2 << 30
 #: seconds a run lasts before its progress bar appears (short runs print only the report)
 PROGRESS_DELAY = 1.0
+
+
+#: what ``timeout``, ``docker stop``, SLURM and a closed terminal send: a recording stops as at Ctrl-C
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a recording: handled as Ctrl-C is (the run stops, what was
+    recorded is saved), with the signal's number for the exit status (128 + it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def _handled(signals: Sequence[int], handler: Any) -> Iterator[None]:
+    """``handler`` for ``signals`` while the block runs, then the handlers before."""
+    previous = {signum: signal.signal(signum, handler) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,29 +93,38 @@ def cmd_record(args: argparse.Namespace) -> int:
                          "--capacity") from exc
     recorder = fe.record(env, buffer)
     bar, progress = _progress_bar(budget, choice.label)
+    noted: list[int] = []
     try:
-        rollout = play(recorder, choice.api, seed=args.seed, budget=budget, progress=progress)
+        with _handled(STOP_SIGNALS, _stop):
+            rollout = play(recorder, choice.api, seed=args.seed, budget=budget, progress=progress)
+        # from here on a signal is noted, not obeyed: the save of what was recorded finishes
+        with _handled((signal.SIGINT, *STOP_SIGNALS), lambda signum, frame: noted.append(signum)):
+            bar.close()
+            recorder.close()
+            if rollout.episodes and not recorder.buffer.n_episodes:
+                raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
+                                        f"({rollout.episodes:,} ended), so nothing was saved; pass a larger "
+                                        f"--capacity (the longest episode's rows or more)")
+            path = recorder.buffer.save(out)
     finally:
         bar.close()
-        recorder.close()
-    if rollout.episodes and not recorder.buffer.n_episodes:
-        raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
-                                f"({rollout.episodes:,} ended), so nothing was saved; pass a larger "
-                                f"--capacity (the longest episode's rows or more)")
-    path = recorder.buffer.save(out)
     print(record_report(choice, rollout, recorder.buffer, path))
-    return 130 if rollout.interrupted else 0
+    stopped_by = rollout.interrupted or (noted[0] if noted else 0)
+    return 128 + stopped_by if stopped_by else 0
 
 
 def _writable(out: str) -> str:
-    """``out``, after checking it can be written: a long run must not end in a failed save."""
+    """``out``, after checking it can be written (its missing directories made, a file made and
+    removed beside it, as the save will): a long run must not end in a failed save."""
     if os.path.isdir(out):
         raise UsageError(f"--out {out} is a directory; give a file name")
     parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: cannot write in {parent}")
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write in {parent} ({exc.strerror or exc})") from None
     return out
 
 
@@ -92,7 +135,7 @@ def _default_capacity(spec: fe.BufferSpec, steps: int | None) -> int:
         return math.ceil(steps / spec.n_envs)
     probe = fe.FlexibleBuffer.from_spec(spec, num_steps=1)
     per_row = probe.nbytes_per_row * spec.n_envs
-    return max(1, min(DEFAULT_CAPACITY, (MEMORY_BUDGET - (probe.nbytes - per_row)) // per_row))
+    return min(DEFAULT_CAPACITY, rows_that_fit(per_row, MEMORY_BUDGET - (probe.nbytes - per_row)))
 
 
 def _longest_episode(env: Any) -> int | None:
@@ -132,15 +175,33 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+#: what Minari asks a dataset for, as ``export`` flags: keyword -> flag
+DATASET_CREDITS = {"author": "--author", "author_email": "--author-email", "code_permalink": "--code-permalink"}
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from flexibuff_envs.integrations.minari import to_minari
 
     buffer = fe.FlexibleBuffer.load(args.file)
-    try:
-        dataset = to_minari(buffer, args.minari, env=args.env, agent=args.agent)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    ids = buffer.spec.agent_ids
+    if buffer.spec.n_agents > 1 and args.agent not in ids:
+        raise UsageError(f"{args.file} holds {len(ids)} agents ({', '.join(ids)}) and a Minari dataset holds one: "
+                         + ("pass --agent NAME, one dataset per agent" if args.agent is None
+                            else f"--agent {args.agent} is none of them"))
+    credits = {key: getattr(args, key) for key in DATASET_CREDITS if getattr(args, key) is not None}
+    if args.description is not None:
+        credits["description"] = args.description
+    with warnings.catch_warnings():  # Minari's own warnings about missing credits: one note below instead
+        warnings.filterwarnings("ignore", message=r"`(author|author_email|code_permalink)` is set to None")
+        try:
+            dataset = to_minari(buffer, args.minari, env=args.env, agent=args.agent, **credits)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     print(f"wrote Minari dataset {args.minari}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+    missing = [flag for key, flag in DATASET_CREDITS.items() if key not in credits]
+    if missing:
+        print(f"flexibuff-envs export: note: Minari asks datasets to say who made them; pass {', '.join(missing)}",
+              file=sys.stderr)
     return 0
 
 
@@ -219,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--env", help="the env id the buffer recorded: its spaces and Minari's record of it "
                                       "(default: spaces rebuilt from the buffer's layout)")
     export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")
+    export.add_argument("--author", help="who made the dataset (Minari's author)")
+    export.add_argument("--author-email", help="how to reach them (Minari's author_email)")
+    export.add_argument("--code-permalink", help="a link to the code that recorded it (Minari's code_permalink)")
+    export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
     export.set_defaults(run=cmd_export)
     return parser
 

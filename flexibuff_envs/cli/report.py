@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 
 import numpy as np
 
@@ -29,7 +30,8 @@ def _line(key: str, text: str) -> str:
 def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, path: str) -> str:
     """What a ``record`` run did and what it left: the report printed at the end."""
     spec = buffer.spec
-    stop = " (stopped by Ctrl-C)" if rollout.interrupted else ""
+    stop = "" if not rollout.interrupted else " (stopped by Ctrl-C)" if rollout.interrupted == signal.SIGINT \
+        else f" (stopped by {signal.Signals(rollout.interrupted).name})"
     lines = [(f"recorded {choice.name} ({API_NAMES[choice.api]}, {_agents(spec)}) "
              f"with random legal actions{stop}")]
     kept = buffer.n_episodes

@@ -89,7 +89,9 @@ def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent
         env: the env (or its id) the buffer recorded: its spaces, and Minari's record of it.
             None: spaces rebuilt from the buffer's layout.
         agent: for a multi-agent buffer, the agent whose own transitions to export.
-        metadata: more of ``minari.create_dataset_from_buffers``'s keywords (author, description, ...).
+        metadata: more of ``minari.create_dataset_from_buffers``'s keywords (``author``,
+            ``author_email``, ``code_permalink``: Minari warns when they are missing;
+            ``description`` defaults to what was recorded, ``eval_env`` to ``env``).
 
     Raises:
         ValueError: a multi-agent buffer without ``agent`` (or an unknown one); no whole episode.
@@ -123,6 +125,10 @@ def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent
         raise EmptyBufferError("to_minari: the buffer holds no whole ended episode" +
                                (f" of agent {agent!r}" if agent else ""))
     metadata.setdefault("algorithm_name", "flexibuff_envs")
+    metadata.setdefault("description", f"{len(episodes)} whole episodes recorded with flexibuff_envs"
+                        + (f" (agent {agent!r} of {list(spec.agent_ids)})" if agent is not None else ""))
+    if env is not None:
+        metadata.setdefault("eval_env", env.spec if getattr(env, "spec", None) is not None else None)
     return minari.create_dataset_from_buffers(dataset_id, episodes, env=env, observation_space=obs_space,
                                               action_space=action_space, **metadata)
 

@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.errors import MissingExtraError
+from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.wrappers.core import LaneRecorder, prepare_buffer
@@ -94,9 +95,11 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
 
 
 class ReplayBuffer(buffers.ReplayBuffer):
-    """SB3's ``ReplayBuffer``, kept in a `FlexibleBuffer` (``self.buffer``): each observation is
-    stored once, yet the final observation of a time-limited episode is kept (SB3's own
-    ``optimize_memory_usage`` reads the next episode's first observation there instead).
+    """SB3's ``ReplayBuffer``, kept in a `FlexibleBuffer` (``self.buffer``): it holds what was
+    added, and each observation once where the adds chain (an add's ``obs`` is the last one's
+    ``next_obs``, as in a rollout; a shuffled prefill is kept as added). The final observation of
+    a time-limited episode is kept (SB3's own ``optimize_memory_usage`` reads the next episode's
+    first observation there instead).
 
     Use it as ``DQN(..., replay_buffer_class=ReplayBuffer)`` (or SAC, TD3, ...): SB3 passes the
     arguments below. Observations must be a ``Box`` (SB3 keeps Dict ones in ``DictReplayBuffer``).
@@ -129,6 +132,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
         self._action_shape = (n_envs, *(action_space.shape or ()))
         self._continuous = isinstance(action_space, spaces.Box)
 
+    @holding
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
             infos: list[dict[str, Any]]) -> None:
         """One transition per sub-env: ``next_obs`` is the final observation where ``done``."""
@@ -138,6 +142,8 @@ class ReplayBuffer(buffers.ReplayBuffer):
         for i, (lane, ended, timeout) in enumerate(zip(self._lanes, done.tolist(), truncated.tolist())):
             if not lane.running:  # an episode begins here, with its first observation
                 lane.begin([(0, obs[i], {})])
+            else:  # stored once where the adds chain (obs is the last add's next_obs), else as added
+                lane.observe(0, obs[i])
             lane.step_single(actions[i], next_obs[i], reward[i], ended and not timeout, timeout, infos[i])
         self.pos = (self.pos + 1) % self.buffer_size
         self.full = self.full or self.pos == 0

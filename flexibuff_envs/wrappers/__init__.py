@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any, overload
 
@@ -97,8 +98,12 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
                         global_reward="sum" if global_reward is None else global_reward,
                         record_state=True if record_state is None else record_state, alpha=alpha,
                         extra_fields=extra_fields)
-    raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {type(env).__module__}."
-                        f"{type(env).__qualname__}")
+    got = f"{type(env).__module__}.{type(env).__qualname__}"
+    sb3 = sys.modules.get("stable_baselines3.common.vec_env")
+    if sb3 is not None and isinstance(env, sb3.VecEnv):
+        raise NotAnEnvError(f"record(env): {got} is a Stable-Baselines3 VecEnv; record it with "
+                            "flexibuff_envs.integrations.sb3.RecordingVecEnv(venv), which SB3's algorithms take as is")
+    raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {got}")
 
 
 def __getattr__(name: str) -> Any:

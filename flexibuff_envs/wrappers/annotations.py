@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.interrupts import holding
 from flexibuff_envs.writer import Writer
 
 #: annotation -> (what it is, per agent?)
@@ -61,6 +62,7 @@ class Annotations:
         self.fields: list[str] = []
         self._stores: dict[str, np.ndarray] = {}  # each annotated field's storage
 
+    @holding
     def add(self, index: int, agent: str, fields: dict[str, Any]) -> None:
         """Check ``fields`` and hold them for agent ``index``'s next step."""
         checked = {name: self._check(name, agent, value) for name, value in fields.items()}

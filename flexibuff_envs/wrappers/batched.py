@@ -23,6 +23,7 @@ from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane, span_rows
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
+from flexibuff_envs.interrupts import holding
 from flexibuff_envs.storage import pack_mask
 from flexibuff_envs.wrappers.annotations import add_feedback, checked
 from flexibuff_envs.writer import Writer
@@ -40,7 +41,7 @@ class BatchRecorder:
     """Records ``len(lanes)`` single-agent lanes of ``writer``'s buffer: sub-env ``i`` into ``lanes[i]``.
 
     ``mode`` is the vector env's autoreset mode: it says which sub-env steps are transitions.
-    A step that cannot be recorded (a value its space does not allow, or an interrupt) ends every
+    A step that cannot be recorded (a value its space does not allow) ends every
     running episode at its last whole step, as truncated; each sub-env records again from its
     next reset. ``bootstrap_fn`` is called for truncated episodes when their block is written
     (at the latest when the buffer is next read).
@@ -134,6 +135,7 @@ class BatchRecorder:
         if self._version != self.writer.version:
             self._reload()
 
+    @holding
     def commit(self) -> None:
         """Write the staged steps, then bring the buffer's lanes up to date: positions, ended
         episodes (with ``G``) and running ones."""
@@ -172,6 +174,7 @@ class BatchRecorder:
 
     # ----------------------------------------------------------------- staging
 
+    @holding
     def step(self, actions: Any, obs: Any, rewards: Any, terminated: np.ndarray, truncated: np.ndarray, *,
              final: tuple[np.ndarray, list[Any]] | None = None, masks: np.ndarray | None = None,
              masks_: np.ndarray | None = None) -> None:
@@ -353,6 +356,7 @@ class BatchRecorder:
 
     # ----------------------------------------------------------------- resets and failures
 
+    @holding
     def begin(self, lanes: np.ndarray, obs: Any, masks: np.ndarray | None = None) -> None:
         """Lanes ``lanes`` (indices) were reset by the user to ``obs`` (the whole batch; with
         ``masks``, the batch's legal-action flags ``[n, actions]``): episodes running there end
@@ -421,7 +425,6 @@ class BatchRecorder:
             self._cut(cut, bootstrap=False)
         self.running[:] = False
         self._resetting[:] = False
-        self.writer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note("flexibuff_envs: this vector step was not recorded; each sub-env's episode is kept up to "
@@ -429,6 +432,7 @@ class BatchRecorder:
 
     # ----------------------------------------------------------------- what the agent adds
 
+    @holding
     def annotate(self, fields: Mapping[str, Any]) -> None:
         """Hold per sub-env annotations (a leading ``[n]`` axis) for the next step; a sub-env
         whose next step is no transition (it only resets) drops them."""
@@ -444,6 +448,7 @@ class BatchRecorder:
                                          np.full((self._block, *values.shape), missing, dtype=store.dtype))
             self._given[name] = values
 
+    @holding
     def feedback(self, lane: int, value: float, step: int) -> None:
         """Add a human reward to lane ``lane``'s ``step``-th step of its running episode (of the
         episode before while the running one has no step)."""

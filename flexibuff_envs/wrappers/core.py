@@ -19,6 +19,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
+from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.priorities import check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
@@ -223,9 +224,10 @@ class LaneRecorder:
     A reward it receives before its first action goes into its first transition, and one it
     receives without ever acting lands, inactive, in a row of the episode: no reward is lost.
 
-    A step that cannot be recorded (the env returned something its spaces do not allow, or a
-    user callback raised) goes through `abandon`: the buffer keeps the episode up to its last
-    whole step, and recording resumes at the next reset.
+    A step is recorded with Ctrl-C held (`flexibuff_envs.interrupts`): an interrupt lands
+    before or after it, never inside. A step that cannot be recorded (the env returned something
+    its spaces do not allow, or a user callback raised) goes through `abandon`: the buffer keeps
+    the episode up to its last whole step, and recording resumes at the next reset.
     """
 
     def __init__(
@@ -275,6 +277,7 @@ class LaneRecorder:
             for slot in self.slots:
                 slot.enable_masks(self.writer)
 
+    @holding
     def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None) -> None:
         """A reset: close any episode still running (as truncated by the user), start a new one.
 
@@ -309,26 +312,43 @@ class LaneRecorder:
         self.carry[index] += number(reward, f"reward of agent {self.slots[index].name!r}")
         self.open[index] = True
 
+    def observe(self, index: int, obs: Any) -> None:
+        """Agent ``index`` acts next on ``obs``, which need not be what its last step left it (a
+        replay buffer's adds need not follow one another): its next row starts from ``obs``."""
+        self.slots[index].obs.hold_unless_held(obs)
+
     def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
                     info: Mapping[str, Any]) -> None:
         """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
-        rows = len(self.rows)
-        try:  # claiming may forget the oldest episode: that is part of the step, guarded with it
-            row = self._claim()
-            self.rows.append(row)  # one agent: it filled every row
-            self.last[0] = row
-            if reward.__class__ not in _NUMBERS:
-                reward = number(reward, "reward")
-            self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
-            if self._summing:
-                self.global_rewards[row] = reward  # type: ignore[index]
-            if self._annotated:
-                self.annotations.write(row, 0)
-            if terminated or truncated:
-                self.close([0], [truncated and not terminated])
-        except BaseException as error:
-            self.abandon(rows, error)
-            raise
+        with HOLD:
+            rows = len(self.rows)
+            try:  # claiming may forget the oldest episode: that is part of the step, guarded with it
+                row = self._claim()
+                self.rows.append(row)  # one agent: it filled every row
+                self.last[0] = row
+                if reward.__class__ not in _NUMBERS:
+                    reward = number(reward, "reward")
+                self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
+                if self._summing:
+                    self.global_rewards[row] = reward  # type: ignore[index]
+                if self._annotated:
+                    self.annotations.write(row, 0)
+                if terminated or truncated:
+                    self.close([0], [truncated and not terminated])
+            except BaseException as error:
+                self.abandon(rows, error)
+                raise
+
+    def record(self, step: Callable[..., None], *args: Any) -> None:
+        """Record one step of the running episode through ``step(*args)`` (an adapter's, which
+        claims its rows through `next_row` and `row`), with Ctrl-C held; if it fails, `abandon`."""
+        with HOLD:
+            rows = len(self.rows)
+            try:
+                step(*args)
+            except BaseException as error:
+                self.abandon(rows, error)
+                raise
 
     def row(self, k: int) -> int:
         """The buffer row of the running episode's ``k``-th step, claimed and cleared if new."""
@@ -468,7 +488,6 @@ class LaneRecorder:
                 own = self.own_rows(index, self.rows)
                 self.last[index] = int(own[-1]) if len(own) else -1
                 self.steps[index] = max(self.steps[index] - 1, 0)
-        self.writer.reclaim()  # next-value slots an interrupted eviction of the oldest episode lost
         if self.running:
             self.cut(bootstrap=False)
         add_note = getattr(error, "add_note", None)  # Python 3.11+
@@ -476,6 +495,7 @@ class LaneRecorder:
             add_note(f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
                      f"{len(self.rows)} (as truncated) and recording resumes at the next reset")
 
+    @holding
     def cut(self, bootstrap: bool = True) -> None:
         """End the running episode where it stands: each open agent's last row becomes truncated.
 

@@ -8,22 +8,33 @@ from typing import Any
 import numpy as np
 from pettingzoo.utils import BaseWrapper
 from pettingzoo.utils.env import AECEnv
+from pettingzoo.utils.wrappers import (
+    AssertOutOfBoundsWrapper,
+    CaptureStdoutWrapper,
+    ClipOutOfBoundsWrapper,
+    OrderEnforcingWrapper,
+    TerminateIllegalWrapper,
+)
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 
-#: what ``AECEnv.last()`` reads; an inner wrapper that defines any of these may change it
-_LAST_READS = ("last", "agent_selection", "_cumulative_rewards", "rewards", "terminations", "truncations", "infos")
+#: PettingZoo's own wrappers (each env's ``env()`` adds some): they keep no rewards, flags or
+#: infos of their own (TerminateIllegalWrapper writes the raw env's), so ``last()`` through them
+#: is the raw env's
+_FORWARDING = (AssertOutOfBoundsWrapper, CaptureStdoutWrapper, ClipOutOfBoundsWrapper, OrderEnforcingWrapper,
+               TerminateIllegalWrapper)
 
 
 def forwards_last(env: AECEnv) -> bool:
-    """Whether every wrapper around the raw env leaves what ``last()`` returns as the raw env has
-    it (then the recorder reads it there, saving a chain of forwarded lookups per turn)."""
+    """Whether every wrapper around the raw env is one of `_FORWARDING` (then the recorder reads
+    ``last()`` on the raw env, saving a chain of forwarded lookups per turn). Any other wrapper
+    may keep what ``last()`` returns itself, set in ``reset`` or ``step`` (SuperSuit's
+    ``reward_lambda_v0`` and ``clip_reward_v0`` do): it is read through the wrappers then."""
     while isinstance(env, BaseWrapper):
-        own = [vars(cls) for cls in type(env).__mro__ if cls not in (BaseWrapper, AECEnv, object)]
-        if any(name in space for space in [*own, vars(env)] for name in _LAST_READS):
+        if type(env) not in _FORWARDING:
             return False
         env = env.env
     return True
@@ -98,12 +109,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         acting = None
         if recorder.running:
             acting = self._index[self._source.agent_selection]
-            rows = len(recorder.rows)
-            try:
-                self._record(acting, action)
-            except BaseException as error:
-                recorder.abandon(rows, error)
-                raise
+            recorder.record(self._record, acting, action)
         self._seen = None
         try:
             self.env.step(action)

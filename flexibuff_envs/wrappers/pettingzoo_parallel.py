@@ -64,13 +64,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         result = self.env.step(actions)
         recorder = self._recorder
-        if recorder.running:
-            rows = len(recorder.rows)
-            try:  # claiming the row may forget the oldest episode: part of the guarded step
-                self._record(recorder.next_row(), actions, *result)
-            except BaseException as error:
-                recorder.abandon(rows, error)
-                raise
+        if recorder.running:  # claiming the row may forget the oldest episode: part of the step
+            recorder.record(lambda: self._record(recorder.next_row(), actions, *result))
         return result
 
     def _record(self, row: int, actions: dict, obs: dict, rewards: dict, terminations: dict,
