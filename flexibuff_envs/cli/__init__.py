@@ -52,9 +52,9 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def _handled(signals: Sequence[int], handler: Any) -> Iterator[None]:
-    """``handler`` for ``signals`` while the block runs, then the handlers before."""
-    previous = {signum: signal.signal(signum, handler) for signum in signals}
+def _handled(handlers: dict[int, Any]) -> Iterator[None]:
+    """Each signal's handler of ``handlers`` while the block runs, then the handlers before."""
+    previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
     try:
         yield
     finally:
@@ -94,20 +94,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     recorder = fe.record(env, buffer)
     bar, progress = _progress_bar(budget, choice.label)
     noted: list[int] = []
-    try:
-        with _handled(STOP_SIGNALS, _stop):
-            rollout = play(recorder, choice.api, seed=args.seed, budget=budget, progress=progress)
-        # from here on a signal is noted, not obeyed: the save of what was recorded finishes
-        with _handled((signal.SIGINT, *STOP_SIGNALS), lambda signum, frame: noted.append(signum)):
+    # once the run stops a signal is noted, not obeyed, so the save of what was recorded finishes
+    with _handled(dict.fromkeys((signal.SIGINT, *STOP_SIGNALS), lambda signum, frame: noted.append(signum))):
+        try:
+            with _handled({signal.SIGINT: signal.default_int_handler, **dict.fromkeys(STOP_SIGNALS, _stop)}):
+                rollout = play(recorder, choice.api, seed=args.seed, budget=budget, progress=progress)
+        finally:
             bar.close()
             recorder.close()
-            if rollout.episodes and not recorder.buffer.n_episodes:
-                raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
-                                        f"({rollout.episodes:,} ended), so nothing was saved; pass a larger "
-                                        f"--capacity (the longest episode's rows or more)")
-            path = recorder.buffer.save(out)
-    finally:
-        bar.close()
+        if rollout.episodes and not recorder.buffer.n_episodes:
+            raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
+                                    f"({rollout.episodes:,} ended), so nothing was saved; pass a larger "
+                                    f"--capacity (the longest episode's rows or more)")
+        path = recorder.buffer.save(out)
     print(record_report(choice, rollout, recorder.buffer, path))
     stopped_by = rollout.interrupted or (noted[0] if noted else 0)
     return 128 + stopped_by if stopped_by else 0
