@@ -34,9 +34,9 @@ RINGS = {"tiny": 64, "large": 100_000}
 def interrupted(run: Callable[[], None], delay: float) -> None:
     """Call ``run`` (which loops until interrupted) with a real SIGINT sent after ``delay`` seconds."""
     timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):  # entered first: a signal sent at once lands inside
+            timer.start()
             run()
     finally:
         timer.join()
@@ -128,11 +128,12 @@ class Gym(Case):
 
 class Vector(Case):
     """SyncVectorEnv of 8 CartPoles (NEXT_STEP autoreset): sub-env ``i`` is a bare CartPole
-    seeded ``i``, whose step after an episode's end only resets it."""
+    seeded ``i``, whose step after an episode's end only resets it. ``same_step``: the sub-env
+    resets within the step that ends an episode (SAME_STEP, and SB3's VecEnvs)."""
 
     cuts = True
 
-    def __init__(self, num_steps: int, n: int = 8, steps: int = 1500) -> None:
+    def __init__(self, num_steps: int, n: int = 8, steps: int = 1500, *, same_step: bool = False) -> None:
         self.actions = np.random.default_rng(0).integers(0, 2, (steps, n))
         episodes = []
         for i in range(n):
@@ -146,11 +147,17 @@ class Vector(Case):
                     resetting = False
                     continue
                 nxt, reward, terminated, truncated, _ = bare.step(int(self.actions[t, i]))
+                if same_step:  # SB3 tells a time limit apart only where the episode did not also end
+                    truncated = truncated and not terminated
                 rows.append((obs, nxt, [self.actions[t, i]], reward, terminated, truncated))
                 obs = nxt
                 if terminated or truncated:
                     episodes += reference_episodes(self._fields(rows), [(start, len(rows))], 0)
-                    start, resetting = len(rows), True
+                    start = len(rows)
+                    if same_step:
+                        obs, _ = bare.reset()
+                    else:
+                        resetting = True
             if start < len(rows):  # the running one, as the next reset cuts it: truncated at its last step
                 rows[-1] = (*rows[-1][:5], True)
                 episodes += reference_episodes(self._fields(rows), [(start, len(rows))], 0)
@@ -166,6 +173,26 @@ class Vector(Case):
 
     def replay(self, env: Any) -> None:
         env.reset(seed=list(range(self.n)))
+        for actions in self.actions:
+            env.step(actions)
+
+
+class SB3Vec(Vector):
+    """SB3's ``RecordingVecEnv`` over a ``DummyVecEnv`` of 4 CartPoles, stepped as SB3's
+    algorithms step it."""
+
+    def __init__(self, num_steps: int) -> None:
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        from flexibuff_envs.integrations.sb3 import RecordingVecEnv
+
+        super().__init__(num_steps, n=4, steps=800, same_step=True)
+        self.make = lambda: RecordingVecEnv(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4),
+                                            num_steps=num_steps, gamma=GAMMA)
+
+    def replay(self, env: Any) -> None:
+        env.seed(0)  # sub-env i seeded i at the next reset
+        env.reset()
         for actions in self.actions:
             env.step(actions)
 
@@ -240,7 +267,7 @@ class SB3Replay(Case):
 
 
 CASES: dict[str, Callable[[int], Case]] = {"gym": Gym, "vector": Vector, "parallel": Parallel, "aec": AEC,
-                                           "sb3_replay": SB3Replay}
+                                           "sb3_replay": SB3Replay, "sb3_vec_env": SB3Vec}
 
 
 _cases: dict[tuple[str, str], Case] = {}
@@ -251,7 +278,7 @@ def case_of(kind: str, ring: str) -> Case:
         if kind in ("parallel", "aec"):
             pytest.importorskip("pettingzoo")
             pytest.importorskip("mpe2")
-        if kind == "sb3_replay":
+        if kind.startswith("sb3"):
             pytest.importorskip("stable_baselines3")
         _cases[kind, ring] = CASES[kind](RINGS[ring])
     return _cases[kind, ring]
