@@ -144,7 +144,8 @@ def _dtype(value: Any, what: str) -> str:
 _SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(BufferSpec))
 
 
-def _spec(value: Any) -> BufferSpec:
+def parse_spec(value: Any) -> BufferSpec:
+    """A `BufferSpec` from its JSON form (a file's or a log's header), or `BadHeader` saying what is wrong."""
     data = _keys(value, "spec", {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
                  _SPEC_KEYS - {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"})
     n_agents = _int(data["n_agents"], "spec n_agents", 1, MAX_AGENTS)
@@ -360,7 +361,7 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
                         f"holds {data_bytes}")
     if data["format"] != "flexibuff_envs buffer":
         raise BadHeader(f"format is {short_repr(data['format'])}, not 'flexibuff_envs buffer'")
-    spec = _spec(data["spec"])
+    spec = parse_spec(data["spec"])
     num_steps = _int(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
     lanes = [_lane(v, i, version, num_steps, spec.n_agents) for i, v in
              enumerate(_of(data["lanes"], list, "lanes"))]

@@ -204,6 +204,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from flexibuff_envs import log
+
+    report = log.verify(args.log)
+    print(f"{args.log}: {report.segments} segment(s), {report.episodes:,} whole episodes, {report.rows:,} rows")
+    if report.torn is None:
+        return 0
+    print(f"torn tail: {report.torn.size:,} bytes from byte {report.torn.offset:,} of {report.torn.path} "
+          f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)")
+    return 1
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from flexibuff_envs import log
+
+    report = log.repair(args.log)
+    cut = "nothing to cut" if report.torn is None else \
+        f"cut a torn tail of {report.torn.size:,} bytes from {report.torn.path}"
+    print(f"{args.log}: {report.episodes:,} whole episodes kept; {cut}")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -238,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flexibuff-envs", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {fe.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{record,inspect,plot,export}")
+    commands = parser.add_subparsers(dest="command", required=True,
+                                     metavar="{record,inspect,plot,export,verify,repair}")
 
     rec = commands.add_parser("record", help="record an env with random legal actions and save the buffer")
     rec.add_argument("env", nargs="?", default=DEFAULT_ENV,
@@ -284,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--code-permalink", help="a link to the code that recorded it (Minari's code_permalink)")
     export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
     export.set_defaults(run=cmd_export)
+
+    verify = commands.add_parser("verify", help="check every record of an episode log; exit 1 if its tail is torn")
+    verify.add_argument("log", metavar="DIR")
+    verify.set_defaults(run=cmd_verify)
+    repair = commands.add_parser("repair", help="cut a torn tail off an episode log, keeping every whole episode")
+    repair.add_argument("log", metavar="DIR")
+    repair.set_defaults(run=cmd_repair)
     return parser
 
 

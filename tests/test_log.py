@@ -1,0 +1,201 @@
+"""The episode log on disk: whole episodes appended as records, read back exactly, a torn tail
+(a process killed mid-append) never read, cut by repair or a resumed writer, and a crafted log
+one BufferFileError naming the file."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flexibuff_envs as fe
+from flexibuff_envs import log
+from tests.batches import assert_same_batches
+
+
+def recorded_chunks(episodes_per_chunk: list[int], seed: int = 0) -> tuple[list[fe.Chunk], list[fe.FlexiBatch]]:
+    """CartPole recorded with fixed actions, its ended episodes taken ``episodes_per_chunk[k]`` at
+    a time: the chunks, and every episode as the buffer handed it out before it was taken."""
+    env = fe.record(gym.make("CartPole-v1"), num_steps=5000, gamma=0.9)
+    env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
+    chunks, batches = [], []
+    for wanted in episodes_per_chunk:
+        while env.buffer.n_episodes < wanted:
+            _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+            if terminated or truncated:
+                env.reset()
+        batches += list(env.buffer.episodes())
+        chunks.append(env.buffer.take_episodes())
+    return chunks, batches
+
+
+def header_of(chunk: fe.Chunk) -> log.LogHeader:
+    return log.LogHeader(chunk.spec, chunk.gamma, chunk.gae_lambda)
+
+
+def read_back(directory: Path) -> list[fe.FlexiBatch]:
+    """Every episode of the log, through a buffer that each chunk extends."""
+    chunks = list(log.read(str(directory)))
+    if not chunks:
+        return []
+    buffer = fe.FlexibleBuffer.from_spec(chunks[0].spec, num_steps=sum(c.rows for c in chunks), gamma=chunks[0].gamma)
+    for chunk in chunks:
+        buffer.extend(chunk)
+    return list(buffer.episodes())
+
+
+def test_appended_episodes_read_back_as_recorded_across_segments(tmp_path: Path) -> None:
+    chunks, batches = recorded_chunks([1, 3, 2, 5, 1])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]), segment_bytes=4000)  # several segments
+    for chunk in chunks:
+        writer.append(chunk)
+    writer.close()
+    assert len(log.segments(str(tmp_path))) > 1
+    got = read_back(tmp_path)
+    assert len(got) == len(batches) == 12
+    for mine, want in zip(got, batches):
+        assert_same_batches(mine, want)
+    report = log.verify(str(tmp_path))
+    assert (report.episodes, report.rows, report.torn) == (12, sum(len(b.obs) for b in batches), None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=5), cut=st.floats(0, 1), segment_bytes=st.sampled_from([3000, 1 << 20]))
+def test_a_log_cut_anywhere_reads_a_prefix_and_resumes(tmp_path_factory: pytest.TempPathFactory, sizes: list[int],
+                                                       cut: float, segment_bytes: int) -> None:
+    """A kill mid-append, as the file it leaves: the newest segment cut at any byte. Readers see
+    whole records only, in order; a resumed writer cuts the tail and appends after it."""
+    directory = tmp_path_factory.mktemp("log")
+    chunks, batches = recorded_chunks(sizes)
+    writer = log.LogWriter(directory, header_of(chunks[0]), segment_bytes=segment_bytes)
+    ends = []  # the newest segment's size after each append
+    for chunk in chunks:
+        writer.append(chunk)
+        ends.append((len(log.segments(str(directory))), Path(log.segments(str(directory))[-1]).stat().st_size))
+    writer.close()
+    newest = Path(log.segments(str(directory))[-1])
+    header_bytes = len(header_of(chunks[0]).to_bytes())
+    keep = header_bytes + int(cut * (newest.stat().st_size - header_bytes))
+    newest.write_bytes(newest.read_bytes()[:keep])
+    newest_count = len(log.segments(str(directory)))
+    # a record stays whole when it lies in an older segment or ends before the cut
+    whole = sum(1 for segment, size in ends if segment < newest_count or size <= keep)
+    kept_episodes = sum(len(c.lengths) for c in chunks[:whole])
+    got = read_back(directory)
+    assert len(got) == kept_episodes
+    for mine, want in zip(got, batches):
+        assert_same_batches(mine, want)
+    at_boundary = keep in {header_bytes, *(size for segment, size in ends if segment == newest_count)}
+    report = log.verify(str(directory))
+    assert (report.torn is None) == at_boundary and report.episodes == kept_episodes
+    resumed = log.LogWriter(directory, header_of(chunks[0]), segment_bytes=segment_bytes)  # cuts the torn tail
+    resumed.append(chunks[0])
+    resumed.close()
+    again = read_back(directory)
+    assert len(again) == kept_episodes + chunks[0].n_episodes and log.verify(str(directory)).torn is None
+    for mine, want in zip(again[kept_episodes:], batches):
+        assert_same_batches(mine, want)
+
+
+def test_repair_cuts_only_the_torn_tail(tmp_path: Path) -> None:
+    chunks, _ = recorded_chunks([2, 4])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]))
+    for chunk in chunks:
+        writer.append(chunk)
+    writer.close()
+    (segment,) = log.segments(str(tmp_path))
+    whole = Path(segment).read_bytes()
+    Path(segment).write_bytes(whole + whole[-50:])  # half a record's worth of bytes after the last
+    report = log.repair(str(tmp_path))
+    assert report.torn is not None and report.torn.offset == len(whole) and report.episodes == 6
+    assert Path(segment).read_bytes() == whole and log.verify(str(tmp_path)).torn is None
+
+
+def _record(meta: object, data: bytes) -> bytes:
+    """A record with a right checksum around ``meta`` (bytes as they are, else as JSON)."""
+    blob = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
+    head = struct.pack("<8sQQ", b"FBLOGREC", len(blob), len(data))
+    return head + blob + data + struct.pack("<I8s", zlib.crc32(data, zlib.crc32(blob, zlib.crc32(head))), b"FBREC-OK")
+
+
+@pytest.mark.parametrize("case", ["object dtype", "past the data", "unknown field", "no lengths", "not json",
+                                  "damaged, then more", "another layout"])
+def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, case: str) -> None:
+    chunks, _ = recorded_chunks([1])
+    header = header_of(chunks[0])
+    writer = log.LogWriter(tmp_path, header)
+    writer.append(chunks[0])
+    writer.close()
+    (segment,) = log.segments(str(tmp_path))
+    raw = Path(segment).read_bytes()
+    body = raw[len(header.to_bytes()) + 24:]
+    meta = json.loads(body[:struct.unpack("<Q", raw[len(header.to_bytes()) + 8:len(header.to_bytes()) + 16])[0]])
+    data = bytes(64)
+    part = {"name": "obs", "part": None, "per_agent": False, "dtype": "<f4", "shape": [1, 4], "offset": 0}
+    crafted = {
+        "object dtype": _record({"lengths": [1], "parts": [{**part, "dtype": "|O"}]}, data),
+        "past the data": _record({"lengths": [1], "parts": [{**part, "shape": [10**9, 4]}]}, data),
+        "unknown field": _record({"lengths": [1], "parts": [{**part, "name": "weights"}]}, data),
+        "no lengths": _record({"parts": meta["parts"]}, data),
+        "not json": _record(b"[[[", data),
+    }
+    target = Path(segment)
+    if case in crafted:
+        target.write_bytes(raw + crafted[case])
+        says = "corrupt record"
+    elif case == "damaged, then more":
+        damaged = bytearray(raw)
+        damaged[-20] ^= 0xFF
+        target.write_bytes(bytes(damaged))
+        (tmp_path / log.segment_name(1)).write_bytes(header.to_bytes())
+        says = "not the log's newest segment"
+    else:
+        other = log.LogHeader(header.spec, 0.5, header.gae_lambda)
+        (tmp_path / log.segment_name(1)).write_bytes(other.to_bytes())
+        says = "differ from the log's first segment"
+    for reader in (lambda: list(log.read(str(tmp_path))), lambda: log.verify(str(tmp_path))):
+        with pytest.raises(fe.BufferFileError, match=f"^{tmp_path}.*: .*{says}"):
+            reader()
+
+
+def test_a_writer_refuses_a_log_of_another_layout(tmp_path: Path) -> None:
+    chunks, _ = recorded_chunks([1])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]))
+    writer.append(chunks[0])
+    writer.close()
+    pendulum = fe.infer_spec(gym.make("Pendulum-v1"))
+    with pytest.raises(fe.SpecMismatchError, match="obs_size"):
+        log.LogWriter(tmp_path, log.LogHeader(pendulum, 0.9, 0.95))
+    with pytest.raises(fe.BufferFileError, match="discounts"):
+        log.LogWriter(tmp_path, log.LogHeader(chunks[0].spec, 0.5, 0.95))
+    with pytest.raises(fe.BufferFileError, match="not a directory"):
+        list(log.read(str(Path(log.segments(str(tmp_path))[0]))))
+
+
+def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flexibuff_envs.cli import main
+
+    chunks, _ = recorded_chunks([3])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]))
+    writer.append(chunks[0])
+    writer.close()
+    assert main(["verify", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{tmp_path}: 1 segment(s), 3 whole episodes")
+    (segment,) = log.segments(str(tmp_path))
+    with open(segment, "ab") as out:
+        out.write(b"FBLOGREC" + bytes(10))  # a record cut short
+    assert main(["verify", str(tmp_path)]) == 1
+    assert "torn tail: 18 bytes" in capsys.readouterr().out
+    assert main(["repair", str(tmp_path)]) == 0
+    assert "3 whole episodes kept; cut a torn tail of 18 bytes" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path)]) == 0
+    assert main(["verify", str(tmp_path / "none")]) == 1
+    assert "no such episode log" in capsys.readouterr().err
