@@ -22,6 +22,7 @@ from flexibuff_envs.episodes import (
 )
 from flexibuff_envs.errors import BufferMemoryError, SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
@@ -154,6 +155,7 @@ class FlexibleBuffer(Sampling):
                              f"but obs_size is {self.spec.obs_size}")
         self.alpha = check_alpha(alpha)
         self._priorities: PriorityTree | None = None  # made on the first prioritized use
+        self._log: Follower | None = None  # the episode log ended episodes go to (`log_to`)
         self.gamma = check_gamma(gamma)
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
@@ -349,6 +351,7 @@ class FlexibleBuffer(Sampling):
         if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
             self._storage.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
+        self._flush_log()
 
     @holding
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:
@@ -404,7 +407,49 @@ class FlexibleBuffer(Sampling):
                 self._column(part.name, width=part.shape[-1] if part.name == "continuous_log_probs" else None)
         first = lane_.append(kept.lengths)
         self._storage.insert(kept.parts, lane_.segments(first, first + kept.rows), np.cumsum(kept.lengths) - 1)
+        self._flush_log()
         return kept.n_episodes
+
+    # ------------------------------------------------------------------ the episode log
+
+    @holding
+    def log_to(self, directory: str | os.PathLike[str], *, fsync: FsyncPolicy = "interval", every: float = 5.0) -> None:
+        """Append every whole episode that ends in this buffer from now on (recorded, or added by
+        `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
+
+        An episode is handed to the OS when it ends (a vector recorder's, when the block of steps
+        that ended it is written); ``fsync`` ("interval": every ``every`` seconds, "always",
+        "close") says when it reaches the disk itself.
+
+        Raises:
+            BufferFileError: ``directory`` holds a log of another layout, or a damaged one.
+        """
+        if self._log is not None:
+            raise ValueError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
+        writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
+        self._log = Follower(writer, self._read_lanes)
+
+    @property
+    def logging(self) -> bool:
+        """Whether ended episodes go to an episode log (`log_to`)."""
+        return self._log is not None
+
+    def sync_log(self) -> None:
+        """Everything logged so far to the disk itself (nothing when no log is kept)."""
+        if self._log is not None:
+            self._log.writer.sync()
+
+    @holding
+    def close_log(self) -> None:
+        """Sync and close the episode log; ended episodes go to none from now on."""
+        if self._log is not None:
+            self._log.writer.close()
+            self._log = None
+
+    def _flush_log(self) -> None:
+        """The episodes that ended since the last flush to the log (lanes as they stand)."""
+        if self._log is not None:
+            self._log.flush(self._store, self._index.ring)
 
     # ------------------------------------------------------------------ sampling
 

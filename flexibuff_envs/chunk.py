@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flexibuff_envs.chain import CHAINED, renumbered
-from flexibuff_envs.episodes import Lane, episode_table
+from flexibuff_envs.episodes import EpisodeTable, Lane, episode_table
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Part, Storage
@@ -93,10 +93,16 @@ class Chunk:
 def take(storage: Storage, lanes: Sequence[Lane], gamma: float, gae_lambda: float) -> Chunk:
     """The ended whole episodes of ``lanes`` as a `Chunk`; every ended episode is then forgotten
     there (running episodes go on recording)."""
-    rows, last = episode_table(lanes).all_rows()
-    parts = storage.export(rows, last)  # each episode's last row is followed by a row not in the chunk
+    chunk = copy(storage, episode_table(lanes), gamma, gae_lambda)
     for lane in lanes:
         lane.forget_ended()
+    return chunk
+
+
+def copy(storage: Storage, episodes: EpisodeTable, gamma: float, gae_lambda: float) -> Chunk:
+    """``episodes`` (whole, ended) of ``storage`` as a `Chunk`; the buffer keeps them."""
+    rows, last = episodes.all_rows()
+    parts = storage.export(rows, last)  # each episode's last row is followed by a row not in the chunk
     return Chunk(storage.spec, gamma, gae_lambda, np.diff(last, prepend=-1), tuple(parts))
 
 

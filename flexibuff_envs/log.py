@@ -24,14 +24,14 @@ import re
 import struct
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from flexibuff_envs.chunk import Chunk, check, check_layout
-from flexibuff_envs.episodes import Lane
+from flexibuff_envs.chunk import Chunk, check, check_layout, copy
+from flexibuff_envs.episodes import Lane, episode_table
 from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
 from flexibuff_envs.header import BadHeader, parse_spec
 from flexibuff_envs.spec import BufferSpec
@@ -366,3 +366,19 @@ class LogWriter:
         if not self._file.closed:
             self.sync()
             self._file.close()
+
+
+class Follower:
+    """Appends to ``writer`` every whole episode that ends in ``lanes`` from now on: `flush`
+    after episodes end writes those that ended since the last flush, as one record."""
+
+    def __init__(self, writer: LogWriter, lanes: Sequence[Lane]) -> None:
+        self.writer = writer
+        self._after = [lane.written for lane in lanes]  # per lane: episodes ending later are new
+
+    def flush(self, storage: Storage, lanes: Sequence[Lane]) -> None:
+        episodes = episode_table(lanes, after=self._after)
+        if not len(episodes):
+            return
+        self.writer.append(copy(storage, episodes, self.writer.header.gamma, self.writer.header.gae_lambda))
+        self._after = [lane.ended.ends[-1] if len(lane.ended) else after for lane, after in zip(lanes, self._after)]

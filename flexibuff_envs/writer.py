@@ -132,6 +132,15 @@ class Writer:
         """Stored values of field ``name`` as a batch shows them (`Storage.decode`)."""
         return self.buffer._store.decode(name, values)
 
+    @property
+    def logging(self) -> bool:
+        """Whether the buffer sends ended episodes to an episode log."""
+        return self.buffer.logging
+
+    def flush_log(self) -> None:
+        """Episodes that ended in the lanes since the last flush go to the buffer's log."""
+        self.buffer._flush_log()
+
     def enable_action_mask(self) -> None:
         """Record action masks from now on (masks first appeared in an info)."""
         self.buffer._enable_action_mask()

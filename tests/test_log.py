@@ -5,6 +5,7 @@ one BufferFileError naming the file."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -199,3 +200,103 @@ def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.
     assert main(["verify", str(tmp_path)]) == 0
     assert main(["verify", str(tmp_path / "none")]) == 1
     assert "no such episode log" in capsys.readouterr().err
+
+
+def _kinds_recorded(kind: str, directory: Path) -> fe.FlexibleBuffer:
+    """A recording of ``kind`` logged to ``directory``; returns its buffer (the recorder closed)."""
+    if kind == "gym":
+        env = fe.record(gym.make("CartPole-v1"), num_steps=5000, log=directory)
+        env.reset(seed=0)
+        for t in range(500):
+            _, _, terminated, truncated, _ = env.step(t % 2)
+            if terminated or truncated:
+                env.reset()
+    elif kind == "vector":
+        env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4), num_steps=5000, log=directory)
+        env.reset(seed=0)
+        for t in range(300):
+            env.step(np.array([t % 2, 1, 0, t % 3 % 2]))
+    elif kind == "parallel":
+        from mpe2 import simple_spread_v3
+
+        env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=5000, log=directory)
+        env.reset(seed=0)
+        for t in range(100):
+            env.step({agent: (t + i) % 5 for i, agent in enumerate(env.agents)})
+            if not env.agents:
+                env.reset()
+    else:
+        from pettingzoo.classic import connect_four_v3
+
+        env = fe.record(connect_four_v3.env(), num_steps=5000, log=directory)
+        for episode in range(10):
+            env.reset(seed=episode)
+            for _ in env.agent_iter():
+                obs, _, terminated, truncated, _ = env.last()
+                legal = np.flatnonzero(obs["action_mask"])
+                env.step(None if terminated or truncated else int(legal[episode % len(legal)]))
+    env.close()
+    return env.buffer
+
+
+@pytest.mark.parametrize("kind", ["gym", "vector", "parallel", "aec"])
+def test_every_recorder_kind_logs_each_episode_as_the_buffer_holds_it(tmp_path: Path, kind: str) -> None:
+    if kind in ("parallel", "aec"):
+        pytest.importorskip("pettingzoo")
+        pytest.importorskip("mpe2")
+    buffer = _kinds_recorded(kind, tmp_path)
+    logged, held = read_back(tmp_path), list(buffer.episodes())
+    assert len(logged) == len(held) > 5
+
+    def key(batch: fe.FlexiBatch) -> bytes:  # a vector env's lanes end episodes in another order
+        return batch.obs.tobytes() + batch.discrete_actions.tobytes()
+
+    for mine, want in zip(sorted(logged, key=key), sorted(held, key=key)):
+        assert_same_batches(mine, want)
+
+
+KILLED = """
+import sys
+import gymnasium as gym
+import flexibuff_envs as fe
+from flexibuff_envs.testing.reference import play
+log = play(gym.make("CartPole-v1"), seed=0, steps=3000)
+actions = log.actions[:log.episodes[-1][1]]  # whole episodes only: a replay cuts none
+env = fe.record(gym.make("CartPole-v1"), num_steps=600, log=sys.argv[1])  # CartPole lasts 500: a ring far smaller than the log
+print("recording", flush=True)
+while True:
+    env.reset(seed=0)
+    for action in actions:
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset()
+"""
+
+
+def test_a_recording_killed_at_any_moment_leaves_every_ended_episode_in_its_log(tmp_path: Path) -> None:
+    """SIGKILL from another process, at random moments: the log holds the episodes of a plain
+    loop with the same seeds and actions, in order, and no part of any other."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from flexibuff_envs.testing.reference import play
+
+    reference = play(gym.make("CartPole-v1"), seed=0, steps=3000)
+    episodes = [(np.array(reference.obs[a:b]), np.array(reference.reward[a:b])) for a, b in reference.episodes]
+    rng = np.random.default_rng(0)
+    for kill in range(int(os.environ.get("FLEXIBUFF_KILLS", "6"))):
+        directory = tmp_path / f"kill{kill}"
+        child = subprocess.Popen([sys.executable, "-c", KILLED, str(directory)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout is not None and child.stdout.readline() == "recording\n"
+        time.sleep(rng.uniform(0.0, 1.5))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+        logged = read_back(directory)
+        for k, batch in enumerate(logged):  # the replay repeats: episode k is the reference's k-th, cycling
+            obs, rewards = episodes[k % len(episodes)]
+            np.testing.assert_array_equal(batch.obs, obs)
+            np.testing.assert_array_equal(batch.individual_rewards, rewards)
+        log.repair(str(directory))
+        assert len(read_back(directory)) == len(logged)  # the cut left every whole episode

@@ -13,7 +13,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import NotAnEnvError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
+from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
 from flexibuff_envs.wrappers.gymnasium_vector import VectorRecorder
 
@@ -24,28 +24,29 @@ __all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "VectorRecorder", "
 def record(env: gym.Env, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
            seed: int | None = None, alpha: float | None = None,
-           extra_fields: Mapping[str, Any] | None = None) -> GymRecorder: ...
+           extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> GymRecorder: ...
 
 
 @overload
 def record(env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
            seed: int | None = None, alpha: float | None = None,
-           extra_fields: Mapping[str, Any] | None = None) -> VectorRecorder: ...
+           extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> VectorRecorder: ...
 
 
 @overload
 def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
            seed: int | None = None, global_reward: GlobalReward = "sum", record_state: bool = True,
-           alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None) -> Any: ...
+           alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
+           log: LogPath | None = None) -> Any: ...
 
 
 def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
            gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
            seed: int | None = None, global_reward: GlobalReward | None = None,
            record_state: bool | None = None, alpha: float | None = None,
-           extra_fields: Mapping[str, Any] | None = None) -> Any:
+           extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
     Args:
@@ -65,6 +66,8 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
         alpha: prioritized replay's exponent for a new buffer (default 0.6; a given buffer's must match).
         extra_fields: per-agent fields of your own, ``{"hidden": (64,)}`` or ``{"hidden": ((64,),
             "float16")}``, filled through ``env.annotate(hidden=h)`` (a given buffer must hold them).
+        log: an episode log directory (made, or continued) every whole episode is appended to as
+            it ends: `FlexibleBuffer.log_to`.
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
@@ -87,7 +90,7 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
                             f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}")
         gymnasium = GymRecorder if kind == "gymnasium" else VectorRecorder
         return gymnasium(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                         bootstrap_fn=bootstrap_fn, seed=seed, alpha=alpha, extra_fields=extra_fields)
+                         bootstrap_fn=bootstrap_fn, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
     if kind in ("parallel", "aec"):
         if kind == "parallel":
             from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder as recorder
@@ -97,7 +100,7 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
                         bootstrap_fn=bootstrap_fn, seed=seed,
                         global_reward="sum" if global_reward is None else global_reward,
                         record_state=True if record_state is None else record_state, alpha=alpha,
-                        extra_fields=extra_fields)
+                        extra_fields=extra_fields, log=log)
     got = f"{type(env).__module__}.{type(env).__qualname__}"
     sb3 = sys.modules.get("stable_baselines3.common.vec_env")
     if sb3 is not None and isinstance(env, sb3.VecEnv):

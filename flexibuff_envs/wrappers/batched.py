@@ -164,6 +164,7 @@ class BatchRecorder:
             if running:
                 self._running_episode(lane, start)
                 lane.running.end = pos  # type: ignore[union-attr]
+        self.writer.flush_log()
 
     @staticmethod
     def _running_episode(lane: Lane, start: int) -> None:
@@ -292,6 +293,8 @@ class BatchRecorder:
             self._k = 0
             self._has_final = [False] * self._block
             self.writer.uncommitted()  # the lanes are behind until `commit`
+            if finished.size and self.writer.logging:  # the episodes that ended go to the log now
+                self._push()
         finally:
             self._draining = False
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ from flexibuff_envs.writer import Writer
 #: after a truncated episode's last step, exactly as a batch shows that row's ``obs_``. The core
 #: always calls it with both.
 BootstrapFn = Callable[..., Any]
+#: an episode log's directory (`FlexibleBuffer.log_to`)
+LogPath = str | os.PathLike[str]
 #: how a row's team reward comes from its agents' rewards: "sum", "mean", "none" or
 #: ``fn(rewards [n_agents], active [n_agents]) -> float``
 GlobalReward = str | Callable[[np.ndarray, np.ndarray], float]
@@ -55,15 +58,19 @@ def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], f
 
 def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
                    gae_lambda: float | None, seed: int | None, global_reward: GlobalReward = "sum",
-                   alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None) -> FlexibleBuffer:
+                   alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
+                   log: LogPath | None = None) -> FlexibleBuffer:
     """A new buffer for ``spec`` (with ``extra_fields``), or the user's, checked against it
     (``seed`` reseeds its sampler)."""
     spec = dataclasses.replace(spec, extra_fields=extra_fields_of(extra_fields))
     if buffer is None:
-        return FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
-                                        gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
-                                        global_reward=global_reward != "none",
-                                        **({} if alpha is None else {"alpha": alpha}))
+        buffer = FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
+                                          gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
+                                          global_reward=global_reward != "none",
+                                          **({} if alpha is None else {"alpha": alpha}))
+        if log is not None:
+            buffer.log_to(log)
+        return buffer
     buffer.check_matches(spec)
     for name, value, check in (("gamma", gamma, check_gamma), ("gae_lambda", gae_lambda, check_gamma),
                                ("alpha", alpha, check_alpha)):
@@ -72,6 +79,8 @@ def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps
                                     f"{name}={getattr(buffer, name)!r}")
     if seed is not None:
         buffer.rng = np.random.default_rng(seed)
+    if log is not None:
+        buffer.log_to(log)
     return buffer
 
 

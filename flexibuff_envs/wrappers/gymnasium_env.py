@@ -10,7 +10,7 @@ import gymnasium as gym
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
-from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, prepare_buffer
+from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 
@@ -31,6 +31,8 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         bootstrap_fn: ``V(obs_)`` at a truncation; ``obs_`` is exactly what a batch shows as
             that row's ``obs_`` (flat; one-hot float32 for categorical observations).
         seed: seed of the buffer's sampler (also reseeds a given buffer's).
+        log: an episode log directory every whole episode is appended to as it ends
+            (`FlexibleBuffer.log_to`; ``env.close()`` syncs it).
 
     Several recorders can share one buffer, each writing a lane of its own: the buffer needs as
     many lanes (``n_envs``) as recorders. A recorder frees its lane when closed or dropped.
@@ -48,6 +50,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         seed: int | None = None,
         alpha: float | None = None,
         extra_fields: Mapping[str, Any] | None = None,
+        log: LogPath | None = None,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
             self, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn, seed=seed,
@@ -55,7 +58,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         )
         gym.Wrapper.__init__(self, env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
-                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields)
+                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
         self._recorder = LaneRecorder(
@@ -81,8 +84,9 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         return result
 
     def close(self) -> None:
-        """Close the env; the buffer's lane is free for another recorder."""
+        """Close the env; the buffer's lane is free for another recorder, and its log synced."""
         self._writer.release_lanes()
+        self.buffer.sync_log()
         super().close()
 
     def annotate(self, agent: None = None, **fields: Any) -> None:

@@ -12,7 +12,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
-from flexibuff_envs.wrappers.core import prepare_buffer
+from flexibuff_envs.wrappers.core import LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 
@@ -47,10 +47,11 @@ class VectorRecorder(Unpicklable, VectorWrapper):
     def __init__(self, env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
                  gamma: float | None = None, gae_lambda: float | None = None,
                  bootstrap_fn: VectorBootstrapFn | None = None, seed: int | None = None,
-                 alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None) -> None:
+                 alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
+                 log: LogPath | None = None) -> None:
         super().__init__(env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
-                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields)
+                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
         mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._same_step = mode == AutoresetMode.SAME_STEP
         writer = Writer(self.buffer, self)
@@ -92,8 +93,9 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         return result
 
     def close(self, **kwargs: Any) -> None:
-        """Close the envs; the buffer's lanes are free for another recorder."""
+        """Close the envs; the buffer's lanes are free for another recorder, and its log synced."""
         self._recorder.writer.release_lanes()
+        self.buffer.sync_log()
         super().close(**kwargs)
 
     def annotate(self, agent: None = None, **fields: Any) -> None:

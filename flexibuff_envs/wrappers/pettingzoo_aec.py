@@ -18,7 +18,7 @@ from pettingzoo.utils.wrappers import (
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
+from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 
 #: PettingZoo's own wrappers (each env's ``env()`` adds some): they keep no rewards, flags or
@@ -59,11 +59,11 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
                  gamma: float | None = None, gae_lambda: float | None = None,
                  bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
                  global_reward: GlobalReward = "sum", record_state: bool = True, alpha: float | None = None,
-                 extra_fields: Mapping[str, Any] | None = None) -> None:
+                 extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> None:
         BaseWrapper.__init__(self, env)
         self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
                     seed=seed, global_reward=global_reward, record_state=record_state, alpha=alpha,
-                    extra_fields=extra_fields)
+                    extra_fields=extra_fields, log=log)
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward
         # them (_direct, saving each wrapper's forwarding), else through the wrappers

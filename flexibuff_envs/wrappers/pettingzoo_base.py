@@ -9,7 +9,13 @@ from typing import Any
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LaneRecorder, prepare_buffer
+from flexibuff_envs.wrappers.core import (
+    BootstrapFn,
+    GlobalReward,
+    LaneRecorder,
+    LogPath,
+    prepare_buffer,
+)
 from flexibuff_envs.writer import Unpicklable, Writer
 
 
@@ -33,12 +39,13 @@ class PettingZooRecorderMixin(Unpicklable):
     def _setup(self, env: Any, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
                gae_lambda: float | None, bootstrap_fn: BootstrapFn | None, seed: int | None,
                global_reward: GlobalReward, record_state: bool, alpha: float | None,
-               extra_fields: Mapping[str, Any] | None) -> None:
+               extra_fields: Mapping[str, Any] | None, log: LogPath | None) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
         spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
         self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                                     seed=seed, global_reward=global_reward, alpha=alpha, extra_fields=extra_fields)
+                                     seed=seed, global_reward=global_reward, alpha=alpha, extra_fields=extra_fields,
+                                     log=log)
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)
@@ -68,8 +75,9 @@ class PettingZooRecorderMixin(Unpicklable):
             return None
 
     def close(self) -> None:
-        """Close the env; the buffer's lane is free for another recorder."""
+        """Close the env; the buffer's lane is free for another recorder, and its log synced."""
         self._writer.release_lanes()
+        self.buffer.sync_log()
         self.env.close()
 
     @property

@@ -10,7 +10,7 @@ from pettingzoo.utils.env import ParallelEnv
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward
+from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 
 
@@ -42,11 +42,11 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
                  gamma: float | None = None, gae_lambda: float | None = None,
                  bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
                  global_reward: GlobalReward = "sum", record_state: bool = True, alpha: float | None = None,
-                 extra_fields: Mapping[str, Any] | None = None) -> None:
+                 extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> None:
         BaseParallelWrapper.__init__(self, env)
         self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
                     seed=seed, global_reward=global_reward, record_state=record_state, alpha=alpha,
-                    extra_fields=extra_fields)
+                    extra_fields=extra_fields, log=log)
 
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
