@@ -31,3 +31,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_memory.py
 	$(PY) benchmarks/bench_per.py
 	$(PY) benchmarks/bench_sb3.py
+	$(PY) benchmarks/bench_log.py

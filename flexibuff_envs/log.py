@@ -298,6 +298,7 @@ class LogWriter:
             raise ValueError(f"fsync must be 'interval', 'always' or 'close', got {fsync!r}")
         self.directory = os.fspath(directory)
         self.header = header
+        self._header_bytes = header.to_bytes()
         self.fsync, self.every, self.segment_bytes = fsync, float(every), int(segment_bytes)
         os.makedirs(self.directory, exist_ok=True)
         files = segments(self.directory)
@@ -319,7 +320,7 @@ class LogWriter:
         self._number += 1
         path = os.path.join(self.directory, segment_name(self._number))
         with open(path + ".new", "wb") as out:  # whole or absent: a segment appears with its header
-            out.write(self.header.to_bytes())
+            out.write(self._header_bytes)
             out.flush()
             os.fsync(out.fileno())
         os.replace(path + ".new", path)
@@ -347,7 +348,7 @@ class LogWriter:
                 at += raw.size
         head = _RECORD.pack(_RECORD_MAGIC, len(meta), data.size)
         crc = zlib.crc32(data.data, zlib.crc32(meta, zlib.crc32(head)))
-        if self._file.tell() > len(self.header.to_bytes()) and self._file.tell() + data.size > self.segment_bytes:
+        if self._file.tell() > len(self._header_bytes) and self._file.tell() + data.size > self.segment_bytes:
             self._file.close()
             self._next_segment()
         for piece in (head, meta, data, _TRAILER.pack(crc, _RECORD_END)):

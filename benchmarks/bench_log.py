@@ -1,0 +1,99 @@
+"""What streaming every ended episode to an episode log costs, against the same loop in RAM only.
+
+Side by side in one run, interleaved rounds, the same actions: CartPole-v1 recorded by
+`fe.record` with and without ``log=DIR`` (default fsync policy: every 5 s), gymnasium's natively
+vectorized CartPole x64, and PettingZoo's connect_four_v3 (AEC). Prints medians in microseconds
+per env step (per sub-env step for the vector env, per turn for AEC) and the ratio.
+Run: python benchmarks/bench_log.py [--steps N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+import flexibuff_envs as fe
+
+
+def cartpole(log: str | None, steps: int) -> float:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=steps, log=log)
+    actions = np.random.default_rng(0).integers(0, 2, steps).tolist()
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for action in actions:
+        _, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            env.reset()
+    elapsed = time.perf_counter() - start
+    env.close()
+    return elapsed / steps * 1e6
+
+
+def vector(log: str | None, steps: int, n: int = 64) -> float:
+    env = fe.record(gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point"),
+                    num_steps=steps // n + 1, log=log)
+    actions = np.random.default_rng(0).integers(0, 2, (steps // n, n))
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for action in actions:
+        env.step(action)
+    len(env.buffer)  # the last block written, as any read does
+    elapsed = time.perf_counter() - start
+    env.close()
+    return elapsed / (len(actions) * n) * 1e6
+
+
+def connect_four(log: str | None, steps: int) -> float:
+    from pettingzoo.classic import connect_four_v3
+
+    env = fe.record(connect_four_v3.env(), num_steps=steps, log=log)
+    draws = np.random.default_rng(0).random(steps)
+    env.reset(seed=0)
+    start = time.perf_counter()
+    for u in draws:
+        obs, _, terminated, truncated, _ = env.last()
+        if terminated or truncated:
+            env.step(None)
+            if not env.agents:
+                env.reset()
+            continue
+        legal = np.flatnonzero(obs["action_mask"])
+        env.step(int(legal[int(u * len(legal))]))
+    elapsed = time.perf_counter() - start
+    env.close()
+    return elapsed / steps * 1e6
+
+
+def compare(name: str, run: Callable[[str | None, int], float], steps: int, rounds: int) -> None:
+    ram: list[float] = []
+    logged: list[float] = []
+    for _ in range(rounds):
+        ram.append(run(None, steps))
+        with tempfile.TemporaryDirectory() as directory:
+            logged.append(run(directory, steps))
+    a, b = statistics.median(ram), statistics.median(logged)
+    print(f"  {name:<40} RAM only {a:8.2f} us   with log {b:8.2f} us   {b / a:5.2f}x  (target <= 1.10x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    print(f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds (medians)")
+    cases: list[tuple[str, Callable[[Any, int], float], int]] = [
+        ("CartPole-v1", cartpole, args.steps), ("CartPole-v1 x64, native vector", vector, args.steps * 8),
+        ("connect_four_v3 (AEC)", connect_four, args.steps // 5)]
+    for name, run, steps in cases:
+        compare(name, run, steps, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
