@@ -440,11 +440,14 @@ class FlexibleBuffer(Sampling):
             self._log.writer.sync()
 
     @holding
-    def close_log(self) -> None:
-        """Sync and close the episode log; ended episodes go to none from now on."""
-        if self._log is not None:
-            self._log.writer.close()
-            self._log = None
+    def close_log(self) -> tuple[int, int]:
+        """Sync and close the episode log; ended episodes go to none from now on. Returns the
+        episodes and rows appended to it since `log_to` ((0, 0) when no log was kept)."""
+        if self._log is None:
+            return 0, 0
+        self._log.writer.close()
+        appended, self._log = (self._log.episodes, self._log.rows), None
+        return appended
 
     def _flush_log(self) -> None:
         """The episodes that ended since the last flush to the log (lanes as they stand)."""

@@ -24,7 +24,7 @@ import re
 import struct
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Literal
 
@@ -238,8 +238,9 @@ def _scan(directory: str) -> Iterator[tuple[LogHeader, str, Chunk | Torn]]:
                 yield header, path, item
 
 
-def verify(directory: str) -> LogReport:
-    """Read every record of the log (checking every checksum) and say what it holds."""
+def verify(directory: str, each: Callable[[Chunk], None] | None = None) -> LogReport:
+    """Read every record of the log (checking every checksum) and say what it holds; ``each``
+    is called with every whole record's chunk on the way."""
     header: LogHeader | None = None
     episodes = rows = 0
     torn = None
@@ -249,6 +250,8 @@ def verify(directory: str) -> LogReport:
         else:
             episodes += item.n_episodes
             rows += item.rows
+            if each is not None:
+                each(item)
     if header is None:
         files = segments(directory)
         if not files:
@@ -376,10 +379,13 @@ class Follower:
     def __init__(self, writer: LogWriter, lanes: Sequence[Lane]) -> None:
         self.writer = writer
         self._after = [lane.written for lane in lanes]  # per lane: episodes ending later are new
+        self.episodes = self.rows = 0  # appended so far
 
     def flush(self, storage: Storage, lanes: Sequence[Lane]) -> None:
         episodes = episode_table(lanes, after=self._after)
         if not len(episodes):
             return
         self.writer.append(copy(storage, episodes, self.writer.header.gamma, self.writer.header.gae_lambda))
+        self.episodes += len(episodes)
+        self.rows += int(episodes.lengths.sum())
         self._after = [lane.ended.ends[-1] if len(lane.ended) else after for lane, after in zip(lanes, self._after)]

@@ -203,7 +203,7 @@ def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str]) -> None:
     (["record", "CartPole-v1", "--api", "aec"], "--api aec is for PettingZoo envs"),
     (["record", "--api", "parallel"], "has no parallel API"),
     (["record", "--num-envs", "2"], "PettingZoo envs are recorded one at a time"),
-    (["record", "--out", "."], "--out . is a directory"),
+    (["record", "--out", ".."], "--out .. is a directory holding other files"),
     (["inspect", "missing.fbuf"], "missing.fbuf: no such buffer file"),
     (["plot", "missing.fbuf"], "missing.fbuf: no such buffer file"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),

@@ -300,3 +300,24 @@ def test_a_recording_killed_at_any_moment_leaves_every_ended_episode_in_its_log(
             np.testing.assert_array_equal(batch.individual_rewards, rewards)
         log.repair(str(directory))
         assert len(read_back(directory)) == len(logged)  # the cut left every whole episode
+
+
+def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--out DIR`` logs what ``--out FILE.fbuf`` saves, episode for episode; a log is continued
+    only with --resume; ``inspect DIR`` reports it as it reports a file."""
+    from flexibuff_envs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "CartPole-v1", "--episodes", "40", "--seed", "3", "--out", "run.fbuf"]) == 0
+    assert main(["record", "CartPole-v1", "--episodes", "40", "--seed", "3", "--out", "run.log"]) == 0
+    assert "40 whole episodes and" in capsys.readouterr().out
+    for mine, want in zip(read_back(tmp_path / "run.log"), fe.FlexibleBuffer.load("run.fbuf").episodes(), strict=True):
+        assert_same_batches(mine, want)
+    assert main(["record", "CartPole-v1", "--episodes", "5", "--out", "run.log"]) == 2
+    assert "pass --resume to continue it" in capsys.readouterr().err
+    assert main(["record", "CartPole-v1", "--episodes", "5", "--seed", "4", "--out", "run.log", "--resume"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "run.log"]) == 0
+    assert "45 whole episodes" in capsys.readouterr().out
+    assert main(["record", "CartPole-v1", "--episodes", "5", "--out", "run.fbuf", "--resume"]) == 2

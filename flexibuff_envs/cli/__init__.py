@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
-from flexibuff_envs.cli.report import inspect_report, record_report
+from flexibuff_envs.cli.report import inspect_log_report, inspect_report, record_report
 from flexibuff_envs.rollout import Budget, Progress, play
 
 DEFAULT_EPISODES = 100
@@ -71,7 +71,9 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_record(args: argparse.Namespace) -> int:
     choice = resolve(args.env, api=args.api, num_envs=args.num_envs)
-    out = _writable(args.out or f"{choice.label}.fbuf")
+    out = args.out or f"{choice.label}.fbuf"
+    to_log = not out.endswith(".fbuf")  # a directory: an episode log, appended to as episodes end
+    _writable(out, log=to_log, resume=args.resume)
     try:
         env = make(choice, num_envs=args.num_envs, kwargs=args.env_kwargs or {})
     except UsageError:
@@ -80,7 +82,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise UsageError(f"could not make {args.env}: {type(exc).__name__}: {exc}") from exc
     budget = Budget(steps=args.steps) if args.steps else Budget(episodes=args.episodes or DEFAULT_EPISODES)
     spec = fe.infer_spec(env)
-    capacity = args.capacity or _default_capacity(spec, args.steps)
+    capacity = args.capacity or _default_capacity(spec, None if to_log else args.steps)
     longest = _longest_episode(env)
     if longest is not None and longest > capacity:
         print(f"flexibuff-envs record: note: the buffer holds {capacity:,} rows per sub-env, but an episode "
@@ -91,6 +93,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     except MemoryError as exc:
         raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller "
                          "--capacity") from exc
+    if to_log:
+        buffer.log_to(out)
     recorder = fe.record(env, buffer)
     bar, progress = _progress_bar(budget, choice.label)
     noted: list[int] = []
@@ -102,29 +106,41 @@ def cmd_record(args: argparse.Namespace) -> int:
         finally:
             bar.close()
             recorder.close()
-        if rollout.episodes and not recorder.buffer.n_episodes:
+            logged = buffer.close_log()
+        if rollout.episodes and not (logged[0] if to_log else buffer.n_episodes):
             raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
-                                    f"({rollout.episodes:,} ended), so nothing was saved; pass a larger "
+                                    f"({rollout.episodes:,} ended), so nothing was {'logged' if to_log else 'saved'}; "
+                                    f"pass a larger "
                                     f"--capacity (the longest episode's rows or more)")
-        path = recorder.buffer.save(out)
-    print(record_report(choice, rollout, recorder.buffer, path))
+        path = out if to_log else buffer.save(out)
+    print(record_report(choice, rollout, buffer, path, logged if to_log else None))
     stopped_by = rollout.interrupted or (noted[0] if noted else 0)
     return 128 + stopped_by if stopped_by else 0
 
 
-def _writable(out: str) -> str:
-    """``out``, after checking it can be written (its missing directories made, a file made and
-    removed beside it, as the save will): a long run must not end in a failed save."""
-    if os.path.isdir(out):
-        raise UsageError(f"--out {out} is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(out))
+def _writable(out: str, *, log: bool, resume: bool) -> None:
+    """Check that ``out`` can be written (its missing directories made, a file made and removed
+    where the save or the log will write): a long run must not end in a failed save. A log's
+    directory may hold a log only to resume it."""
+    if log:
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise UsageError(f"--out {out} is a file; an episode log is a directory (a buffer file ends in .fbuf)")
+        from flexibuff_envs.log import segments
+
+        if os.path.isdir(out) and segments(out) and not resume:
+            raise UsageError(f"--out {out} holds an episode log already; pass --resume to continue it")
+        if os.path.isdir(out) and os.listdir(out) and not segments(out):
+            raise UsageError(f"--out {out} is a directory holding other files; give a new directory for an "
+                             "episode log, or a file name ending in .fbuf")
+    elif resume:
+        raise UsageError("--resume continues an episode log: give --out a directory")
+    parent = os.path.abspath(out) if log else os.path.dirname(os.path.abspath(out))
     try:
         os.makedirs(parent, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".probe"):
             pass
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write in {parent} ({exc.strerror or exc})") from None
-    return out
 
 
 def _default_capacity(spec: fe.BufferSpec, steps: int | None) -> int:
@@ -160,7 +176,10 @@ def _progress_bar(budget: Budget, label: str) -> tuple[Any, Progress]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    print(inspect_report(args.file, fe.FlexibleBuffer.load(args.file, mmap=True)))
+    if os.path.isdir(args.file):
+        print(inspect_log_report(args.file))
+    else:
+        print(inspect_report(args.file, fe.FlexibleBuffer.load(args.file, mmap=True)))
     return 0
 
 
@@ -270,8 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     budget = rec.add_mutually_exclusive_group()
     budget.add_argument("--episodes", type=_positive, help=f"episodes to record (default {DEFAULT_EPISODES})")
     budget.add_argument("--steps", type=_positive, help="env steps to record instead (all sub-envs count)")
-    rec.add_argument("--out", help="file to save the buffer to (default ./<env name>.fbuf); missing "
-                                   "directories on its path are created")
+    rec.add_argument("--out", help="a file ending in .fbuf to save the buffer to (default ./<env name>.fbuf), "
+                                   "or a directory: an episode log every episode is appended to as it ends, "
+                                   "in flat memory; missing directories are created")
+    rec.add_argument("--resume", action="store_true", help="continue the episode log --out names")
     rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")
     rec.add_argument("--num-envs", type=_positive, default=1,
                      help="Gymnasium sub-envs stepped together through a vector env (default 1)")
@@ -286,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "forgotten whole")
     rec.set_defaults(run=cmd_record)
 
-    ins = commands.add_parser("inspect", help="describe a saved buffer: layout, counts, returns, fields")
+    ins = commands.add_parser("inspect", help="describe a saved buffer or an episode log: layout, counts, returns")
     ins.add_argument("file")
     ins.set_defaults(run=cmd_inspect)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,10 @@ def _line(key: str, text: str) -> str:
     return f"  {key:<9} {text}"
 
 
-def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, path: str) -> str:
-    """What a ``record`` run did and what it left: the report printed at the end."""
+def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, path: str,
+                  logged: tuple[int, int] | None = None) -> str:
+    """What a ``record`` run did and what it left: the report printed at the end (``logged``: the
+    episodes and rows a run appended to the episode log ``path``)."""
     spec = buffer.spec
     stop = "" if not rollout.interrupted else " (stopped by Ctrl-C)" if rollout.interrupted == signal.SIGINT \
         else f" (stopped by {signal.Signals(rollout.interrupted).name})"
@@ -46,8 +49,18 @@ def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, p
     lines.append(_line("memory", f"{size(buffer.nbytes - buffer.nbytes_per_row * empty)} in {len(buffer):,} rows "
                                  f"({size(buffer.nbytes)} reserved for {buffer.num_steps:,} rows"
                                  f"{' per lane' if spec.n_envs > 1 else ''})"))
-    lines.append(_line("file", f"{os.path.abspath(path)} ({size(os.path.getsize(path))})"))
+    if logged is None:
+        lines.append(_line("file", f"{os.path.abspath(path)} ({size(os.path.getsize(path))})"))
+    else:
+        lines.append(_line("log", f"{os.path.abspath(path)} ({size(_log_bytes(path))}): {logged[0]:,} whole "
+                                  f"episodes and {logged[1]:,} rows appended"))
     return "\n".join(lines)
+
+
+def _log_bytes(directory: str) -> int:
+    from flexibuff_envs.log import segments
+
+    return sum(os.path.getsize(path) for path in segments(directory))
 
 
 def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
@@ -69,6 +82,35 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
         lines.append(_line("yours", ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in spec.extra_fields)))
     if buffer.max_priority is not None:
         lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
+    return "\n".join(lines)
+
+
+def inspect_log_report(path: str) -> str:
+    """What an episode log holds, read once, a record at a time (memory for the largest)."""
+    from flexibuff_envs.log import verify
+
+    lengths: list[np.ndarray] = []
+    returns: list[np.ndarray] = []
+
+    def tally(chunk: Any) -> None:
+        rewards = next((part.whole() for part in chunk.parts if part.key == ("individual_rewards", None)), None)
+        lengths.append(chunk.lengths)
+        if rewards is not None:
+            starts = np.cumsum(chunk.lengths) - chunk.lengths
+            returns.append(np.add.reduceat(rewards.astype(np.float64), starts, axis=1).T)
+
+    report = verify(path, tally)
+    spec = report.header.spec
+    lines = [f"{path}: episode log, {size(_log_bytes(path))} in {report.segments} segment(s), {_agents(spec)}"]
+    lines.append(_line("agents", ", ".join(spec.agent_ids)))
+    lines.append(_line("layout", _layout(spec)))
+    lines.append(_line("returns", f"gamma {report.header.gamma}, gae_lambda {report.header.gae_lambda}"))
+    lines.append(_line("rows", f"{report.rows:,} held, {report.episodes:,} whole episode{'' if report.episodes == 1 else 's'}"))
+    if lengths:
+        lines += _stat_lines(np.concatenate(lengths), np.concatenate(returns) if returns else None, spec)
+    if report.torn is not None:
+        lines.append(_line("torn", f"{report.torn.size:,} bytes at the end of {os.path.basename(report.torn.path)}, "
+                                   f"left out (flexibuff-envs repair {path} cuts them)"))
     return "\n".join(lines)
 
 
@@ -113,9 +155,14 @@ def _episode_lines(buffer: FlexibleBuffer) -> list[str]:
     lengths, returns = stats["lengths"], stats["returns"]
     if not len(lengths):
         return [_line("length", "no whole episode in the buffer")]
+    return _stat_lines(lengths, returns, buffer.spec)
+
+
+def _stat_lines(lengths: np.ndarray, returns: np.ndarray | None, spec: BufferSpec) -> list[str]:
+    """Episode lengths and each agent's returns (``[episodes, agents]``), a line each."""
     lines = [_line("length", f"mean {lengths.mean():.1f} rows (min {lengths.min()}, max {lengths.max()})")]
-    width = max(map(len, buffer.spec.agent_ids))
-    for key, agent, r in zip(["return"] + [""] * len(returns.T), buffer.spec.agent_ids, returns.T):
+    width = max(map(len, spec.agent_ids))
+    for key, agent, r in zip(["return"] + [""] * spec.n_agents, spec.agent_ids, [] if returns is None else returns.T):
         lines.append(_line(key, f"{agent:<{width}}  mean {r.mean():+.3g}  std {np.std(r):.3g}  "
                                 f"min {r.min():+.3g}  max {r.max():+.3g}"))
     return lines
