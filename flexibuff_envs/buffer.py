@@ -23,6 +23,8 @@ from flexibuff_envs.episodes import (
 from flexibuff_envs.errors import BufferMemoryError, SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
+from flexibuff_envs.log import read as read_log
+from flexibuff_envs.log import verify as verify_log
 from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
@@ -428,6 +430,25 @@ class FlexibleBuffer(Sampling):
             raise ValueError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
         self._log = Follower(writer, self._read_lanes)
+
+    @classmethod
+    def from_log(cls, directory: str | os.PathLike[str], **options: Any) -> FlexibleBuffer:
+        """A buffer holding every whole episode of the episode log ``directory``, read into memory
+        (one lane, as many rows as the log holds; ``options`` as `from_spec`'s). Reading a log
+        larger than memory in place is still to come.
+
+        Raises:
+            BufferFileError: ``directory`` is not an episode log, or a damaged one (a torn tail is
+                left out, not an error).
+        """
+        path = os.fspath(directory)
+        report = verify_log(path)
+        buffer = cls.from_spec(dataclasses.replace(report.header.spec, n_envs=1), num_steps=max(report.rows, 1),
+                               gamma=report.header.gamma, gae_lambda=report.header.gae_lambda,
+                               **{"global_reward": False, "individual_reward": False, **options})
+        for chunk in read_log(path):
+            buffer.extend(chunk)
+        return buffer
 
     @property
     def logging(self) -> bool:

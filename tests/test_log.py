@@ -321,3 +321,19 @@ def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(tmp_path: Path, cap
     assert main(["inspect", "run.log"]) == 0
     assert "45 whole episodes" in capsys.readouterr().out
     assert main(["record", "CartPole-v1", "--episodes", "5", "--out", "run.fbuf", "--resume"]) == 2
+
+
+def test_a_log_reads_into_a_buffer_that_plots_and_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("minari")
+    from flexibuff_envs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+    buffer = _kinds_recorded("gym", tmp_path / "run.log")
+    read = fe.FlexibleBuffer.from_log(tmp_path / "run.log")
+    assert read.n_episodes == buffer.n_episodes and len(read) == sum(len(e.obs) for e in buffer.episodes())
+    assert main(["plot", "run.log", "--out", "run.png"]) == 0 and (tmp_path / "run.png").stat().st_size > 0
+    assert main(["export", "run.log", "--minari", "cartpole/log-v0", "--env", "CartPole-v1"]) == 0
+    assert f"{buffer.n_episodes} episodes" in capsys.readouterr().out

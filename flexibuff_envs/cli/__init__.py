@@ -186,8 +186,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from flexibuff_envs.cli.plot import plot_buffer
 
-    out = args.out or os.path.splitext(args.file)[0] + ".png"
-    buffer = fe.FlexibleBuffer.load(args.file, mmap=True)
+    out = args.out or os.path.splitext(os.path.normpath(args.file))[0] + ".png"
+    buffer = _opened(args.file, mmap=True)
     plot_buffer(buffer, out, title=os.path.basename(args.file))
     print(f"wrote {out}: returns of {buffer.n_episodes} episodes for {buffer.spec.n_agents} agent(s)")
     return 0
@@ -197,10 +197,16 @@ def cmd_plot(args: argparse.Namespace) -> int:
 DATASET_CREDITS = {"author": "--author", "author_email": "--author-email", "code_permalink": "--code-permalink"}
 
 
+def _opened(path: str, *, mmap: bool) -> fe.FlexibleBuffer:
+    """The buffer file ``path`` (mapped, or read and checked whole), or the episode log ``path``
+    read into memory."""
+    return fe.FlexibleBuffer.from_log(path) if os.path.isdir(path) else fe.FlexibleBuffer.load(path, mmap=mmap)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from flexibuff_envs.integrations.minari import to_minari
 
-    buffer = fe.FlexibleBuffer.load(args.file)
+    buffer = _opened(args.file, mmap=False)
     ids = buffer.spec.agent_ids
     if buffer.spec.n_agents > 1 and args.agent not in ids:
         raise UsageError(f"{args.file} holds {len(ids)} agents ({', '.join(ids)}) and a Minari dataset holds one: "
