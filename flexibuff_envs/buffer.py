@@ -446,8 +446,8 @@ class FlexibleBuffer(Sampling):
         buffer = cls.from_spec(dataclasses.replace(report.header.spec, n_envs=1), num_steps=max(report.rows, 1),
                                gamma=report.header.gamma, gae_lambda=report.header.gae_lambda,
                                **{"global_reward": False, "individual_reward": False, **options})
-        for chunk in read_log(path):
-            buffer.extend(chunk)
+        for record in read_log(path):
+            buffer.extend(record)
         return buffer
 
     @property
