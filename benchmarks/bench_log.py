@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -21,19 +23,16 @@ import numpy as np
 
 import flexibuff_envs as fe
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_record import run  # the recorded CartPole loop (its peers are imported there: torch too)
+
 
 def cartpole(log: str | None, steps: int) -> float:
     env = fe.record(gym.make("CartPole-v1"), num_steps=steps, log=log)
-    actions = np.random.default_rng(0).integers(0, 2, steps).tolist()
-    env.reset(seed=0)
-    start = time.perf_counter()
-    for action in actions:
-        _, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            env.reset()
-    elapsed = time.perf_counter() - start
+    us = run(env, np.random.default_rng(0).integers(0, 2, steps).tolist())
     env.close()
-    return elapsed / steps * 1e6
+    return us
 
 
 def vector(log: str | None, steps: int, n: int = 64) -> float:
