@@ -90,8 +90,8 @@ def main() -> None:
     cases: list[tuple[str, Callable[[Any, int], float], int]] = [
         ("CartPole-v1", cartpole, args.steps), ("CartPole-v1 x64, native vector", vector, args.steps * 8),
         ("connect_four_v3 (AEC)", connect_four, args.steps // 5)]
-    for name, run, steps in cases:
-        compare(name, run, steps, args.rounds)
+    for name, measure, steps in cases:
+        compare(name, measure, steps, args.rounds)
 
 
 if __name__ == "__main__":
