@@ -255,7 +255,8 @@ def test_every_recorder_kind_logs_each_episode_as_the_buffer_holds_it(tmp_path: 
         assert_same_batches(mine, want)
 
 
-KILLED = """
+KILLED = {
+    "gym": """
 import sys
 import gymnasium as gym
 import flexibuff_envs as fe
@@ -270,10 +271,38 @@ while True:
         _, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             env.reset()
-"""
+""",
+    "aec": """
+import sys
+from pettingzoo.classic import connect_four_v3
+import flexibuff_envs as fe
+from flexibuff_envs.testing.pz_reference import play_aec, replay_aec
+expected = play_aec(connect_four_v3.env(), seed=0, episodes=30)
+env = fe.record(connect_four_v3.env(), num_steps=64, log=sys.argv[1])
+print("recording", flush=True)
+while True:
+    replay_aec(env, 0, 30, expected.actions)
+""",
+}
 
 
-def test_a_recording_killed_at_any_moment_leaves_every_ended_episode_in_its_log(tmp_path: Path) -> None:
+def reference_episodes_of(kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(obs, rewards) of each episode of the plain loop the killed recording replays, in order."""
+    if kind == "gym":
+        from flexibuff_envs.testing.reference import play
+
+        reference = play(gym.make("CartPole-v1"), seed=0, steps=3000)
+        return [(np.array(reference.obs[a:b]), np.array(reference.reward[a:b])) for a, b in reference.episodes]
+    from pettingzoo.classic import connect_four_v3
+
+    from flexibuff_envs.testing.pz_reference import play_aec
+
+    expected = play_aec(connect_four_v3.env(), seed=0, episodes=30)
+    return [(expected.obs[:, a:b], expected.rewards[:, a:b]) for a, b in expected.episodes]
+
+
+@pytest.mark.parametrize("kind", ["gym", "aec"])
+def test_a_recording_killed_at_any_moment_leaves_every_ended_episode_in_its_log(tmp_path: Path, kind: str) -> None:
     """SIGKILL from another process, at random moments: the log holds the episodes of a plain
     loop with the same seeds and actions, in order, and no part of any other."""
     import signal
@@ -281,14 +310,14 @@ def test_a_recording_killed_at_any_moment_leaves_every_ended_episode_in_its_log(
     import sys
     import time
 
-    from flexibuff_envs.testing.reference import play
-
-    reference = play(gym.make("CartPole-v1"), seed=0, steps=3000)
-    episodes = [(np.array(reference.obs[a:b]), np.array(reference.reward[a:b])) for a, b in reference.episodes]
+    if kind == "aec":
+        pytest.importorskip("pettingzoo")
+    episodes = reference_episodes_of(kind)
     rng = np.random.default_rng(0)
     for kill in range(int(os.environ.get("FLEXIBUFF_KILLS", "6"))):
         directory = tmp_path / f"kill{kill}"
-        child = subprocess.Popen([sys.executable, "-c", KILLED, str(directory)], stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen([sys.executable, "-c", KILLED[kind], str(directory)], stdout=subprocess.PIPE,
+                                 text=True)
         assert child.stdout is not None and child.stdout.readline() == "recording\n"
         time.sleep(rng.uniform(0.0, 1.5))
         child.send_signal(signal.SIGKILL)
