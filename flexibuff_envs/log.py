@@ -32,7 +32,7 @@ import numpy as np
 
 from flexibuff_envs.chunk import Chunk, check, check_layout, copy
 from flexibuff_envs.episodes import Lane, episode_table
-from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
+from flexibuff_envs.errors import BufferFileError, BufferSaveError, plain_dtype, short_repr
 from flexibuff_envs.header import BadHeader, parse_spec
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Part, Storage
@@ -291,6 +291,8 @@ class LogWriter:
     the first append ``every`` seconds after the last sync; the default), "always" (every
     append), "close" (only at `close`).
 
+    One writer appends to a log at a time (two would interleave their records).
+
     Raises:
         BufferFileError: the directory holds a log of another layout, or a damaged one.
     """
@@ -313,7 +315,7 @@ class LogWriter:
                                       f"gae_lambda {report.header.gae_lambda}) differ from the recording's "
                                       f"({header.gamma}, {header.gae_lambda})")
             self._number = len(files) - 1
-            self._file = open(files[-1], "ab")  # noqa: SIM115 - closed by close()
+            self._file = open(files[-1], "ab", buffering=0)  # noqa: SIM115 - closed by close()
         else:
             self._number = -1
             self._next_segment()
@@ -328,7 +330,7 @@ class LogWriter:
             os.fsync(out.fileno())
         os.replace(path + ".new", path)
         _sync_file(self.directory)  # the new name is on disk too
-        self._file = open(path, "ab")  # noqa: SIM115 - closed by close()
+        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
 
     def append(self, chunk: Chunk) -> None:
         """Write ``chunk``'s episodes as one record (nothing for an empty chunk)."""
@@ -354,9 +356,17 @@ class LogWriter:
         if self._file.tell() > len(self._header_bytes) and self._file.tell() + data.size > self.segment_bytes:
             self._file.close()
             self._next_segment()
-        for piece in (head, meta, data, _TRAILER.pack(crc, _RECORD_END)):
-            self._file.write(piece)  # type: ignore[arg-type]
-        self._file.flush()  # to the OS: a killed process loses nothing appended
+        start = self._file.tell()
+        try:  # unbuffered: each piece is with the OS when written (a killed process loses nothing appended)
+            trailer = _TRAILER.pack(crc, _RECORD_END)
+            for piece in (memoryview(head), memoryview(meta), data.data, memoryview(trailer)):
+                view = piece.cast("B")
+                while view:
+                    view = view[self._file.write(view):]
+        except OSError as exc:  # a full disk: no half record stays before the records to come
+            os.ftruncate(self._file.fileno(), start)
+            raise BufferSaveError(exc.errno, f"cannot append to the episode log ({exc.strerror or exc}; every "
+                                  "episode appended before is intact)", str(self._file.name)) from exc
         if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
             self.sync()
 

@@ -366,3 +366,32 @@ def test_a_log_reads_into_a_buffer_that_plots_and_exports(tmp_path: Path, monkey
     assert main(["plot", "run.log", "--out", "run.png"]) == 0 and (tmp_path / "run.png").stat().st_size > 0
     assert main(["export", "run.log", "--minari", "cartpole/log-v0", "--env", "CartPole-v1"]) == 0
     assert f"{buffer.n_episodes} episodes" in capsys.readouterr().out
+
+
+def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path) -> None:
+    """A write that fails (here the file size limit, as a full disk fails it) takes back what
+    it wrote: the error names the segment, every episode before stays, appending goes on."""
+    import resource
+    import signal
+
+    chunks, batches = recorded_chunks([2, 30, 1])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]))
+    writer.append(chunks[0])
+    (segment,) = log.segments(str(tmp_path))
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (Path(segment).stat().st_size + 500, limits[1]))
+    try:
+        with pytest.raises(fe.BufferSaveError, match="cannot append to the episode log") as caught:
+            writer.append(chunks[1])  # 30 episodes: far more than 500 bytes
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert caught.value.filename == segment
+    assert log.verify(str(tmp_path)).torn is None and log.verify(str(tmp_path)).episodes == 2
+    writer.append(chunks[2])
+    writer.close()
+    got = read_back(tmp_path)
+    assert len(got) == 3
+    for mine, want in zip(got, [*batches[:2], batches[-1]]):
+        assert_same_batches(mine, want)
