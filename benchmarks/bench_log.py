@@ -25,7 +25,10 @@ import flexibuff_envs as fe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_record import run  # the recorded CartPole loop (its peers are imported there: torch too)
+from bench_record import (  # the recorded loops (its peers are imported there: torch too)
+    run,
+    run_aec,
+)
 
 
 def cartpole(log: str | None, steps: int) -> float:
@@ -53,21 +56,9 @@ def connect_four(log: str | None, steps: int) -> float:
     from pettingzoo.classic import connect_four_v3
 
     env = fe.record(connect_four_v3.env(), num_steps=steps, log=log)
-    draws = np.random.default_rng(0).random(steps)
-    env.reset(seed=0)
-    start = time.perf_counter()
-    for u in draws:
-        obs, _, terminated, truncated, _ = env.last()
-        if terminated or truncated:
-            env.step(None)
-            if not env.agents:
-                env.reset()
-            continue
-        legal = np.flatnonzero(obs["action_mask"])
-        env.step(int(legal[int(u * len(legal))]))
-    elapsed = time.perf_counter() - start
+    us = run_aec(env, np.random.default_rng(0).random(steps))
     env.close()
-    return elapsed / steps * 1e6
+    return us
 
 
 def compare(name: str, run: Callable[[str | None, int], float], steps: int, rounds: int) -> None:
