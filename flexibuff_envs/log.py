@@ -34,6 +34,7 @@ from flexibuff_envs.chunk import Chunk, check, check_layout, copy
 from flexibuff_envs.episodes import Lane, episode_table
 from flexibuff_envs.errors import BufferFileError, BufferSaveError, plain_dtype, short_repr
 from flexibuff_envs.header import BadHeader, parse_spec
+from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Part, Storage
 
@@ -177,9 +178,9 @@ def _check(chunk: Chunk) -> None:
         raise BadHeader(str(exc).removeprefix("extend: ")) from None
 
 
-def _records(path: str, handle: BinaryIO, size: int, header: LogHeader) -> Iterator[tuple[int, Chunk | Torn]]:
-    """``(offset, chunk)`` of each whole record after the header, then ``(offset, Torn)`` if the
-    segment ends in a record that is not whole."""
+def _records(path: str, handle: BinaryIO, size: int, header: LogHeader) -> Iterator[Chunk | Torn]:
+    """The chunk of each whole record after the header, then a `Torn` if the segment ends in a
+    record that is not whole."""
     offset = handle.tell()
     while offset < size:
         head = handle.read(_RECORD.size)
@@ -193,13 +194,13 @@ def _records(path: str, handle: BinaryIO, size: int, header: LogHeader) -> Itera
             crc, marker = _TRAILER.unpack(handle.read(_TRAILER.size))
             whole = marker == _RECORD_END and zlib.crc32(data, zlib.crc32(meta, zlib.crc32(head))) == crc
         if not whole:
-            yield offset, Torn(path, offset, size - offset)
+            yield Torn(path, offset, size - offset)
             return
         try:
             chunk = _parts(path, json.loads(meta), data, header)
         except (ValueError, RecursionError, BadHeader) as exc:
             raise _fail(path, f"corrupt record at byte {offset}: {exc}") from None
-        yield offset, chunk
+        yield chunk
         offset = end
 
 
@@ -215,12 +216,13 @@ def read(directory: str) -> Iterator[Chunk]:
     """Every whole record of the log ``directory``, oldest first, as a `Chunk` (a torn tail is
     left out). Raises `BufferFileError` naming the file for a segment that is not a log's, a
     layout that differs between segments, or damage anywhere but the newest segment's tail."""
-    for header, _, item in _scan(directory):
+    for _, item in _scan(directory):
         if isinstance(item, Chunk):
             yield item
 
 
-def _scan(directory: str) -> Iterator[tuple[LogHeader, str, Chunk | Torn]]:
+def _scan(directory: str) -> Iterator[tuple[LogHeader, Chunk | Torn]]:
+    """Each segment's header with each of its records, oldest first."""
     files = segments(directory)
     first: LogHeader | None = None
     for k, path in enumerate(files):
@@ -231,11 +233,11 @@ def _scan(directory: str) -> Iterator[tuple[LogHeader, str, Chunk | Torn]]:
                 first = header
             elif header != first:
                 raise _fail(path, "its layout or discounts differ from the log's first segment")
-            for _, item in _records(path, handle, size, header):
+            for item in _records(path, handle, size, header):
                 if isinstance(item, Torn) and k < len(files) - 1:
                     raise _fail(path, f"damaged at byte {item.offset}, and not the log's newest segment: "
                                       "a crash leaves only the newest segment's last record torn")
-                yield header, path, item
+                yield header, item
 
 
 def verify(directory: str, each: Callable[[Chunk], None] | None = None) -> LogReport:
@@ -244,7 +246,7 @@ def verify(directory: str, each: Callable[[Chunk], None] | None = None) -> LogRe
     header: LogHeader | None = None
     episodes = rows = 0
     torn = None
-    for header, _, item in _scan(directory):
+    for header, item in _scan(directory):
         if isinstance(item, Torn):
             torn = item
         else:
@@ -306,6 +308,9 @@ class LogWriter:
         self._header_bytes = header.to_bytes()
         self.fsync, self.every, self.segment_bytes = fsync, float(every), int(segment_bytes)
         os.makedirs(self.directory, exist_ok=True)
+        for name in os.listdir(self.directory):  # a segment a kill caught before it had its header
+            if name.endswith(".fblog.new"):
+                os.unlink(os.path.join(self.directory, name))
         files = segments(self.directory)
         if files:
             report = repair(self.directory)
@@ -332,6 +337,7 @@ class LogWriter:
         _sync_file(self.directory)  # the new name is on disk too
         self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
 
+    @holding  # a Ctrl-C between two of its writes would leave a half record before the next
     def append(self, chunk: Chunk) -> None:
         """Write ``chunk``'s episodes as one record (nothing for an empty chunk)."""
         if not chunk.n_episodes:
