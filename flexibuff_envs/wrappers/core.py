@@ -61,24 +61,22 @@ def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps
                    alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
                    log: LogPath | None = None) -> FlexibleBuffer:
     """A new buffer for ``spec`` (with ``extra_fields``), or the user's, checked against it
-    (``seed`` reseeds its sampler)."""
+    (``seed`` reseeds its sampler); with ``log``, it appends every episode that ends to that log."""
     spec = dataclasses.replace(spec, extra_fields=extra_fields_of(extra_fields))
     if buffer is None:
         buffer = FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
                                           gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
                                           global_reward=global_reward != "none",
                                           **({} if alpha is None else {"alpha": alpha}))
-        if log is not None:
-            buffer.log_to(log)
-        return buffer
-    buffer.check_matches(spec)
-    for name, value, check in (("gamma", gamma, check_gamma), ("gae_lambda", gae_lambda, check_gamma),
-                               ("alpha", alpha, check_alpha)):
-        if value is not None and check(value, name) != getattr(buffer, name):
-            raise SpecMismatchError(f"{name}={value!r} differs from the given buffer's "
-                                    f"{name}={getattr(buffer, name)!r}")
-    if seed is not None:
-        buffer.rng = np.random.default_rng(seed)
+    else:
+        buffer.check_matches(spec)
+        for name, value, check in (("gamma", gamma, check_gamma), ("gae_lambda", gae_lambda, check_gamma),
+                                   ("alpha", alpha, check_alpha)):
+            if value is not None and check(value, name) != getattr(buffer, name):
+                raise SpecMismatchError(f"{name}={value!r} differs from the given buffer's "
+                                        f"{name}={getattr(buffer, name)!r}")
+        if seed is not None:
+            buffer.rng = np.random.default_rng(seed)
     if log is not None:
         buffer.log_to(log)
     return buffer
