@@ -23,8 +23,7 @@ from flexibuff_envs.episodes import (
 from flexibuff_envs.errors import BufferMemoryError, SpecMismatchError, plain_dtype, positive_int
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
-from flexibuff_envs.log import read as read_log
-from flexibuff_envs.log import verify as verify_log
+from flexibuff_envs.log import load as load_log
 from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
@@ -432,23 +431,42 @@ class FlexibleBuffer(Sampling):
         self._log = Follower(writer, self._read_lanes)
 
     @classmethod
-    def from_log(cls, directory: str | os.PathLike[str], **options: Any) -> FlexibleBuffer:
-        """A buffer holding every whole episode of the episode log ``directory``, read into memory
-        (one lane, as many rows as the log holds; ``options`` as `from_spec`'s). Reading a log
-        larger than memory in place is still to come.
+    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> FlexibleBuffer:
+        """Every whole episode of the episode log ``directory`` (a torn tail is left out), in a
+        buffer that samples them in every mode, batches laid out as any buffer's.
+
+        With ``mmap`` (the default) each column of the log is mapped, not read: opening reads
+        only the few bytes per row that sampling uses as indices or flags (to check them), a
+        batch reads the rows it touches, and a log larger than memory samples in place. Changes
+        (priorities, weights, rows recorded on) stay in memory, copy-on-write, never in the log.
+        ``mmap=False`` reads every column into memory.
 
         Raises:
-            BufferFileError: ``directory`` is not an episode log, or a damaged one (a torn tail is
-                left out, not an error).
+            BufferFileError: ``directory`` is not an episode log, or a damaged one.
         """
-        path = os.fspath(directory)
-        report = verify_log(path)
-        buffer = cls.from_spec(dataclasses.replace(report.header.spec, n_envs=1), num_steps=max(report.rows, 1),
-                               gamma=report.header.gamma, gae_lambda=report.header.gae_lambda,
-                               **{"global_reward": False, "individual_reward": False, **options})
-        for record in read_log(path):
-            buffer.extend(record)
+        logged = load_log(directory, mmap=mmap)
+        probs = logged.arrays.get(("continuous_log_probs", None))
+        width = probs.shape[-1] if probs is not None and probs.ndim == 3 else 0
+        buffer = cls.from_spec(dataclasses.replace(logged.header.spec, n_envs=1), num_steps=1,
+                               gamma=logged.header.gamma, gae_lambda=logged.header.gae_lambda,
+                               log_prob_continuous=width, global_reward=False, individual_reward=False)
+        rows = logged.rows
+        if rows:  # one lane, as long as the log, holding its episodes back to back
+            buffer.num_steps = rows
+            buffer._store = Storage(buffer.spec, rows, log_prob_continuous=width)
+            buffer._store.adopt(logged.arrays)
+            buffer._index = EpisodeIndex(1, rows, buffer.spec.n_agents, buffer._forget, buffer._open)
+            buffer._ring = buffer._index.ring
+            buffer._store.open(0, [(0, rows)], fill=False)
+            ends = np.cumsum(logged.lengths)
+            ended = np.stack([ends - logged.lengths, ends, np.ones_like(ends)], axis=1)
+            buffer._index.lanes[0].restore(rows, 0, ended, None, [0] * buffer.spec.n_agents)
         return buffer
+
+    @classmethod
+    def from_log(cls, directory: str | os.PathLike[str]) -> FlexibleBuffer:
+        """`open` ``directory`` with every column read into memory."""
+        return cls.open(directory, mmap=False)
 
     @property
     def logging(self) -> bool:

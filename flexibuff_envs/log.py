@@ -1,88 +1,140 @@
-"""An episode log: whole episodes appended to files on disk as they end, readable after a crash.
+"""An episode log: whole episodes appended to column files on disk as they end, readable after a
+crash, and sampled in place when it is larger than memory.
 
-A log is a directory of segments, ``00000000.fblog``, ``00000001.fblog``, ... Each segment
-starts with a header (the layout and discounts, JSON, with its checksum) and holds records
-appended one after the other; a record is one `Chunk` of whole episodes in the stored form files
-and chunks share (`storage.Part`: observations once, masks as bits), with its own checksum:
+A log is a directory. Each stored part of the buffer (`storage.Part`: ``obs``, ``obs_``'s index
+and tail, masks as bits, ...) is one *column* file holding its rows one after the other, exactly
+as a ring holds them, so mapping a column gives the array a buffer samples from::
 
-    segment:  b"FBLOGSEG" | u32 version | u64 header length | JSON header | u32 crc32 of all before
-    record:   b"FBLOGREC" | u64 meta length | u64 data length | JSON meta | data | u32 crc32 | b"FBREC-OK"
+    header.fblog   b"FBLOGHDR" | u32 version | u64 length | JSON | u32 crc32 of all before it
+                   (layout, discounts, the columns with dtype and row shape; replaced atomically)
+    commits.fblog  one 64-byte entry per append: b"FBCOMMIT" | u64 number | u64 rows
+                   | u64 episodes | u64 tail slots of obs_, state_, action_mask_
+                   | u32 crc32 of the bytes the append added to the columns | u32 crc32 of the entry
+    lengths.col    each episode's length (int64)
+    obs.col, obs_.index.col, obs_.tail.col, ...   one per column
 
-A record is handed to the OS (written and flushed) when its episodes end, so a process killed
-at any instant leaves its last record whole or torn; a torn record (short, or its checksum wrong) can
-only be the newest segment's last, and readers stop before it: no part of an episode is ever
-read. `verify` reports a torn tail, `repair` cuts it, and opening a log to append cuts it too.
-Nothing in a log is code: JSON and numbers only, and every length is checked against the bytes
-the file holds before anything is allocated, so a crafted log reads or raises `BufferFileError`.
+An append writes its rows at the end of every column, then its commit entry; all of it is with
+the OS when `LogWriter.append` returns, so a process killed at any instant leaves the log as of
+its last whole entry plus bytes past it that no entry counts. Readers take the newest entry whose
+own checksum and whose appended bytes' checksum hold (so an entry that reached the disk before
+its rows, in a power loss, is passed over) and ignore everything past it: no part of an episode is
+ever read. `verify` checks every entry and byte, `repair` cuts what lies past the newest whole
+entry, and opening a log to append cuts it too. Nothing in a log is code: JSON and numbers only,
+and every length is checked against the bytes the files hold before anything is allocated or
+mapped, so a crafted log reads or raises `BufferFileError` naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from flexibuff_envs.chunk import Chunk, check, check_layout, copy
-from flexibuff_envs.episodes import Lane, episode_table
-from flexibuff_envs.errors import BufferFileError, BufferSaveError, plain_dtype, short_repr
+from flexibuff_envs.chain import CHAINED
+from flexibuff_envs.chunk import Chunk, check_layout
+from flexibuff_envs.episodes import Lane
+from flexibuff_envs.errors import (
+    BufferFileError,
+    BufferSaveError,
+    SpecMismatchError,
+    plain_dtype,
+    short_repr,
+)
 from flexibuff_envs.header import BadHeader, parse_spec
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Part, Storage
 
-VERSION = 1
-_SEGMENT = struct.Struct("<8sIQ")
-_RECORD = struct.Struct("<8sQQ")
-_TRAILER = struct.Struct("<I8s")
-_SEGMENT_MAGIC, _RECORD_MAGIC, _RECORD_END = b"FBLOGSEG", b"FBLOGREC", b"FBREC-OK"
-_NAME = re.compile(r"^(\d{8})\.fblog$")
-#: bytes a segment grows to before the next record starts a new one
-SEGMENT_BYTES = 256 << 20
-#: when appended records reach the disk itself (they reach the OS at once, whatever the policy)
+VERSION = 2
+HEADER, COMMITS, LENGTHS = "header.fblog", "commits.fblog", "lengths.col"
+_HEADER = struct.Struct("<8sIQ")
+_HEADER_MAGIC, _COMMIT_MAGIC = b"FBLOGHDR", b"FBCOMMIT"
+_ENTRY = struct.Struct(f"<8sQQQ{len(NEXT)}QI")  # then the entry's own crc32
+ENTRY_BYTES = _ENTRY.size + 4
+_CHAINS = tuple(NEXT)  # the order of the tail counts in an entry
+#: bytes read at a time when a column is checked or copied
+_PIECE = 1 << 24
+#: when appended episodes reach the disk itself (they reach the OS at once, whatever the policy)
 FsyncPolicy = Literal["interval", "always", "close"]
-
-
-def segment_name(number: int) -> str:
-    return f"{number:08d}.fblog"
-
-
-def segments(directory: str) -> list[str]:
-    """The segment files of the log ``directory``, in order."""
-    try:
-        names = sorted(name for name in os.listdir(directory) if _NAME.match(name))
-    except FileNotFoundError as exc:
-        raise BufferFileError(f"{directory}: no such episode log") from exc
-    except NotADirectoryError as exc:
-        raise BufferFileError(f"{directory}: not a directory; an episode log is one") from exc
-    return [os.path.join(directory, name) for name in names]
 
 
 @dataclass(frozen=True)
 class LogHeader:
-    """What every segment of a log starts with: the layout its episodes were recorded in."""
+    """The layout and discounts a log's episodes were recorded with."""
 
     spec: BufferSpec
     gamma: float
     gae_lambda: float
 
-    def to_bytes(self) -> bytes:
-        blob = json.dumps({"format": "flexibuff_envs episode log", "spec": self.spec.to_dict(),
-                           "gamma": self.gamma, "gae_lambda": self.gae_lambda}).encode()
-        prefix = _SEGMENT.pack(_SEGMENT_MAGIC, VERSION, len(blob)) + blob
-        return prefix + struct.pack("<I", zlib.crc32(prefix))
+
+@dataclass(frozen=True)
+class Column:
+    """One stored part, a file of rows: ``shape`` and ``dtype`` of one row (a per-agent field's
+    row holds every agent's value: ``[n_agents, ...]``)."""
+
+    name: str
+    part: str | None  # None, "index" or "tail", as `storage.Part`
+    per_agent: bool
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, part: Part) -> Column:
+        shape = part.shape
+        return cls(part.name, part.part, part.per_agent, part.dtype, shape[:part.axis] + shape[part.axis + 1:])
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        return self.name, self.part
+
+    @property
+    def file(self) -> str:
+        return f"{self.name}.col" if self.part is None else f"{self.name}.{self.part}.col"
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "part": self.part, "per_agent": self.per_agent, "dtype": self.dtype.str,
+                "shape": list(self.shape)}
+
+
+_LENGTHS = Column("lengths", None, False, np.dtype("<i8"), ())
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What a log holds as of one commit entry: rows, episodes and each chain's tail slots
+    (counting slot 0, the zeros every chain starts with)."""
+
+    number: int = -1  # -1: before the first entry
+    rows: int = 0
+    episodes: int = 0
+    tails: tuple[int, ...] = (1,) * len(_CHAINS)
+
+    def length(self, column: Column) -> int:
+        """Bytes of ``column`` this commit counts."""
+        if column is _LENGTHS:
+            return self.episodes * 8
+        count = self.tails[_CHAINS.index(column.name)] if column.part == "tail" else self.rows
+        return count * column.row_bytes
+
+    def entry(self, crc: int) -> bytes:
+        body = _ENTRY.pack(_COMMIT_MAGIC, self.number, self.rows, self.episodes, *self.tails, crc)
+        return body + struct.pack("<I", zlib.crc32(body))
 
 
 @dataclass(frozen=True)
 class Torn:
-    """A segment's tail that is not a whole record: from byte ``offset`` on, ``size`` bytes."""
+    """Bytes at the end of a file that no whole commit counts: from ``offset`` on, ``size``."""
 
     path: str
     offset: int
@@ -91,187 +143,316 @@ class Torn:
 
 @dataclass(frozen=True)
 class LogReport:
-    """What a log holds: its segments, whole episodes and rows, and a torn tail if it has one."""
+    """What a log holds, and the torn tails of its files (empty for a whole log)."""
 
     header: LogHeader
-    segments: int
     episodes: int
     rows: int
-    torn: Torn | None
+    nbytes: int
+    torn: tuple[Torn, ...]
+
+
+@dataclass
+class _State:
+    """A log as its files stand: header, columns and the newest whole commit."""
+
+    directory: str
+    header: LogHeader
+    columns: list[Column]
+    commit: Commit
+    sizes: dict[str, int] = field(default_factory=dict)  # file -> bytes it holds
+
+    def path(self, column: Column) -> str:
+        return os.path.join(self.directory, column.file)
+
+    @property
+    def files(self) -> list[Column]:
+        return [_LENGTHS, *self.columns]
+
+    def torn(self) -> tuple[Torn, ...]:
+        counted = {COMMITS: (self.commit.number + 1) * ENTRY_BYTES,
+                   **{column.file: self.commit.length(column) for column in self.files}}
+        return tuple(Torn(os.path.join(self.directory, name), counted[name], self.sizes[name] - counted[name])
+                     for name in counted if self.sizes[name] > counted[name])
 
 
 def _fail(path: str, problem: str) -> BufferFileError:
     return BufferFileError(f"{path}: {problem}")
 
 
-def _read_header(path: str, handle: BinaryIO, size: int) -> LogHeader:
-    head = handle.read(_SEGMENT.size)
-    if len(head) < _SEGMENT.size:
-        raise _fail(path, f"too short to be a log segment ({size} bytes)")
-    magic, version, length = _SEGMENT.unpack(head)
-    if magic != _SEGMENT_MAGIC:
-        raise _fail(path, "not a flexibuff_envs log segment (bad magic bytes)")
-    if not 1 <= version <= VERSION:
-        raise _fail(path, f"log format {version} is not one this flexibuff_envs reads (up to {VERSION})")
-    if _SEGMENT.size + length + 4 > size:
-        raise _fail(path, f"truncated: its header runs past the end of the file ({size} bytes)")
-    blob = handle.read(length)
-    (crc,) = struct.unpack("<I", handle.read(4))
+def is_log(directory: str) -> bool:
+    """Whether ``directory`` holds an episode log (its header file)."""
+    return os.path.isfile(os.path.join(directory, HEADER))
+
+
+def _header_bytes(header: LogHeader, columns: Sequence[Column]) -> bytes:
+    blob = json.dumps({"format": "flexibuff_envs episode log", "spec": header.spec.to_dict(), "gamma": header.gamma,
+                       "gae_lambda": header.gae_lambda, "columns": [c.to_dict() for c in columns]}).encode()
+    prefix = _HEADER.pack(_HEADER_MAGIC, VERSION, len(blob)) + blob
+    return prefix + struct.pack("<I", zlib.crc32(prefix))
+
+
+def _read_header(directory: str) -> tuple[LogHeader, list[Column]]:
+    path = os.path.join(directory, HEADER)
+    if not os.path.isdir(directory):
+        raise BufferFileError(f"{directory}: {'not a directory; an episode log is one' if os.path.exists(directory) else 'no such episode log'}")
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            head = handle.read(_HEADER.size)
+            if len(head) < _HEADER.size:
+                raise _fail(path, f"too short to be a log header ({size} bytes)")
+            magic, version, length = _HEADER.unpack(head)
+            if magic != _HEADER_MAGIC:
+                raise _fail(path, "not a flexibuff_envs episode log header (bad magic bytes)")
+            if version != VERSION:
+                raise _fail(path, f"log format {version} is not one this flexibuff_envs reads ({VERSION})")
+            if _HEADER.size + length + 4 != size:
+                raise _fail(path, f"its header says {length} bytes of JSON, but the file holds {size} bytes")
+            blob = handle.read(length)
+            (crc,) = struct.unpack("<I", handle.read(4))
+    except FileNotFoundError:
+        raise _fail(directory, "not an episode log (no header.fblog)") from None
+    except OSError as exc:
+        raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
     if zlib.crc32(head + blob) != crc:
         raise _fail(path, "corrupt header (checksum mismatch)")
     try:
         data = json.loads(blob)
-        if not isinstance(data, dict) or set(data) != {"format", "spec", "gamma", "gae_lambda"}:
-            raise BadHeader(f"a segment header holds format, spec, gamma and gae_lambda, got {short_repr(data)}")
+        if not isinstance(data, dict) or set(data) != {"format", "spec", "gamma", "gae_lambda", "columns"}:
+            raise BadHeader(f"a log header holds format, spec, gamma, gae_lambda and columns, got {short_repr(data)}")
         gamma, lam = data["gamma"], data["gae_lambda"]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in (gamma, lam)):
             raise BadHeader(f"gamma and gae_lambda must be numbers in [0, 1], got {short_repr((gamma, lam))}")
-        return LogHeader(parse_spec(data["spec"]), float(gamma), float(lam))
+        header = LogHeader(parse_spec(data["spec"]), float(gamma), float(lam))
+        return header, _columns(header.spec, data["columns"])
     except (ValueError, RecursionError, BadHeader) as exc:  # JSON errors are ValueErrors
         raise _fail(path, f"corrupt header: {exc}") from None
 
 
-def _parts(path: str, meta: Any, data: bytes, header: LogHeader) -> Chunk:
-    """The chunk a record's ``meta`` describes, its arrays views of ``data``; `BufferFileError`
-    unless every part lies inside the data and every value is of a plain dtype."""
-    if not isinstance(meta, dict) or set(meta) != {"lengths", "parts"}:
-        raise BadHeader(f"a record's meta holds lengths and parts, got {short_repr(meta)}")
-    lengths, described = meta["lengths"], meta["parts"]
-    if not isinstance(lengths, list) or not lengths or not all(
-            isinstance(n, int) and not isinstance(n, bool) and 0 < n <= len(data) for n in lengths):
-        raise BadHeader(f"lengths must be positive episode lengths, got {short_repr(lengths)}")
+def expected(spec: BufferSpec, name: str, part: str | None, width: int | None = None) -> Column:
+    """The column a buffer of layout ``spec`` stores part ``(name, part)`` in (``width``: the
+    continuous log probs' own); `BadHeader` for a part no such buffer has."""
+    probe = Storage(spec, 1)
+    if name in NEXT and part in ("index", "tail"):
+        base = probe.ensure(NEXT[name])
+        per_agent = probe.fields[name].per_agent
+        if part == "index":
+            return Column(name, part, per_agent, np.dtype(np.int32), (spec.n_agents,) if per_agent else ())
+        return Column(name, part, False, base.dtype, base.shape[-1:])
+    if part is not None or name not in probe.fields or name in NEXT:
+        raise BadHeader(f"no buffer of this layout stores a part {part!r} of {name!r}")
+    array = probe.ensure(name, width=width if name == "continuous_log_probs" else None)
+    per_agent = probe.fields[name].per_agent
+    return Column(name, None, per_agent, array.dtype, (spec.n_agents, *array.shape[2:]) if per_agent else array.shape[1:])
+
+
+def _columns(spec: BufferSpec, described: Any) -> list[Column]:
     if not isinstance(described, list):
-        raise BadHeader(f"parts must be a list, got {short_repr(described)}")
-    parts = []
+        raise BadHeader(f"columns must be a list, got {short_repr(described)}")
+    columns: list[Column] = []
     for k, item in enumerate(described):
-        if not isinstance(item, dict) or set(item) != {"name", "part", "per_agent", "dtype", "shape", "offset"}:
-            raise BadHeader(f"part {k} must hold name, part, per_agent, dtype, shape and offset, got {short_repr(item)}")
-        dtype = plain_dtype(f"part {k} dtype", item["dtype"])
-        shape, offset = item["shape"], item["offset"]
-        if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                                                  for n in shape) or not isinstance(offset, int) or offset < 0:
-            raise BadHeader(f"part {k} has shape {short_repr(shape)} at offset {short_repr(offset)}")
-        count = int(np.prod(shape, dtype=object))
-        if offset + count * dtype.itemsize > len(data):
-            raise BadHeader(f"part {k} ({item['name']!r}) runs past the record's {len(data)} bytes of data")
-        if not isinstance(item["name"], str) or item["part"] not in (None, "index", "tail") \
-                or not isinstance(item["per_agent"], bool):
-            raise BadHeader(f"part {k} has name {short_repr(item['name'])}, part {short_repr(item['part'])}")
-        array = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
-        parts.append(Part(item["name"], item["part"], item["per_agent"], (array,)))
-    chunk = Chunk(header.spec, header.gamma, header.gae_lambda, np.array(lengths, dtype=np.int64), tuple(parts))
-    _check(chunk)
-    return chunk
+        if not isinstance(item, dict) or set(item) != {"name", "part", "per_agent", "dtype", "shape"}:
+            raise BadHeader(f"column {k} must hold name, part, per_agent, dtype and shape, got {short_repr(item)}")
+        shape = item["shape"]
+        if not isinstance(item["name"], str) or not isinstance(shape, list) or not all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**31 for n in shape):
+            raise BadHeader(f"column {k} has name {short_repr(item['name'])} and shape {short_repr(shape)}")
+        width = shape[-1] if item["name"] == "continuous_log_probs" and shape else None
+        column = Column(item["name"], item["part"], bool(item["per_agent"]), plain_dtype(f"column {k} dtype", item["dtype"]),
+                        tuple(shape))
+        if column != expected(spec, column.name, column.part, width) or column.key in {c.key for c in columns}:
+            raise BadHeader(f"column {k} ({column.file}) is not one a buffer of this layout stores, or twice")
+        columns.append(column)
+    return columns
 
 
-def _check(chunk: Chunk) -> None:
-    """`BadHeader` unless ``chunk`` extends a buffer of its layout as it is: the checks `extend`
-    makes, against a one-row storage holding every field the chunk has."""
-    probe = Storage(chunk.spec, 1)
-    try:
-        for part in chunk.parts:
-            if part.part is None and part.name in probe.fields and part.name not in NEXT:
-                width = part.shape[-1] if part.name == "continuous_log_probs" and len(part.shape) > 1 else None
-                probe.ensure(part.name, width=width)
-        check(chunk, probe, [Lane(0, 1, lambda lane, episode: None)], 0, chunk.gamma, chunk.gae_lambda)
-    except (ValueError, TypeError) as exc:
-        raise BadHeader(str(exc).removeprefix("extend: ")) from None
+def _parse(entry: bytes, number: int) -> tuple[Commit, int] | None:
+    """The commit entry ``number`` names and its data crc, or None if it is not whole and in place."""
+    if len(entry) < ENTRY_BYTES:
+        return None
+    body, (crc,) = entry[:_ENTRY.size], struct.unpack("<I", entry[_ENTRY.size:])
+    if zlib.crc32(body) != crc:
+        return None
+    magic, at, rows, episodes, *rest = _ENTRY.unpack(body)
+    if magic != _COMMIT_MAGIC or at != number:
+        return None
+    return Commit(at, rows, episodes, tuple(rest[:-1])), rest[-1]
 
 
-def _records(path: str, handle: BinaryIO, size: int, header: LogHeader) -> Iterator[Chunk | Torn]:
-    """The chunk of each whole record after the header, then a `Torn` if the segment ends in a
-    record that is not whole."""
-    offset = handle.tell()
-    while offset < size:
-        head = handle.read(_RECORD.size)
-        whole = len(head) == _RECORD.size
-        if whole:
-            magic, meta_len, data_len = _RECORD.unpack(head)
-            end = offset + _RECORD.size + meta_len + data_len + _TRAILER.size
-            whole = magic == _RECORD_MAGIC and end <= size
-        if whole:
-            meta, data = handle.read(meta_len), handle.read(data_len)
-            crc, marker = _TRAILER.unpack(handle.read(_TRAILER.size))
-            whole = marker == _RECORD_END and zlib.crc32(data, zlib.crc32(meta, zlib.crc32(head))) == crc
-        if not whole:
-            yield Torn(path, offset, size - offset)
-            return
+def _sizes(directory: str, files: Sequence[Column]) -> dict[str, int]:
+    sizes = {}
+    for name in (COMMITS, *(c.file for c in files)):
         try:
-            chunk = _parts(path, json.loads(meta), data, header)
-        except (ValueError, RecursionError, BadHeader) as exc:
-            raise _fail(path, f"corrupt record at byte {offset}: {exc}") from None
-        yield chunk
-        offset = end
+            sizes[name] = os.path.getsize(os.path.join(directory, name))
+        except FileNotFoundError:
+            sizes[name] = 0
+    return sizes
 
 
-def _open(path: str) -> tuple[BinaryIO, int]:
+class _Reader:
+    """The log's files open for reading, to check commits against the bytes they count."""
+
+    def __init__(self, state: _State) -> None:
+        self.state = state
+        self.handles = {c.file: _open(state.path(c)) for c in state.files if state.sizes[c.file]}
+        self.commits = _open(os.path.join(state.directory, COMMITS))
+
+    def __enter__(self) -> _Reader:  # noqa: PYI034 (Self needs Python 3.11)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in [*self.handles.values(), self.commits]:
+            handle.close()
+
+    def entry(self, number: int) -> tuple[Commit, int] | None:
+        return _parse(os.pread(self.commits.fileno(), ENTRY_BYTES, number * ENTRY_BYTES), number)
+
+    def holds(self, before: Commit, after: Commit, crc: int) -> bool:
+        """Whether commit ``after`` follows ``before`` and the bytes it adds are in place."""
+        state = self.state
+        if not (after.rows >= before.rows and after.episodes >= before.episodes
+                and all(b <= a for b, a in zip(before.tails, after.tails))):
+            return False
+        if any(state.sizes[column.file] < after.length(column) for column in state.files):
+            return False
+        mine = 0
+        for column in state.files:
+            lo, hi = before.length(column), after.length(column)
+            while lo < hi:
+                piece = os.pread(self.handles[column.file].fileno(), min(_PIECE, hi - lo), lo)
+                mine = zlib.crc32(piece, mine)
+                lo += len(piece)
+        return mine == crc
+
+
+def _open(path: str) -> BinaryIO:
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed by the callers
+        return open(path, "rb")
     except OSError as exc:
         raise _fail(path, f"cannot be read ({exc.strerror or exc})") from None
-    return handle, os.fstat(handle.fileno()).st_size
 
 
-def read(directory: str) -> Iterator[Chunk]:
-    """Every whole record of the log ``directory``, oldest first, as a `Chunk` (a torn tail is
-    left out). Raises `BufferFileError` naming the file for a segment that is not a log's, a
-    layout that differs between segments, or damage anywhere but the newest segment's tail."""
-    for _, item in _scan(directory):
-        if isinstance(item, Chunk):
-            yield item
+def _state(directory: str, *, every: bool = False) -> _State:
+    """The log ``directory`` as of its newest whole commit: the newest entry that is whole and
+    whose bytes are in place (entries before it are trusted). With ``every``, every entry and
+    every byte it counts is checked, and damage before the newest whole entry raises."""
+    header, columns = _read_header(directory)
+    state = _State(directory, header, columns, Commit())
+    state.sizes = _sizes(directory, state.files)
+    count = state.sizes[COMMITS] // ENTRY_BYTES
+    if not count:
+        return state
+    with _Reader(state) as reader:
+        if every:
+            before = Commit()
+            for k in range(count):
+                item = reader.entry(k)
+                if item is None or not reader.holds(before, *item):
+                    if any(reader.entry(later) is not None for later in range(k + 1, count)):
+                        raise _fail(os.path.join(directory, COMMITS), f"damaged at commit {k}, before whole ones: "
+                                    "a crash leaves only the newest commits torn")
+                    break
+                before = item[0]
+            state.commit = before
+            return state
+        for k in range(count - 1, -1, -1):
+            item = reader.entry(k)
+            previous = reader.entry(k - 1) if k else (Commit(), 0)
+            if item is not None and previous is not None and reader.holds(previous[0], *item):
+                state.commit = item[0]
+                break
+    return state
 
 
-def _scan(directory: str) -> Iterator[tuple[LogHeader, Chunk | Torn]]:
-    """Each segment's header with each of its records, oldest first."""
-    files = segments(directory)
-    first: LogHeader | None = None
-    for k, path in enumerate(files):
-        handle, size = _open(path)
-        with handle:
-            header = _read_header(path, handle, size)
-            if first is None:
-                first = header
-            elif header != first:
-                raise _fail(path, "its layout or discounts differ from the log's first segment")
-            for item in _records(path, handle, size, header):
-                if isinstance(item, Torn) and k < len(files) - 1:
-                    raise _fail(path, f"damaged at byte {item.offset}, and not the log's newest segment: "
-                                      "a crash leaves only the newest segment's last record torn")
-                yield header, item
+def _blocks(state: _State, column: Column, count: int) -> Iterator[np.ndarray]:
+    """The first ``count`` rows of ``column``, a piece at a time."""
+    per_piece = max(1, _PIECE // max(1, column.row_bytes))
+    with open(state.path(column), "rb") as handle:
+        for lo in range(0, count, per_piece):
+            n = min(per_piece, count - lo)
+            yield np.fromfile(handle, dtype=column.dtype, count=n * int(np.prod(column.shape, dtype=np.int64))
+                              ).reshape((n, *column.shape))
 
 
-def verify(directory: str, each: Callable[[Chunk], None] | None = None) -> LogReport:
-    """Read every record of the log (checking every checksum) and say what it holds; ``each``
-    is called with every whole record's chunk on the way."""
-    header: LogHeader | None = None
-    episodes = rows = 0
-    torn = None
-    for header, item in _scan(directory):
-        if isinstance(item, Torn):
-            torn = item
-        else:
-            episodes += item.n_episodes
-            rows += item.rows
-            if each is not None:
-                each(item)
-    if header is None:
-        files = segments(directory)
-        if not files:
-            raise BufferFileError(f"{directory}: an episode log with no segment")
-        handle, size = _open(files[0])
-        with handle:
-            header = _read_header(files[0], handle, size)
-    return LogReport(header, len(segments(directory)), episodes, rows, torn)
+def _check_values(state: _State) -> None:
+    """`BufferFileError` unless the values sampling uses as indices or flags are in range:
+    lengths positive and summing to the rows, bools 0 or 1, category indices within their
+    categories, next-value indices naming a stored slot, each slot named once, and each
+    episode's last row not chained (its successor is another episode's). Read a piece at a time."""
+    commit, spec = state.commit, state.header.spec
+    lengths = np.concatenate([*_blocks(state, _LENGTHS, commit.episodes), np.zeros(0, np.int64)])
+    if (lengths < 1).any() or int(lengths.sum()) != commit.rows:
+        raise _fail(state.path(_LENGTHS), f"corrupt: episode lengths must be positive and sum to the {commit.rows} "
+                                          "rows committed")
+    categories = np.asarray(spec.obs_categories)
+    ends = np.cumsum(lengths) - 1
+    for column in state.columns:
+        if column.part == "tail":
+            if column.name == "obs_" and categories.size and any(
+                    (block > categories).any() for block in _blocks(state, column, commit.tails[_CHAINS.index("obs_")])):
+                raise _fail(state.path(column), "corrupt: a value names a category past its space's size")
+            continue
+        if column.dtype == bool or (column.name == "obs" and categories.size) or column.part == "index":
+            slots: list[np.ndarray] = []
+            lo = 0
+            for block in _blocks(state, column, commit.rows):
+                if column.dtype == bool and block.view(np.uint8).max(initial=0) > 1:
+                    raise _fail(state.path(column), "corrupt: a bool that is neither 0 nor 1")
+                if column.name == "obs" and (block > categories).any():
+                    raise _fail(state.path(column), "corrupt: a value names a category past its space's size")
+                if column.part == "index":
+                    tails = commit.tails[_CHAINS.index(column.name)]
+                    if ((block < CHAINED) | (block >= tails)).any():
+                        raise _fail(state.path(column), f"corrupt: a row names a slot outside the {tails} stored")
+                    at = ends[(ends >= lo) & (ends < lo + len(block))] - lo
+                    if (block[at] == CHAINED).any():
+                        raise _fail(state.path(column), "corrupt: an episode's last row is chained to the next episode")
+                    slots.append(block[block > 0])
+                lo += len(block)
+            if slots:
+                named = np.concatenate(slots)
+                if np.unique(named).size != named.size:
+                    raise _fail(state.path(column), "corrupt: two rows name one stored slot")
 
 
-def repair(directory: str) -> LogReport:
-    """Cut a torn tail off the newest segment (every whole record stays as it is); returns what
-    the log held before."""
-    report = verify(directory)
-    if report.torn is not None:
-        os.truncate(report.torn.path, report.torn.offset)
-        _sync_file(report.torn.path)
-    return report
+def verify(directory: str | os.PathLike[str]) -> LogReport:
+    """Check every commit entry, every byte the commits count and every value sampling uses as
+    an index or flag, and say what the log holds (its torn tails too).
+
+    Raises:
+        BufferFileError: not an episode log, damaged before its newest whole commit (which a
+            crash cannot do), or holding values out of range.
+    """
+    state = _state(os.fspath(directory), every=True)
+    _check_values(state)
+    return _report(state)
+
+
+def report(directory: str | os.PathLike[str]) -> LogReport:
+    """What the log holds as a reader sees it (the newest whole commit, and the torn tails past
+    it), checking only the newest commits; `verify` checks everything."""
+    return _report(_state(os.fspath(directory)))
+
+
+def _report(state: _State) -> LogReport:
+    return LogReport(state.header, state.commit.episodes, state.commit.rows,
+                     sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES,
+                     state.torn())
+
+
+def repair(directory: str | os.PathLike[str]) -> LogReport:
+    """Cut every file's torn tail (the bytes past the newest whole commit; every whole episode
+    stays as it is); returns what the log held, and the tails cut."""
+    return _report(_repair(os.fspath(directory)))
+
+
+def _repair(directory: str) -> _State:
+    state = _state(directory)
+    for torn in state.torn():
+        os.truncate(torn.path, torn.offset)
+        _sync_file(torn.path)
+    return state
 
 
 def _sync_file(path: str) -> None:
@@ -283,114 +464,209 @@ def _sync_file(path: str) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class Logged:
+    """A log's whole episodes as arrays: every part of the buffer that holds them, and each
+    episode's length."""
+
+    header: LogHeader
+    lengths: np.ndarray
+    arrays: dict[tuple[str, str | None], np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return int(self.lengths.sum())
+
+
+def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
+    """The whole episodes of the log ``directory``, each column mapped (``mmap``: rows are read
+    from disk as they are used, copy-on-write) or read into memory; a torn tail is left out.
+    Laid out as a buffer's arrays: per-agent fields ``[n_agents, rows, ...]``.
+
+    Raises:
+        BufferFileError: not an episode log, or one whose values are out of range.
+    """
+    state = _state(os.fspath(directory))
+    _check_values(state)
+    arrays = {}
+    for column in [_LENGTHS, *state.columns]:
+        count = state.commit.length(column) // max(1, column.row_bytes)
+        shape = (count, *column.shape)
+        if not count:
+            array = np.zeros(shape, dtype=column.dtype)
+        elif mmap:
+            array = np.asarray(np.memmap(state.path(column), dtype=column.dtype, mode="c", shape=shape))
+        else:
+            array = np.fromfile(state.path(column), dtype=column.dtype, count=int(np.prod(shape))).reshape(shape)
+        if column.per_agent:  # the file holds each row's agents together; a buffer holds each agent's rows
+            array = np.moveaxis(array, 0, 1)
+            array = array if mmap else np.ascontiguousarray(array)
+        arrays[column.key] = array
+    return Logged(state.header, arrays.pop(_LENGTHS.key), arrays)
+
+
 class LogWriter:
     """Appends chunks of whole episodes to the log ``directory`` (made if missing).
 
     An existing log is continued: its layout must match, a torn tail is cut first, and nothing
-    else already there is rewritten. Each `append` hands its record to the OS before it
-    returns: a process killed (SIGKILL) after that loses none of its episodes. ``fsync``
-    says when they reach the disk itself, which is what survives a power loss: "interval" (at
-    the first append ``every`` seconds after the last sync; the default), "always" (every
-    append), "close" (only at `close`).
+    else already there is rewritten. Each `append` hands its rows to the OS before it returns: a
+    process killed (SIGKILL) after that loses none of its episodes. ``fsync`` says when they
+    reach the disk itself, which is what survives a power loss: "interval" (at the first append
+    ``every`` seconds after the last sync; the default), "always" (every append), "close" (only
+    at `close`).
 
-    One writer appends to a log at a time (two would interleave their records).
+    One writer appends to a log at a time (two would interleave their rows).
 
     Raises:
         BufferFileError: the directory holds a log of another layout, or a damaged one.
     """
 
     def __init__(self, directory: str | os.PathLike[str], header: LogHeader, *, fsync: FsyncPolicy = "interval",
-                 every: float = 5.0, segment_bytes: int = SEGMENT_BYTES) -> None:
+                 every: float = 5.0) -> None:
         if fsync not in ("interval", "always", "close"):
             raise ValueError(f"fsync must be 'interval', 'always' or 'close', got {fsync!r}")
         self.directory = os.fspath(directory)
         self.header = header
-        self._header_bytes = header.to_bytes()
-        self.fsync, self.every, self.segment_bytes = fsync, float(every), int(segment_bytes)
+        self.fsync, self.every = fsync, float(every)
         os.makedirs(self.directory, exist_ok=True)
-        for name in os.listdir(self.directory):  # a segment a kill caught before it had its header
-            if name.endswith(".fblog.new"):
-                os.unlink(os.path.join(self.directory, name))
-        files = segments(self.directory)
-        if files:
-            report = repair(self.directory)
-            if report.header != header:
-                check_layout(report.header.spec, header.spec, f"the episode log {self.directory}")
-                raise BufferFileError(f"{self.directory}: the log's discounts (gamma {report.header.gamma}, "
-                                      f"gae_lambda {report.header.gae_lambda}) differ from the recording's "
+        if is_log(self.directory):
+            state = _repair(self.directory)
+            if state.header != header:
+                check_layout(state.header.spec, header.spec, f"the episode log {self.directory}")
+                raise BufferFileError(f"{self.directory}: the log's discounts (gamma {state.header.gamma}, "
+                                      f"gae_lambda {state.header.gae_lambda}) differ from the recording's "
                                       f"({header.gamma}, {header.gae_lambda})")
-            self._number = len(files) - 1
-            self._file = open(files[-1], "ab", buffering=0)  # noqa: SIM115 - closed by close()
         else:
-            self._number = -1
-            self._next_segment()
+            state = _State(self.directory, header, [], Commit())
+            self._write_header([])
+        listed = {c.file for c in state.files} | {HEADER, COMMITS}
+        for name in os.listdir(self.directory):  # a column a kill caught before the header named it
+            if name.endswith((".col", ".new")) and name not in listed:
+                os.unlink(os.path.join(self.directory, name))
+        self.columns, self.commit = state.columns, state.commit
+        probe = Storage(header.spec, 1)
+        self._fills = {(name, part): 0 if part is not None else probe.fill(name) for name, part in
+                       [(name, None) for name in probe.fields] + [(name, "index") for name in NEXT]}
+        self._files = {c.key: self._append_to(c.file) for c in state.files}
+        self._commits = self._append_to(COMMITS)
         self._synced = time.monotonic()
 
-    def _next_segment(self) -> None:
-        self._number += 1
-        path = os.path.join(self.directory, segment_name(self._number))
-        with open(path + ".new", "wb") as out:  # whole or absent: a segment appears with its header
-            out.write(self._header_bytes)
+    def _append_to(self, name: str) -> Any:
+        return open(os.path.join(self.directory, name), "ab", buffering=0)
+
+    def _write_header(self, columns: Sequence[Column]) -> None:
+        """The header naming ``columns``, whole or not at all."""
+        path = os.path.join(self.directory, HEADER)
+        with open(path + ".new", "wb") as out:
+            out.write(_header_bytes(self.header, columns))
             out.flush()
             os.fsync(out.fileno())
         os.replace(path + ".new", path)
-        _sync_file(self.directory)  # the new name is on disk too
-        self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close()
+        _sync_file(self.directory)
 
-    @holding  # a Ctrl-C between two of its writes would leave a half record before the next
+    def _add(self, columns: Sequence[Column]) -> None:
+        """New columns, holding what the rows committed so far would hold had the field been
+        there: its allocated value (a next value: slot 0, zeros)."""
+        for column in columns:
+            with open(os.path.join(self.directory, column.file), "wb") as out:
+                if column.part == "tail":
+                    out.write(bytes(column.row_bytes))  # slot 0
+                elif self._fills[column.key]:
+                    row = np.full(column.shape, self._fills[column.key], dtype=column.dtype).tobytes()
+                    per_piece = max(1, _PIECE // len(row))
+                    out.writelines(row * min(per_piece, self.commit.rows - lo) for lo in range(0, self.commit.rows, per_piece))
+                else:  # zeros: the file system stores none of them
+                    out.truncate(self.commit.rows * column.row_bytes)
+                out.flush()
+                os.fsync(out.fileno())
+        self._write_header([*self.columns, *columns])
+        self.columns = [*self.columns, *columns]
+        self._files.update({c.key: self._append_to(c.file) for c in columns})
+
+    def _pieces(self, chunk: Chunk) -> dict[tuple[str, str | None], np.ndarray]:
+        """Each column's bytes for ``chunk``: rows laid out as the files hold them, next-value
+        slots renumbered to follow the log's."""
+        given = {part.key: part.whole() for part in chunk.parts}
+        for name, part in given:
+            if part is not None and (name, "tail" if part == "index" else "index") not in given:
+                raise ValueError(f"the chunk's next-value field {name!r} needs both its index and tail parts")
+        if given.keys() - self._files.keys():
+            self._add([Column.of(part) for part in chunk.parts if part.key not in self._files])
+        out = {_LENGTHS.key: np.ascontiguousarray(chunk.lengths, dtype=_LENGTHS.dtype)}
+        for column in self.columns:
+            array = given.get(column.key)
+            if array is None:  # a field the chunk's buffer lacks: its allocated value (a next value: slot 0)
+                if column.part != "tail":
+                    out[column.key] = np.full((chunk.rows, *column.shape), self._fills[column.key], column.dtype)
+                continue
+            if column.per_agent and column.part != "tail":  # the file holds each row's agents together
+                array = array.swapaxes(0, 1)
+            if array.shape[1:] != column.shape or array.dtype != column.dtype:
+                raise SpecMismatchError(f"the chunk's {column.file} rows are {array.shape[1:]} {array.dtype}; "
+                                        f"the log's are {column.shape} {column.dtype}")
+            if column.part == "tail":
+                array = array[1:]  # slot 0 (zeros) is the log's own
+            elif column.part == "index":
+                tails = self.commit.tails[_CHAINS.index(column.name)]
+                array = np.where(array > 0, array + np.int32(tails - 1), array)
+            out[column.key] = np.ascontiguousarray(array)
+        return out
+
+    @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
     def append(self, chunk: Chunk) -> None:
-        """Write ``chunk``'s episodes as one record (nothing for an empty chunk)."""
+        """Write ``chunk``'s episodes to every column, then commit them (nothing for an empty chunk)."""
         if not chunk.n_episodes:
             return
         check_layout(self.header.spec, chunk.spec, "the chunk")
-        described, offset = [], 0
-        for part in chunk.parts:
-            offset += -offset % 8
-            described.append({"name": part.name, "part": part.part, "per_agent": part.per_agent,
-                              "dtype": part.dtype.str, "shape": list(part.shape), "offset": offset})
-            offset += part.nbytes
-        meta = json.dumps({"lengths": chunk.lengths.tolist(), "parts": described}).encode()
-        data = np.zeros(offset, dtype=np.uint8)
-        for part, item in zip(chunk.parts, described):
-            at = item["offset"]
-            for block in part.blocks():
-                raw = np.ascontiguousarray(block).view(np.uint8).reshape(-1)
-                data[at:at + raw.size] = raw
-                at += raw.size
-        head = _RECORD.pack(_RECORD_MAGIC, len(meta), data.size)
-        crc = zlib.crc32(data.data, zlib.crc32(meta, zlib.crc32(head)))
-        if self._file.tell() > len(self._header_bytes) and self._file.tell() + data.size > self.segment_bytes:
-            self._file.close()
-            self._next_segment()
-        start = self._file.tell()
+        pieces = self._pieces(chunk)
+        added = {name: len(pieces.get((name, "tail"), ())) for name in _CHAINS}
+        commit = Commit(self.commit.number + 1, self.commit.rows + chunk.rows, self.commit.episodes + chunk.n_episodes,
+                        tuple(t + added[name] for t, name in zip(self.commit.tails, _CHAINS)))
+        crc = 0
+        written: list[tuple[Any, int]] = []
         try:  # unbuffered: each piece is with the OS when written (a killed process loses nothing appended)
-            trailer = _TRAILER.pack(crc, _RECORD_END)
-            for piece in (memoryview(head), memoryview(meta), data.data, memoryview(trailer)):
-                view = piece.cast("B")
-                while view:
-                    view = view[self._file.write(view):]
-        except OSError as exc:  # a full disk: no half record stays before the records to come
-            os.ftruncate(self._file.fileno(), start)
+            for key, piece in pieces.items():
+                target = self._files[key]
+                written.append((target, target.tell()))
+                crc = _write(target, piece.data.cast("B"), crc)
+            written.append((self._commits, self._commits.tell()))
+            _write(self._commits, memoryview(commit.entry(crc)), 0)
+        except OSError as exc:  # a full disk: every file goes back to its last commit
+            for target, size in written:
+                os.ftruncate(target.fileno(), size)
             raise BufferSaveError(exc.errno, f"cannot append to the episode log ({exc.strerror or exc}; every "
-                                  "episode appended before is intact)", str(self._file.name)) from exc
+                                  "episode appended before is intact)", str(written[-1][0].name)) from exc
+        self.commit = commit
         if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
             self.sync()
 
     def sync(self) -> None:
-        """Everything appended so far to the disk itself."""
-        os.fsync(self._file.fileno())
+        """Everything appended so far to the disk itself (the rows first, then the commits)."""
+        for target in self._files.values():
+            os.fsync(target.fileno())
+        os.fsync(self._commits.fileno())
         self._synced = time.monotonic()
 
     def close(self) -> None:
         """Sync and close (appending again needs a new writer)."""
-        if not self._file.closed:
+        if not self._commits.closed:
             self.sync()
-            self._file.close()
+            for target in [*self._files.values(), self._commits]:
+                target.close()
+
+
+def _write(target: BinaryIO, view: memoryview, crc: int) -> int:
+    """Write all of ``view``; returns ``crc`` carried over it."""
+    crc = zlib.crc32(view, crc)
+    while view:
+        view = view[target.write(view):]
+    return crc
 
 
 class Follower:
     """Appends to ``writer`` every whole episode that ends in ``lanes`` from now on: `flush`
-    after episodes end writes those that ended since the last flush, as one record."""
+    after episodes end writes those that ended since the last flush, as one commit, straight
+    from the ring's rows."""
 
     def __init__(self, writer: LogWriter, lanes: Sequence[Lane]) -> None:
         self.writer = writer
@@ -398,10 +674,22 @@ class Follower:
         self.episodes = self.rows = 0  # appended so far
 
     def flush(self, storage: Storage, lanes: Sequence[Lane]) -> None:
-        episodes = episode_table(lanes, after=self._after)
-        if not len(episodes):
+        segments: list[tuple[int, int]] = []
+        lengths: list[int] = []
+        for i, lane in enumerate(lanes):
+            ended = lane.ended
+            if not len(ended) or ended[-1].end <= self._after[i]:
+                continue
+            new = slice(int(np.searchsorted(ended.ends, self._after[i], side="right")), None)
+            for start, end, whole in zip(ended.starts[new].tolist(), ended.ends[new].tolist(), ended.whole[new].tolist()):
+                if whole:
+                    segments += lane.segments(start, end)
+                    lengths.append(end - start)
+            self._after[i] = ended[-1].end
+        if not lengths:
             return
-        self.writer.append(copy(storage, episodes, self.writer.header.gamma, self.writer.header.gae_lambda))
-        self.episodes += len(episodes)
-        self.rows += int(episodes.lengths.sum())
-        self._after = [lane.ended.ends[-1] if len(lane.ended) else after for lane, after in zip(lanes, self._after)]
+        header = self.writer.header
+        parts = storage.export(segments, np.cumsum(lengths) - 1)
+        self.writer.append(Chunk(storage.spec, header.gamma, header.gae_lambda, np.array(lengths), tuple(parts)))
+        self.episodes += len(lengths)
+        self.rows += sum(lengths)

@@ -477,10 +477,10 @@ class Storage:
             steps = np.broadcast_to(np.arange(w.rows.shape[0])[:, None], w.rows.shape)
             out["global_rewards"] = discounted_sum(arrays["global_rewards"].take(w.rows), w.team(), steps,
                                                    gamma).astype(np.float32)
-        flat = agent_last + (np.arange(self.spec.n_agents) * self.rows)[:, None]  # [A, rows] flattened
+        agents = np.arange(self.spec.n_agents)[:, None]
         for name in ("terminated", "truncated"):
-            if want(name):
-                out[name] = own(arrays[name].reshape(-1).take(flat))
+            if want(name):  # indexed, not flattened: a mapped log's columns are not contiguous
+                out[name] = own(arrays[name][agents, agent_last])
         steps = w.mine.sum(axis=1)
         if wanted is None or "discounts" in wanted:
             out["discounts"] = own((gamma ** steps).astype(np.float32))

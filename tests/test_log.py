@@ -1,6 +1,6 @@
-"""The episode log on disk: whole episodes appended as records, read back exactly, a torn tail
-(a process killed mid-append) never read, cut by repair or a resumed writer, and a crafted log
-one BufferFileError naming the file."""
+"""The episode log on disk: whole episodes appended to column files and committed, read back
+exactly, a torn tail (a process killed mid-append) never read, cut by repair or a resumed
+writer, and a crafted log one BufferFileError naming the file."""
 
 from __future__ import annotations
 
@@ -43,128 +43,168 @@ def header_of(chunk: fe.Chunk) -> log.LogHeader:
 
 
 def read_back(directory: Path) -> list[fe.FlexiBatch]:
-    """Every episode of the log, through a buffer that each chunk extends."""
-    chunks = list(log.read(str(directory)))
-    if not chunks:
-        return []
-    buffer = fe.FlexibleBuffer.from_spec(chunks[0].spec, num_steps=sum(c.rows for c in chunks), gamma=chunks[0].gamma)
-    for chunk in chunks:
-        buffer.extend(chunk)
-    return list(buffer.episodes())
+    """Every episode of the log, as a buffer opened on it hands them out."""
+    return list(fe.FlexibleBuffer.open(directory).episodes())
 
 
-def test_appended_episodes_read_back_as_recorded_across_segments(tmp_path: Path) -> None:
+def test_appended_episodes_read_back_as_recorded(tmp_path: Path) -> None:
     chunks, batches = recorded_chunks([1, 3, 2, 5, 1])
-    writer = log.LogWriter(tmp_path, header_of(chunks[0]), segment_bytes=4000)  # several segments
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]))
     for chunk in chunks:
         writer.append(chunk)
     writer.close()
-    assert len(log.segments(str(tmp_path))) > 1
-    got = read_back(tmp_path)
-    assert len(got) == len(batches) == 12
-    for mine, want in zip(got, batches):
-        assert_same_batches(mine, want)
-    report = log.verify(str(tmp_path))
-    assert (report.episodes, report.rows, report.torn) == (12, sum(len(b.obs) for b in batches), None)
+    for mapped in (True, False):
+        got = list(fe.FlexibleBuffer.open(tmp_path, mmap=mapped).episodes())
+        assert len(got) == len(batches) == 12
+        for mine, want in zip(got, batches):
+            assert_same_batches(mine, want)
+    report = log.verify(tmp_path)
+    assert (report.episodes, report.rows, report.torn) == (12, sum(len(b.obs) for b in batches), ())
 
 
-@settings(max_examples=25, deadline=None)
-@given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=5), cut=st.floats(0, 1), segment_bytes=st.sampled_from([3000, 1 << 20]))
-def test_a_log_cut_anywhere_reads_a_prefix_and_resumes(tmp_path_factory: pytest.TempPathFactory, sizes: list[int],
-                                                       cut: float, segment_bytes: int) -> None:
-    """A kill mid-append, as the file it leaves: the newest segment cut at any byte. Readers see
-    whole records only, in order; a resumed writer cuts the tail and appends after it."""
+def _sizes(directory: Path) -> dict[str, int]:
+    return {path.name: path.stat().st_size for path in directory.iterdir() if path.suffix in (".col", ".fblog")}
+
+
+def _kill_during(writer: log.LogWriter, chunk: fe.Chunk, at: float) -> None:
+    """What a SIGKILL at fraction ``at`` of appending ``chunk`` leaves: the append's bytes, in
+    the order it writes them (each episode's length, every column, then the commit entry), kept
+    up to that point, the rest never written."""
+    directory = Path(writer.directory)
+    before = _sizes(directory)
+    writer.append(chunk)
+    after = _sizes(directory)
+    # a new column starts as a kill before the append leaves it: a tail holding its slot 0
+    start = {log.LENGTHS: 0, log.COMMITS: 0, **{column.file: column.row_bytes if column.part == "tail" else 0
+                                                 for column in writer.columns}, **before}
+    order = [log.LENGTHS, *(column.file for column in writer.columns), log.COMMITS]
+    budget = int(at * sum(after[name] - start[name] for name in order))
+    writer.close()
+    for name in order:
+        keep = min(after[name] - start[name], budget)
+        os.truncate(directory / name, start[name] + keep)
+        budget -= keep
+
+
+@settings(max_examples=40, deadline=None)
+@given(plan=st.lists(st.tuples(st.integers(1, 3), st.one_of(st.none(), st.floats(0, 0.999))), min_size=1, max_size=5))
+def test_appends_kills_and_resumes_leave_a_prefix_of_what_was_recorded(tmp_path_factory: pytest.TempPathFactory,
+                                                                        plan: list[tuple[int, float | None]]) -> None:
+    """Any sequence of appends, kills mid-append (the files cut where the kill leaves them) and
+    resumes: readers see exactly the episodes of the appends that finished, in order, and a
+    resumed writer cuts what a kill left before appending on."""
     directory = tmp_path_factory.mktemp("log")
-    chunks, batches = recorded_chunks(sizes)
-    writer = log.LogWriter(directory, header_of(chunks[0]), segment_bytes=segment_bytes)
-    ends = []  # the newest segment's size after each append
-    for chunk in chunks:
-        writer.append(chunk)
-        ends.append((len(log.segments(str(directory))), Path(log.segments(str(directory))[-1]).stat().st_size))
-    writer.close()
-    newest = Path(log.segments(str(directory))[-1])
-    header_bytes = len(header_of(chunks[0]).to_bytes())
-    keep = header_bytes + int(cut * (newest.stat().st_size - header_bytes))
-    newest.write_bytes(newest.read_bytes()[:keep])
-    newest_count = len(log.segments(str(directory)))
-    # a record stays whole when it lies in an older segment or ends before the cut
-    whole = sum(1 for segment, size in ends if segment < newest_count or size <= keep)
-    kept_episodes = sum(len(c.lengths) for c in chunks[:whole])
-    got = read_back(directory)
-    assert len(got) == kept_episodes
-    for mine, want in zip(got, batches):
-        assert_same_batches(mine, want)
-    at_boundary = keep in {header_bytes, *(size for segment, size in ends if segment == newest_count)}
-    report = log.verify(str(directory))
-    assert (report.torn is None) == at_boundary and report.episodes == kept_episodes
-    resumed = log.LogWriter(directory, header_of(chunks[0]), segment_bytes=segment_bytes)  # cuts the torn tail
-    resumed.append(chunks[0])
-    resumed.close()
-    again = read_back(directory)
-    assert len(again) == kept_episodes + chunks[0].n_episodes and log.verify(str(directory)).torn is None
-    for mine, want in zip(again[kept_episodes:], batches):
-        assert_same_batches(mine, want)
+    chunks, batches = recorded_chunks([n for n, _ in plan])
+    bounds = np.cumsum([0, *(c.n_episodes for c in chunks)])
+    expected: list[fe.FlexiBatch] = []
+    for k, (chunk, (_, kill)) in enumerate(zip(chunks, plan)):
+        writer = log.LogWriter(directory, header_of(chunk))  # a resume, after the first
+        if kill is None:
+            writer.append(chunk)
+            writer.close()
+            expected += batches[bounds[k]:bounds[k + 1]]
+        else:
+            _kill_during(writer, chunk, kill)
+        got = read_back(directory)
+        assert len(got) == len(expected)
+        for mine, want in zip(got, expected):
+            assert_same_batches(mine, want)
+        assert log.verify(directory).episodes == len(expected)
 
 
-def test_repair_cuts_only_the_torn_tail(tmp_path: Path) -> None:
+def test_repair_cuts_only_the_torn_tails(tmp_path: Path) -> None:
     chunks, _ = recorded_chunks([2, 4])
     writer = log.LogWriter(tmp_path, header_of(chunks[0]))
     for chunk in chunks:
         writer.append(chunk)
     writer.close()
-    (segment,) = log.segments(str(tmp_path))
-    whole = Path(segment).read_bytes()
-    Path(segment).write_bytes(whole + whole[-50:])  # half a record's worth of bytes after the last
-    report = log.repair(str(tmp_path))
-    assert report.torn is not None and report.torn.offset == len(whole) and report.episodes == 6
-    assert Path(segment).read_bytes() == whole and log.verify(str(tmp_path)).torn is None
+    whole = {name: (tmp_path / name).read_bytes() for name in _sizes(tmp_path)}
+    for name in ("obs.col", log.COMMITS):  # an append a kill cut short: rows, and half its entry
+        with open(tmp_path / name, "ab") as out:
+            out.write(bytes(40))
+    assert {Path(t.path).name: t.size for t in log.verify(tmp_path).torn} == {"obs.col": 40, log.COMMITS: 40}
+    assert len(read_back(tmp_path)) == 6
+    report = log.repair(tmp_path)
+    assert report.episodes == 6 and len(report.torn) == 2
+    assert {name: (tmp_path / name).read_bytes() for name in whole} == whole and log.verify(tmp_path).torn == ()
 
 
-def _record(meta: object, data: bytes) -> bytes:
-    """A record with a right checksum around ``meta`` (bytes as they are, else as JSON)."""
-    blob = meta if isinstance(meta, bytes) else json.dumps(meta).encode()
-    head = struct.pack("<8sQQ", b"FBLOGREC", len(blob), len(data))
-    return head + blob + data + struct.pack("<I8s", zlib.crc32(data, zlib.crc32(blob, zlib.crc32(head))), b"FBREC-OK")
+def _entry(number: int, rows: int, episodes: int, tails: tuple[int, ...], crc: int) -> bytes:
+    body = struct.pack("<8sQQQ3QI", b"FBCOMMIT", number, rows, episodes, *tails, crc)
+    return body + struct.pack("<I", zlib.crc32(body))
 
 
-@pytest.mark.parametrize("case", ["object dtype", "past the data", "unknown field", "no lengths", "not json",
-                                  "damaged, then more", "another layout"])
+def _rewrite_header(directory: Path, change: object) -> None:
+    """The header with its JSON changed by ``change`` (a function of the parsed JSON, or bytes
+    that replace it), its checksum right."""
+    raw = (directory / log.HEADER).read_bytes()
+    blob = raw[20:-4]
+    blob = change if isinstance(change, bytes) else json.dumps(change(json.loads(blob))).encode()  # type: ignore[operator]
+    prefix = struct.pack("<8sIQ", b"FBLOGHDR", 2, len(blob)) + blob
+    (directory / log.HEADER).write_bytes(prefix + struct.pack("<I", zlib.crc32(prefix)))
+
+
+def _first_column(header: dict, **change: object) -> dict:
+    return {**header, "columns": [{**header["columns"][0], **change}, *header["columns"][1:]]}
+
+
+@pytest.mark.parametrize("case", ["object dtype", "unknown field", "wrong shape", "not json", "bad checksum",
+                                  "slot out of range", "lengths off", "damaged, then whole"])
 def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, case: str) -> None:
-    chunks, _ = recorded_chunks([1])
-    header = header_of(chunks[0])
-    writer = log.LogWriter(tmp_path, header)
-    writer.append(chunks[0])
+    chunks, _ = recorded_chunks([2, 1])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]))
+    for chunk in chunks:
+        writer.append(chunk)
     writer.close()
-    (segment,) = log.segments(str(tmp_path))
-    raw = Path(segment).read_bytes()
-    body = raw[len(header.to_bytes()) + 24:]
-    meta = json.loads(body[:struct.unpack("<Q", raw[len(header.to_bytes()) + 8:len(header.to_bytes()) + 16])[0]])
-    data = bytes(64)
-    part = {"name": "obs", "part": None, "per_agent": False, "dtype": "<f4", "shape": [1, 4], "offset": 0}
-    crafted = {
-        "object dtype": _record({"lengths": [1], "parts": [{**part, "dtype": "|O"}]}, data),
-        "past the data": _record({"lengths": [1], "parts": [{**part, "shape": [10**9, 4]}]}, data),
-        "unknown field": _record({"lengths": [1], "parts": [{**part, "name": "weights"}]}, data),
-        "no lengths": _record({"parts": meta["parts"]}, data),
-        "not json": _record(b"[[[", data),
-    }
-    target = Path(segment)
-    if case in crafted:
-        target.write_bytes(raw + crafted[case])
-        says = "corrupt record"
-    elif case == "damaged, then more":
-        damaged = bytearray(raw)
-        damaged[-20] ^= 0xFF
-        target.write_bytes(bytes(damaged))
-        (tmp_path / log.segment_name(1)).write_bytes(header.to_bytes())
-        says = "not the log's newest segment"
+    says, named = "corrupt", tmp_path / log.HEADER
+    if case == "object dtype":
+        _rewrite_header(tmp_path, lambda h: _first_column(h, dtype="|O"))
+    elif case == "unknown field":
+        _rewrite_header(tmp_path, lambda h: _first_column(h, name="weights"))
+    elif case == "wrong shape":
+        _rewrite_header(tmp_path, lambda h: _first_column(h, shape=[2**20, 4]))
+    elif case == "not json":
+        _rewrite_header(tmp_path, b"[[[")
+    elif case == "bad checksum":
+        raw = bytearray((tmp_path / log.HEADER).read_bytes())
+        raw[30] ^= 0xFF
+        (tmp_path / log.HEADER).write_bytes(bytes(raw))
+        says = "checksum mismatch"
     else:
-        other = log.LogHeader(header.spec, 0.5, header.gae_lambda)
-        (tmp_path / log.segment_name(1)).write_bytes(other.to_bytes())
-        says = "differ from the log's first segment"
-    for reader in (lambda: list(log.read(str(tmp_path))), lambda: log.verify(str(tmp_path))):
-        with pytest.raises(fe.BufferFileError, match=f"^{tmp_path}.*: .*{says}"):
+        # the newest commit's first row (episode) made to say what the case needs, its entry made
+        # to count it with checksums right
+        state = log._state(str(tmp_path))
+        last = entry_of(state, state.commit.number)
+        previous = entry_of(state, last.number - 1)
+        named = tmp_path / {"slot out of range": "obs_.index.col", "lengths off": log.LENGTHS}.get(case, log.COMMITS)
+        raw = bytearray(named.read_bytes())
+        if case == "slot out of range":
+            raw[previous.rows * 4:previous.rows * 4 + 4] = struct.pack("<i", 10**6)
+            says = "slot outside"
+        elif case == "lengths off":
+            raw[previous.episodes * 8:previous.episodes * 8 + 8] = struct.pack("<q", 0)
+            says = "lengths must be positive"
+        else:  # the first commit's entry damaged, the second whole
+            says = "damaged at commit 0"
+            raw[10] ^= 0xFF
+        named.write_bytes(bytes(raw))
+        if case != "damaged, then whole":
+            crc = 0
+            for column in state.files:
+                crc = zlib.crc32((tmp_path / column.file).read_bytes()[previous.length(column):last.length(column)], crc)
+            commits = (tmp_path / log.COMMITS).read_bytes()[:-log.ENTRY_BYTES]
+            (tmp_path / log.COMMITS).write_bytes(commits + _entry(last.number, last.rows, last.episodes, last.tails, crc))
+    readers = [lambda: log.verify(tmp_path), lambda: fe.FlexibleBuffer.open(tmp_path)]
+    for reader in readers if case != "damaged, then whole" else readers[:1]:
+        with pytest.raises(fe.BufferFileError, match=f"^{named}: .*{says}"):
             reader()
+
+
+def entry_of(state: log._State, number: int) -> log.Commit:
+    with log._Reader(state) as reader:
+        item = reader.entry(number)
+    assert item is not None
+    return item[0]
 
 
 def test_a_writer_refuses_a_log_of_another_layout(tmp_path: Path) -> None:
@@ -178,7 +218,9 @@ def test_a_writer_refuses_a_log_of_another_layout(tmp_path: Path) -> None:
     with pytest.raises(fe.BufferFileError, match="discounts"):
         log.LogWriter(tmp_path, log.LogHeader(chunks[0].spec, 0.5, 0.95))
     with pytest.raises(fe.BufferFileError, match="not a directory"):
-        list(log.read(str(Path(log.segments(str(tmp_path))[0]))))
+        fe.FlexibleBuffer.open(tmp_path / "obs.col")
+    with pytest.raises(fe.BufferFileError, match="no header.fblog"):
+        fe.FlexibleBuffer.open(tmp_path.parent)
 
 
 def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -189,14 +231,13 @@ def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.
     writer.append(chunks[0])
     writer.close()
     assert main(["verify", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith(f"{tmp_path}: 1 segment(s), 3 whole episodes")
-    (segment,) = log.segments(str(tmp_path))
-    with open(segment, "ab") as out:
-        out.write(b"FBLOGREC" + bytes(10))  # a record cut short
+    assert capsys.readouterr().out.startswith(f"{tmp_path}: 3 whole episodes")
+    with open(tmp_path / log.COMMITS, "ab") as out:
+        out.write(b"FBCOMMIT" + bytes(10))  # an entry cut short
     assert main(["verify", str(tmp_path)]) == 1
     assert "torn tail: 18 bytes" in capsys.readouterr().out
     assert main(["repair", str(tmp_path)]) == 0
-    assert "3 whole episodes kept; cut a torn tail of 18 bytes" in capsys.readouterr().out
+    assert "3 whole episodes kept; cut 18 torn bytes from commits.fblog" in capsys.readouterr().out
     assert main(["verify", str(tmp_path)]) == 0
     assert main(["verify", str(tmp_path / "none")]) == 1
     assert "no such episode log" in capsys.readouterr().err
@@ -370,25 +411,25 @@ def test_a_log_reads_into_a_buffer_that_plots_and_exports(tmp_path: Path, monkey
 
 def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path) -> None:
     """A write that fails (here the file size limit, as a full disk fails it) takes back what
-    it wrote: the error names the segment, every episode before stays, appending goes on."""
+    it wrote: the error names the file, every episode before stays, appending goes on."""
     import resource
     import signal
 
     chunks, batches = recorded_chunks([2, 30, 1])
     writer = log.LogWriter(tmp_path, header_of(chunks[0]))
     writer.append(chunks[0])
-    (segment,) = log.segments(str(tmp_path))
+    whole = _sizes(tmp_path)
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (Path(segment).stat().st_size + 500, limits[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (max(whole.values()) + 500, limits[1]))
     try:
         with pytest.raises(fe.BufferSaveError, match="cannot append to the episode log") as caught:
             writer.append(chunks[1])  # 30 episodes: far more than 500 bytes
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, previous)
-    assert caught.value.filename == segment
-    assert log.verify(str(tmp_path)).torn is None and log.verify(str(tmp_path)).episodes == 2
+    assert caught.value.filename == str(tmp_path / "obs.col")  # the largest column reached the limit first
+    assert _sizes(tmp_path) == whole and log.verify(tmp_path).episodes == 2
     writer.append(chunks[2])
     writer.close()
     got = read_back(tmp_path)

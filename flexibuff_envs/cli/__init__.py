@@ -125,11 +125,11 @@ def _writable(out: str, *, log: bool, resume: bool) -> None:
     if log:
         if os.path.exists(out) and not os.path.isdir(out):
             raise UsageError(f"--out {out} is a file; an episode log is a directory (a buffer file ends in .fbuf)")
-        from flexibuff_envs.log import segments
+        from flexibuff_envs.log import is_log
 
-        if os.path.isdir(out) and segments(out) and not resume:
+        if is_log(out) and not resume:
             raise UsageError(f"--out {out} holds an episode log already; pass --resume to continue it")
-        if os.path.isdir(out) and os.listdir(out) and not segments(out):
+        if os.path.isdir(out) and os.listdir(out) and not is_log(out):
             raise UsageError(f"--out {out} is a directory holding other files; give a new directory for an "
                              "episode log, or a file name ending in .fbuf")
     elif resume:
@@ -198,9 +198,10 @@ DATASET_CREDITS = {"author": "--author", "author_email": "--author-email", "code
 
 
 def _opened(path: str, *, mmap: bool) -> fe.FlexibleBuffer:
-    """The buffer file ``path`` (mapped, or read and checked whole), or the episode log ``path``
-    read into memory."""
-    return fe.FlexibleBuffer.from_log(path) if os.path.isdir(path) else fe.FlexibleBuffer.load(path, mmap=mmap)
+    """The buffer file or episode log ``path``, mapped or read (and checked) whole."""
+    if os.path.isdir(path):
+        return fe.FlexibleBuffer.open(path, mmap=mmap)
+    return fe.FlexibleBuffer.load(path, mmap=mmap)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -233,21 +234,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from flexibuff_envs import log
 
     report = log.verify(args.log)
-    print(f"{args.log}: {report.segments} segment(s), {report.episodes:,} whole episodes, {report.rows:,} rows")
-    if report.torn is None:
-        return 0
-    print(f"torn tail: {report.torn.size:,} bytes from byte {report.torn.offset:,} of {report.torn.path} "
-          f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)")
-    return 1
+    print(f"{args.log}: {report.episodes:,} whole episodes, {report.rows:,} rows, every checksum holds")
+    for torn in report.torn:
+        print(f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "
+              f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)")
+    return 1 if report.torn else 0
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
     from flexibuff_envs import log
 
     report = log.repair(args.log)
-    cut = "nothing to cut" if report.torn is None else \
-        f"cut a torn tail of {report.torn.size:,} bytes from {report.torn.path}"
-    print(f"{args.log}: {report.episodes:,} whole episodes kept; {cut}")
+    cut = "; ".join(f"cut {torn.size:,} torn bytes from {os.path.basename(torn.path)}" for torn in report.torn)
+    print(f"{args.log}: {report.episodes:,} whole episodes kept; {cut or 'nothing to cut'}")
     return 0
 
 
@@ -335,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
     export.set_defaults(run=cmd_export)
 
-    verify = commands.add_parser("verify", help="check every record of an episode log; exit 1 if its tail is torn")
+    verify = commands.add_parser("verify", help="check every commit and checksum of an episode log; exit 1 if its tail is torn")
     verify.add_argument("log", metavar="DIR")
     verify.set_defaults(run=cmd_verify)
     repair = commands.add_parser("repair", help="cut a torn tail off an episode log, keeping every whole episode")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-from typing import Any
 
 import numpy as np
 
@@ -58,9 +57,9 @@ def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, p
 
 
 def _log_bytes(directory: str) -> int:
-    from flexibuff_envs.log import segments
+    from flexibuff_envs.log import report
 
-    return sum(os.path.getsize(path) for path in segments(directory))
+    return report(directory).nbytes
 
 
 def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
@@ -86,30 +85,23 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
 
 
 def inspect_log_report(path: str) -> str:
-    """What an episode log holds, read once, a record at a time (memory for the largest)."""
-    from flexibuff_envs.log import verify
+    """What an episode log holds, its columns mapped (the rows a report reads, not the log, cost
+    memory)."""
+    from flexibuff_envs.log import report
 
-    lengths: list[np.ndarray] = []
-    returns: list[np.ndarray] = []
-
-    def tally(chunk: Any) -> None:
-        rewards = next((part.whole() for part in chunk.parts if part.key == ("individual_rewards", None)), None)
-        lengths.append(chunk.lengths)
-        if rewards is not None:
-            starts = np.cumsum(chunk.lengths) - chunk.lengths
-            returns.append(np.add.reduceat(rewards.astype(np.float64), starts, axis=1).T)
-
-    report = verify(path, tally)
-    spec = report.header.spec
-    lines = [f"{path}: episode log, {size(_log_bytes(path))} in {report.segments} segment(s), {_agents(spec)}"]
+    logged = report(path)
+    buffer = FlexibleBuffer.open(path)
+    spec = buffer.spec
+    lines = [f"{path}: episode log, {size(logged.nbytes)}, {_agents(spec)}"]
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("layout", _layout(spec)))
-    lines.append(_line("returns", f"gamma {report.header.gamma}, gae_lambda {report.header.gae_lambda}"))
-    lines.append(_line("rows", f"{report.rows:,} held, {report.episodes:,} whole episode{'' if report.episodes == 1 else 's'}"))
-    if lengths:
-        lines += _stat_lines(np.concatenate(lengths), np.concatenate(returns) if returns else None, spec)
-    if report.torn is not None:
-        lines.append(_line("torn", f"{report.torn.size:,} bytes at the end of {os.path.basename(report.torn.path)}, "
+    lines.append(_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"))
+    whole = buffer.n_episodes
+    lines.append(_line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"))
+    lines += _episode_lines(buffer)
+    lines.append(_line("fields", ", ".join(buffer.fields)))
+    for torn in logged.torn:
+        lines.append(_line("torn", f"{torn.size:,} bytes at the end of {os.path.basename(torn.path)}, "
                                    f"left out (flexibuff-envs repair {path} cuts them)"))
     return "\n".join(lines)
 
