@@ -2,7 +2,8 @@
 
 Side by side in one run, interleaved rounds, the same actions: CartPole-v1 recorded by
 `fe.record` with and without ``log=DIR`` (default fsync policy: every 5 s), gymnasium's natively
-vectorized CartPole x64, and PettingZoo's connect_four_v3 (AEC). Prints medians in microseconds
+vectorized CartPole x64 (each ended episode logged in the step it ends, and with
+``per_block=True``: with the recorder's blocks of steps), and PettingZoo's connect_four_v3 (AEC). Prints medians in microseconds
 per env step (per sub-env step for the vector env, per turn for AEC) and the ratio.
 Run: python benchmarks/bench_log.py [--steps N] [--rounds R]
 """
@@ -38,9 +39,12 @@ def cartpole(log: str | None, steps: int) -> float:
     return us
 
 
-def vector(log: str | None, steps: int, n: int = 64) -> float:
-    env = fe.record(gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point"),
-                    num_steps=steps // n + 1, log=log)
+def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) -> float:
+    venv = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
+    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(venv), num_steps=steps // n + 1)
+    if log is not None:
+        buffer.log_to(log, per_block=per_block)
+    env = fe.record(venv, buffer)
     actions = np.random.default_rng(0).integers(0, 2, (steps // n, n))
     env.reset(seed=0)
     start = time.perf_counter()
@@ -80,6 +84,7 @@ def main() -> None:
     print(f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds (medians)")
     cases: list[tuple[str, Callable[[Any, int], float], int]] = [
         ("CartPole-v1", cartpole, args.steps), ("CartPole-v1 x64, native vector", vector, args.steps * 8),
+        ("  the same, log_to(per_block=True)", lambda log, steps: vector(log, steps, per_block=True), args.steps * 8),
         ("connect_four_v3 (AEC)", connect_four, args.steps // 5)]
     for name, measure, steps in cases:
         compare(name, measure, steps, args.rounds)

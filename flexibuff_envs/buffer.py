@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -414,13 +414,17 @@ class FlexibleBuffer(Sampling):
     # ------------------------------------------------------------------ the episode log
 
     @holding
-    def log_to(self, directory: str | os.PathLike[str], *, fsync: FsyncPolicy = "interval", every: float = 5.0) -> None:
+    def log_to(self, directory: str | os.PathLike[str], *, fsync: FsyncPolicy = "interval", every: float = 5.0,
+               per_block: bool = False) -> None:
         """Append every whole episode that ends in this buffer from now on (recorded, or added by
         `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
 
-        An episode is handed to the OS when it ends (a vector recorder's, when the block of steps
-        that ended it is written); ``fsync`` ("interval": every ``every`` seconds, "always",
-        "close") says when it reaches the disk itself.
+        An episode is handed to the OS in the step it ends: a process killed after that loses
+        none of it. ``fsync`` ("interval": every ``every`` seconds, "always", "close") says when
+        it reaches the disk itself. ``per_block``: a vector recorder hands its ended episodes
+        over with its block of staged steps instead (up to 256 vector steps later, so a kill can
+        lose those), which spares a fast vector env the cost of a write in every step where
+        one of its sub-envs ends an episode.
 
         Raises:
             BufferFileError: ``directory`` holds a log of another layout, or a damaged one.
@@ -428,7 +432,7 @@ class FlexibleBuffer(Sampling):
         if self._log is not None:
             raise ValueError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
-        self._log = Follower(writer, self._read_lanes)
+        self._log = Follower(writer, self._read_lanes, per_block=per_block)
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> FlexibleBuffer:
@@ -473,6 +477,11 @@ class FlexibleBuffer(Sampling):
         """Whether ended episodes go to an episode log (`log_to`)."""
         return self._log is not None
 
+    @property
+    def logging_each_step(self) -> bool:
+        """Whether ended episodes go to an episode log in the step they end (`log_to`)."""
+        return self._log is not None and not self._log.per_block
+
     def sync_log(self) -> None:
         """Everything logged so far to the disk itself (nothing when no log is kept)."""
         if self._log is not None:
@@ -488,10 +497,11 @@ class FlexibleBuffer(Sampling):
         appended, self._log = (self._log.episodes, self._log.rows), None
         return appended
 
-    def _flush_log(self) -> None:
-        """The episodes that ended since the last flush to the log (lanes as they stand)."""
+    def _flush_log(self, lanes: Sequence[int] | None = None) -> None:
+        """The episodes that ended since the last flush to the log (in every lane, or in the
+        lanes ``lanes``; lanes as they stand)."""
         if self._log is not None:
-            self._log.flush(self._store, self._index.ring)
+            self._log.flush(self._store, self._index.ring, lanes)
 
     # ------------------------------------------------------------------ sampling
 

@@ -668,15 +668,19 @@ class Follower:
     after episodes end writes those that ended since the last flush, as one commit, straight
     from the ring's rows."""
 
-    def __init__(self, writer: LogWriter, lanes: Sequence[Lane]) -> None:
+    def __init__(self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False) -> None:
         self.writer = writer
+        self.per_block = per_block  # a vector recorder flushes with its blocks, not in each step
         self._after = [lane.written for lane in lanes]  # per lane: episodes ending later are new
         self.episodes = self.rows = 0  # appended so far
 
-    def flush(self, storage: Storage, lanes: Sequence[Lane]) -> None:
+    def flush(self, storage: Storage, lanes: Sequence[Lane], which: Sequence[int] | None = None) -> None:
+        """Append the episodes that ended since the last flush in ``lanes`` (or in ``lanes[i]``
+        for ``i`` in ``which``: where episodes ended)."""
         segments: list[tuple[int, int]] = []
         lengths: list[int] = []
-        for i, lane in enumerate(lanes):
+        for i in range(len(lanes)) if which is None else which:
+            lane = lanes[i]
             ended = lane.ended
             if not len(ended) or ended[-1].end <= self._after[i]:
                 continue

@@ -9,7 +9,7 @@ the buffer's public surface: users fill a buffer by hand with ``field``, ``claim
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -137,9 +137,15 @@ class Writer:
         """Whether the buffer sends ended episodes to an episode log."""
         return self.buffer.logging
 
-    def flush_log(self) -> None:
-        """Episodes that ended in the lanes since the last flush go to the buffer's log."""
-        self.buffer._flush_log()
+    @property
+    def logging_each_step(self) -> bool:
+        """Whether ended episodes go to the buffer's log in the step they end."""
+        return self.buffer.logging_each_step
+
+    def flush_log(self, lanes: Sequence[int] | None = None) -> None:
+        """Episodes that ended in the lanes (by default, all; else the buffer lanes ``lanes``)
+        since the last flush go to the buffer's log."""
+        self.buffer._flush_log(lanes)
 
     def enable_action_mask(self) -> None:
         """Record action masks from now on (masks first appeared in an info)."""

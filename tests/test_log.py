@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import struct
+import subprocess
+import sys
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -18,6 +24,7 @@ from hypothesis import strategies as st
 
 import flexibuff_envs as fe
 from flexibuff_envs import log
+from tests import killed
 from tests.batches import assert_same_batches
 
 
@@ -296,80 +303,51 @@ def test_every_recorder_kind_logs_each_episode_as_the_buffer_holds_it(tmp_path: 
         assert_same_batches(mine, want)
 
 
-KILLED = {
-    "gym": """
-import sys
-import gymnasium as gym
-import flexibuff_envs as fe
-from flexibuff_envs.testing.reference import play
-log = play(gym.make("CartPole-v1"), seed=0, steps=3000)
-actions = log.actions[:log.episodes[-1][1]]  # whole episodes only: a replay cuts none
-env = fe.record(gym.make("CartPole-v1"), num_steps=600, log=sys.argv[1])  # CartPole lasts 500: a ring far smaller than the log
-print("recording", flush=True)
-while True:
-    env.reset(seed=0)
-    for action in actions:
-        _, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            env.reset()
-""",
-    "aec": """
-import sys
-from pettingzoo.classic import connect_four_v3
-import flexibuff_envs as fe
-from flexibuff_envs.testing.pz_reference import play_aec, replay_aec
-expected = play_aec(connect_four_v3.env(), seed=0, episodes=30)
-env = fe.record(connect_four_v3.env(), num_steps=64, log=sys.argv[1])
-print("recording", flush=True)
-while True:
-    replay_aec(env, 0, 30, expected.actions)
-""",
-}
+def _run_killed(kind: str, directory: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.killed", kind, str(directory), *args],
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
 
 
-def reference_episodes_of(kind: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(obs, rewards) of each episode of the plain loop the killed recording replays, in order."""
-    if kind == "gym":
-        from flexibuff_envs.testing.reference import play
-
-        reference = play(gym.make("CartPole-v1"), seed=0, steps=3000)
-        return [(np.array(reference.obs[a:b]), np.array(reference.reward[a:b])) for a, b in reference.episodes]
-    from pettingzoo.classic import connect_four_v3
-
-    from flexibuff_envs.testing.pz_reference import play_aec
-
-    expected = play_aec(connect_four_v3.env(), seed=0, episodes=30)
-    return [(expected.obs[:, a:b], expected.rewards[:, a:b]) for a, b in expected.episodes]
+def _assert_from_reference(logged: list[fe.FlexiBatch], reference: dict[bytes, np.ndarray]) -> None:
+    for batch in logged:
+        rewards = reference.get(batch.obs.tobytes())
+        assert rewards is not None, "an episode no plain loop played (a part of one, or rows of two)"
+        np.testing.assert_array_equal(batch.individual_rewards, rewards)
 
 
-@pytest.mark.parametrize("kind", ["gym", "aec"])
-def test_a_recording_killed_at_any_moment_leaves_every_ended_episode_in_its_log(tmp_path: Path, kind: str) -> None:
-    """SIGKILL from another process, at random moments: the log holds the episodes of a plain
-    loop with the same seeds and actions, in order, and no part of any other."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    if kind == "aec":
-        pytest.importorskip("pettingzoo")
-    episodes = reference_episodes_of(kind)
+@pytest.mark.parametrize("kind", killed.KINDS)
+def test_a_recording_killed_at_any_moment_keeps_every_ended_episode(tmp_path: Path, kind: str) -> None:
+    """SIGKILL from another process, at random moments: the log holds at least every episode
+    the env had reported ended when the kill landed (the recording prints each end after the
+    call returns), each equal to an episode of a plain loop with the same seeds and actions,
+    and no part of any other; resuming the log appends after them."""
+    pytest.importorskip({"atari": "ale_py", "parallel": "mpe2", "aec": "pettingzoo"}.get(kind, "gymnasium"))
+    reference = killed.reference(kind)
     rng = np.random.default_rng(0)
-    for kill in range(int(os.environ.get("FLEXIBUFF_KILLS", "6"))):
+    for kill in range(int(os.environ.get("FLEXIBUFF_KILLS", "3"))):
         directory = tmp_path / f"kill{kill}"
-        child = subprocess.Popen([sys.executable, "-c", KILLED[kind], str(directory)], stdout=subprocess.PIPE,
-                                 text=True)
+        child = _run_killed(kind, directory)
         assert child.stdout is not None and child.stdout.readline() == "recording\n"
+        lines: list[str] = []
+        reader = threading.Thread(target=lines.extend, args=(child.stdout,))
+        reader.start()
         time.sleep(rng.uniform(0.0, 1.5))
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=60)
+        reader.join()
+        ended = int(lines[-1].split()[1]) if lines else 0
         logged = read_back(directory)
-        for k, batch in enumerate(logged):  # the replay repeats: episode k is the reference's k-th, cycling
-            obs, rewards = episodes[k % len(episodes)]
-            np.testing.assert_array_equal(batch.obs, obs)
-            np.testing.assert_array_equal(batch.individual_rewards, rewards)
-        log.repair(str(directory))
-        assert len(read_back(directory)) == len(logged)  # the cut left every whole episode
+        assert len(logged) >= ended
+        _assert_from_reference(logged, reference)
+        resumed = _run_killed(kind, directory, "3")
+        assert resumed.wait(timeout=120) == 0
+        again = read_back(directory)
+        assert len(again) >= len(logged) + 3
+        for before, after in zip(logged, again):
+            assert_same_batches(before, after)
+        _assert_from_reference(again, reference)
+        assert log.verify(directory).torn == ()
+        shutil.rmtree(directory)
 
 
 def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -145,13 +145,15 @@ class BatchRecorder:
     def _push(self) -> None:
         """The lanes as of the last written block."""
         lanes = self._lanes()
+        ended_in: list[int] = []
         if self._ended:
             which, starts, ends, boots = (np.concatenate(parts) for parts in zip(*self._ended))
             self._ended = []
             order = np.argsort(which, kind="stable")  # lane by lane, each in time order
             bounds = np.searchsorted(which[order], np.arange(self.n + 1))
             first, last = starts[order], ends[order]
-            for i in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+            ended_in = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
+            for i in ended_in:
                 lane, lo, hi = lanes[i], bounds[i], bounds[i + 1]
                 self._running_episode(lane, int(first[lo]))  # the first may be the episode running there
                 lane.running.end = int(last[lo])  # type: ignore[union-attr]
@@ -164,7 +166,8 @@ class BatchRecorder:
             if running:
                 self._running_episode(lane, start)
                 lane.running.end = pos  # type: ignore[union-attr]
-        self.writer.flush_log()
+        if ended_in:
+            self.writer.flush_log(self._lane_array[ended_in].tolist())
 
     @staticmethod
     def _running_episode(lane: Lane, start: int) -> None:
@@ -206,7 +209,8 @@ class BatchRecorder:
             self.abandon(error)
             raise
         self._k = k + 1
-        if self._k == self._block:
+        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`)
+        if self._k == self._block or (self._flags[:, k].any() and self.writer.logging_each_step):
             self._drain()
 
     def _checked_rewards(self, rewards: Any) -> np.ndarray:
@@ -388,6 +392,8 @@ class BatchRecorder:
         self.running[lanes] = True
         self._resetting[lanes] = False
         self.writer.uncommitted()
+        if cut.size and self.writer.logging_each_step:  # the episodes the reset ended go to the log now
+            self._push()
 
     def _enable_masks(self) -> None:
         self.mask = HeldBatch(self.writer.chain("action_mask_"), 0, self.n)
@@ -428,6 +434,8 @@ class BatchRecorder:
             self._cut(cut, bootstrap=False)
         self.running[:] = False
         self._resetting[:] = False
+        if cut.size and self.writer.logging_each_step:
+            self._push()
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note("flexibuff_envs: this vector step was not recorded; each sub-env's episode is kept up to "
