@@ -15,6 +15,7 @@ from flexibuff_envs.errors import (
     SpecMismatchError,
     UnsupportedSpaceError,
 )
+from flexibuff_envs.log import merge as merge_logs
 from flexibuff_envs.returns import discounted_returns
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
@@ -38,6 +39,7 @@ __all__ = [
     "VectorRecorder",
     "discounted_returns",
     "infer_spec",
+    "merge_logs",
     "record",
 ]
 __version__ = "0.1.0"

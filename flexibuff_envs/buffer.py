@@ -347,12 +347,16 @@ class FlexibleBuffer(Sampling):
             bootstrap: ``V(obs_)`` after each agent's last step, scalar or ``[n_agents]``
                 (None: 0, as after a termination).
         """
+        self._end_episode(lane, bootstrap)
+        self._flush_log([lane])
+
+    def _end_episode(self, lane: int, bootstrap: np.ndarray | float | None) -> None:
+        """`end_episode` but for the log: a recorder sends the episode there once its step is whole."""
         lane_ = self._lanes[lane]
         running = lane_.running
         if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
             self._storage.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
-        self._flush_log()
 
     @holding
     def finish_path(self, last_values: np.ndarray | float = 0.0) -> None:

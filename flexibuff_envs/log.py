@@ -31,7 +31,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal
 
@@ -365,14 +365,20 @@ def _state(directory: str, *, every: bool = False) -> _State:
     return state
 
 
-def _blocks(state: _State, column: Column, count: int) -> Iterator[np.ndarray]:
-    """The first ``count`` rows of ``column``, a piece at a time."""
-    per_piece = max(1, _PIECE // max(1, column.row_bytes))
+def _spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
+    """``[0, count)`` in ranges of at most ``per_piece``."""
+    per_piece = max(1, per_piece)
+    return ((lo, min(lo + per_piece, count)) for lo in range(0, count, per_piece))
+
+
+def _blocks(state: _State, column: Column, count: int, first: int = 0) -> Iterator[np.ndarray]:
+    """Rows ``[first, count)`` of ``column``, at most 16 MiB at a time."""
+    values = int(np.prod(column.shape, dtype=np.int64))
     with open(state.path(column), "rb") as handle:
-        for lo in range(0, count, per_piece):
-            n = min(per_piece, count - lo)
-            yield np.fromfile(handle, dtype=column.dtype, count=n * int(np.prod(column.shape, dtype=np.int64))
-                              ).reshape((n, *column.shape))
+        handle.seek(first * column.row_bytes)
+        for lo, hi in _spans(count - first, _PIECE // max(1, column.row_bytes)):
+            block = np.fromfile(handle, dtype=column.dtype, count=(hi - lo) * values)
+            yield block.reshape((hi - lo, *column.shape))
 
 
 def _check_values(state: _State) -> None:
@@ -619,23 +625,74 @@ class LogWriter:
             return
         check_layout(self.header.spec, chunk.spec, "the chunk")
         pieces = self._pieces(chunk)
-        added = {name: len(pieces.get((name, "tail"), ())) for name in _CHAINS}
-        commit = Commit(self.commit.number + 1, self.commit.rows + chunk.rows, self.commit.episodes + chunk.n_episodes,
-                        tuple(t + added[name] for t, name in zip(self.commit.tails, _CHAINS)))
+        added = tuple(len(pieces.get((name, "tail"), ())) for name in _CHAINS)
+        self._commit(((key, piece.data.cast("B")) for key, piece in pieces.items()),
+                     chunk.rows, chunk.n_episodes, added)
+
+    @holding
+    def absorb(self, source: str | os.PathLike[str]) -> None:
+        """Append every whole episode of the log ``source`` (of this layout and discounts) as one
+        commit: each of its bytes is read once and written once, in pieces of at most 16 MiB, next
+        values renumbered to follow this log's."""
+        state = _state(os.fspath(source))
+        _check_values(state)
+        if state.header != self.header:
+            check_layout(self.header.spec, state.header.spec, f"the episode log {state.directory}")
+            raise BufferFileError(f"{state.directory}: its discounts (gamma {state.header.gamma}, gae_lambda "
+                                  f"{state.header.gae_lambda}) differ from the log's ({self.header.gamma}, "
+                                  f"{self.header.gae_lambda})")
+        for column in state.columns:
+            mine = next((c for c in self.columns if c.key == column.key), column)
+            if mine != column:
+                raise SpecMismatchError(f"{state.path(column)} holds rows of {column.shape} {column.dtype}; the "
+                                        f"log's are {mine.shape} {mine.dtype}")
+        if not state.commit.episodes:
+            return
+        if any(c.key not in self._files for c in state.columns):
+            self._add([c for c in state.columns if c.key not in self._files])
+        theirs = {c.key: c for c in state.files}
+        shift = {name: self.commit.tails[k] - 1 for k, name in enumerate(_CHAINS)}
+
+        def pieces() -> Iterator[tuple[tuple[str, str | None], Any]]:
+            for column in [_LENGTHS, *self.columns]:
+                if column.key not in theirs:  # a field the source's buffer lacked: its allocated value
+                    if column.part != "tail":
+                        row = np.full(column.shape, self._fills[column.key], column.dtype).tobytes()
+                        for lo, hi in _spans(state.commit.rows, _PIECE // max(1, len(row))):
+                            yield column.key, row * (hi - lo)
+                    continue
+                first = 1 if column.part == "tail" else 0  # slot 0 is the log's own
+                for block in _blocks(state, column, state.commit.length(column) // column.row_bytes, first):
+                    if column.part == "index":
+                        block = np.where(block > 0, block + np.int32(shift[column.name]), block)
+                    yield column.key, block.data.cast("B")
+
+        added = tuple(state.commit.tails[k] - 1 for k in range(len(_CHAINS)))
+        self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
+
+    def _commit(self, pieces: Iterable[tuple[tuple[str, str | None], Any]], rows: int, episodes: int,
+                added: tuple[int, ...]) -> None:
+        """Write ``pieces`` (column key, bytes) in order, then the commit entry counting ``rows``,
+        ``episodes`` and each chain's ``added`` slots. If a write fails (a full disk), every file
+        goes back to the last commit and `BufferSaveError` names the one that failed."""
+        commit = Commit(self.commit.number + 1, self.commit.rows + rows, self.commit.episodes + episodes,
+                        tuple(t + n for t, n in zip(self.commit.tails, added)))
         crc = 0
-        written: list[tuple[Any, int]] = []
+        before = {key: target.tell() for key, target in self._files.items()}
+        target = self._commits
         try:  # unbuffered: each piece is with the OS when written (a killed process loses nothing appended)
-            for key, piece in pieces.items():
+            for key, piece in pieces:
                 target = self._files[key]
-                written.append((target, target.tell()))
-                crc = _write(target, piece.data.cast("B"), crc)
-            written.append((self._commits, self._commits.tell()))
-            _write(self._commits, memoryview(commit.entry(crc)), 0)
-        except OSError as exc:  # a full disk: every file goes back to its last commit
-            for target, size in written:
-                os.ftruncate(target.fileno(), size)
-            raise BufferSaveError(exc.errno, f"cannot append to the episode log ({exc.strerror or exc}; every "
-                                  "episode appended before is intact)", str(written[-1][0].name)) from exc
+                crc = _write(target, memoryview(piece), crc)
+            target = self._commits
+            _write(target, memoryview(commit.entry(crc)), 0)
+        except BaseException as exc:  # a full disk, or a source that cannot be read: back to the last commit
+            for key, size in before.items():
+                os.ftruncate(self._files[key].fileno(), size)
+            if isinstance(exc, OSError):
+                raise BufferSaveError(exc.errno, f"cannot append to the episode log ({exc.strerror or exc}; every "
+                                      "episode appended before is intact)", str(target.name)) from exc
+            raise
         self.commit = commit
         if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
             self.sync()
@@ -697,3 +754,36 @@ class Follower:
         self.writer.append(Chunk(storage.spec, header.gamma, header.gae_lambda, np.array(lengths), tuple(parts)))
         self.episodes += len(lengths)
         self.rows += sum(lengths)
+
+
+def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> LogReport:
+    """Append every whole episode of the logs ``sources``, in order, to the log ``out`` (made,
+    or continued when it holds a log of the same layout and discounts): one commit per source,
+    so a merge cut short by a kill leaves ``out`` with the sources before it, whole. A source's
+    torn tail is left out; the sources are only read.
+
+    Raises:
+        BufferFileError: a source is not an episode log, is damaged, or differs from the others
+            in layout or discounts; or ``out`` is one of them.
+        BufferSaveError: ``out`` cannot be written (a full disk: it keeps what it held).
+    """
+    paths = [os.fspath(source) for source in sources]
+    if not paths:
+        raise ValueError("merge: give at least one episode log to merge")
+    target = os.path.realpath(out)
+    for path in paths:
+        if os.path.realpath(path) == target:
+            raise BufferFileError(f"{path}: a log cannot be merged into itself")
+    headers = [_state(path).header for path in paths]
+    for path, header in zip(paths, headers):
+        if header != headers[0]:
+            check_layout(headers[0].spec, header.spec, f"the episode log {path}")
+            raise BufferFileError(f"{path}: its discounts (gamma {header.gamma}, gae_lambda {header.gae_lambda}) "
+                                  f"differ from {paths[0]}'s")
+    writer = LogWriter(out, headers[0], fsync="close")
+    try:
+        for path in paths:
+            writer.absorb(path)
+    finally:
+        writer.close()
+    return report(out)

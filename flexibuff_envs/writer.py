@@ -202,6 +202,12 @@ class Writer:
 
     # ----------------------------------------------------------------- episodes
 
+    def end_episode(self, lane: int, bootstrap: np.ndarray | float | None = None) -> None:
+        """Close ``lane``'s running episode (`FlexibleBuffer.end_episode`); the recorder sends it
+        to the log (`flush_log`) once the step that ended it is recorded whole, so a log that
+        cannot be written fails no step."""
+        self.buffer._end_episode(lane, bootstrap)
+
     def end_agent(self, lane: int, agent: int, bootstrap: float | None = None) -> None:
         """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
         its own rows (those where it is active since it joined), bootstrapped by ``bootstrap``.

@@ -27,7 +27,7 @@ def run(argv: list[str]) -> int:
 
 @pytest.fixture(autouse=True)
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)  # record's default --out is ./<env>.fbuf
+    monkeypatch.chdir(tmp_path)  # record's default --out is ./<env>.log
     return tmp_path
 
 
@@ -40,15 +40,22 @@ def test_default_records_connect_four_with_legal_actions_only(capsys: pytest.Cap
     report = capsys.readouterr().out
     assert report.startswith("recorded pettingzoo.classic.connect_four_v3 (PettingZoo AEC, 2 agents)")
     assert "30 ended" in report and "masks yes" in report and "player_0  mean" in report
-    path = Path("connect_four_v3.fbuf").resolve()
-    assert f"file      {path}" in report
-    buffer = fe.FlexibleBuffer.load(path)
+    path = Path("connect_four_v3.log").resolve()
+    assert f"log       {path}" in report and "30 whole episodes and" in report
+    buffer = fe.FlexibleBuffer.open(path)
     assert buffer.n_episodes == 30 and buffer.spec.agent_ids == ("player_0", "player_1")
     batch = every_row(buffer)
     chosen = np.take_along_axis(batch.action_mask[0], batch.discrete_actions[..., :1], axis=-1)[..., 0]
     assert chosen[batch.active].all()  # the random policy never played a full column
     returns = buffer.episode_stats()["returns"]
     assert set(np.unique(returns)) <= {-1.0, 0.0, 1.0} and (returns.sum(axis=1) == 0).all()
+
+
+def test_each_run_without_out_logs_to_a_new_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    for _ in range(2):
+        assert run(["record", "CartPole-v1", "--episodes", "3"]) == 0
+    assert "CartPole-v1-2.log" in capsys.readouterr().out
+    assert [fe.FlexibleBuffer.open(path).n_episodes for path in ("CartPole-v1.log", "CartPole-v1-2.log")] == [3, 3]
 
 
 def test_steps_budget_records_exactly_that_many_steps(capsys: pytest.CaptureFixture[str]) -> None:
@@ -92,7 +99,7 @@ def test_parallel_pettingzoo_module_with_env_kwargs(capsys: pytest.CaptureFixtur
     assert run(["record", "mpe2.simple_spread_v3", "--episodes", "4",
                 "--env-kwargs", '{"max_cycles": 10, "N": 2}']) == 0
     assert "(PettingZoo parallel, 2 agents)" in capsys.readouterr().out
-    stats = fe.FlexibleBuffer.load("simple_spread_v3.fbuf").episode_stats()
+    stats = fe.FlexibleBuffer.open("simple_spread_v3.log").episode_stats()
     assert stats["lengths"].tolist() == [10] * 4
 
 
@@ -259,8 +266,8 @@ def test_console_script_and_module_entry_point(in_tmp: Path) -> None:
     assert script is not None
     result = subprocess.run([script, "record", "CartPole-v1", "--episodes", "2"], capture_output=True,
                             text=True, check=True, cwd=in_tmp)
-    assert "2 ended" in result.stdout and (in_tmp / "CartPole-v1.fbuf").exists()
-    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", "CartPole-v1.fbuf"],
+    assert "2 ended" in result.stdout and (in_tmp / "CartPole-v1.log").is_dir()
+    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", "CartPole-v1.log"],
                             capture_output=True, text=True, check=True, cwd=in_tmp)
     assert "agent_0" in result.stdout
     result = subprocess.run([script, "record", "NoSuchEnv-v0"], capture_output=True, text=True,

@@ -15,6 +15,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -414,3 +415,114 @@ def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path) -> None:
     assert len(got) == 3
     for mine, want in zip(got, [*batches[:2], batches[-1]]):
         assert_same_batches(mine, want)
+
+
+def _cli(directory: Path, *args: str, **options: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "flexibuff_envs", "record", "CartPole-v1", "--out", str(directory),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+
+
+def _wait_for_commits(directory: Path, child: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while not (directory / log.COMMITS).exists() or (directory / log.COMMITS).stat().st_size < 10 * log.ENTRY_BYTES:
+        assert child.poll() is None and time.monotonic() < deadline, "the recording did not start logging"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("signum", "code", "says"), [(signal.SIGTERM, 143, "stopped by SIGTERM"),
+                                                      (signal.SIGINT, 130, "stopped by Ctrl-C")])
+def test_the_cli_streams_a_long_recording_and_closes_its_log_on_a_signal(tmp_path: Path, signum: int, code: int,
+                                                                         says: str) -> None:
+    """``record ENV --steps 100000000 --out DIR``: a signal from another process ends the run
+    with 128 + its number, the report says so, and the log is whole: every episode the report
+    counts as appended, no torn tail."""
+    directory = tmp_path / "run.log"
+    child = _cli(directory, "--steps", "100000000")
+    _wait_for_commits(directory, child)
+    child.send_signal(signum)
+    out, err = child.communicate(timeout=120)
+    assert child.returncode == code, err
+    assert says in out
+    appended = int(out.split(" whole episodes and")[0].rsplit(": ", 1)[1].replace(",", ""))
+    report = log.verify(directory)
+    assert report.torn == () and report.episodes == appended > 10
+
+
+def test_a_full_disk_ends_the_cli_recording_with_one_line_and_a_whole_log(tmp_path: Path) -> None:
+    """The file size limit stands for a full disk: the run ends with exit 1 and one line naming
+    the file that could not grow; every episode appended before reads back."""
+    import resource
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    directory = tmp_path / "run.log"
+    child = _cli(directory, "--steps", "1000000", preexec_fn=limited)
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 1
+    assert err.count("\n") == 1 and f"{directory}/" in err and "every episode appended before is intact" in err
+    report = log.verify(directory)
+    assert report.torn == () and report.episodes > 100
+    assert len(read_back(directory)) == report.episodes
+
+
+def _recorded_log(directory: Path, kind: str, seed: int, steps: int) -> list[fe.FlexiBatch]:
+    """``kind`` ("gym": CartPole, "aec": connect four, with masks) recorded to the log
+    ``directory`` with random actions of ``seed``; returns its episodes as the log holds them."""
+    rng = np.random.default_rng(seed)
+    if kind == "gym":
+        env = fe.record(gym.make("CartPole-v1"), num_steps=400, log=directory)
+        env.reset(seed=seed)
+        for _ in range(steps):
+            _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+            if terminated or truncated:
+                env.reset()
+    else:
+        from pettingzoo.classic import connect_four_v3
+
+        env = fe.record(connect_four_v3.env(), num_steps=64, log=directory)
+        for episode in range(steps):
+            env.reset(seed=seed + episode)
+            for _ in env.agent_iter():
+                obs, _, terminated, truncated, _ = env.last()
+                env.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+    env.close()
+    return read_back(directory)
+
+
+@pytest.mark.parametrize("kind", ["gym", "aec"])
+def test_merged_logs_hold_each_ones_episodes_in_order(tmp_path: Path, kind: str) -> None:
+    """Logs recorded apart (one per worker) merge into one holding each one's episodes, field by
+    field (next values and masks renumbered), in the order given; a source's torn tail is left
+    out, the sources are not changed, and merging into a log continues it."""
+    parts = [_recorded_log(tmp_path / f"w{k}", kind, seed=k, steps=600 if kind == "gym" else 12) for k in range(3)]
+    with open(tmp_path / "w2" / "obs.col", "ab") as out:  # a kill's leftovers in one worker's log
+        out.write(bytes(100))
+    sources = {path.name: path.read_bytes() for path in (tmp_path / "w2").iterdir()}
+    report = fe.merge_logs([tmp_path / "w0", tmp_path / "w1", tmp_path / "w2"], tmp_path / "all")
+    assert report.torn == () and report.episodes == sum(map(len, parts))
+    merged = read_back(tmp_path / "all")
+    for mine, want in zip(merged, [batch for part in parts for batch in part], strict=True):
+        assert_same_batches(mine, want)
+    assert {path.name: path.read_bytes() for path in (tmp_path / "w2").iterdir()} == sources
+    fe.merge_logs([tmp_path / "w0"], tmp_path / "all")
+    again = read_back(tmp_path / "all")
+    assert len(again) == len(merged) + len(parts[0])
+    for mine, want in zip(again[len(merged):], parts[0], strict=True):
+        assert_same_batches(mine, want)
+    assert log.verify(tmp_path / "all").torn == ()
+
+
+def test_merging_logs_that_differ_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flexibuff_envs.cli import main
+
+    _recorded_log(tmp_path / "cartpole", "gym", seed=0, steps=100)
+    _recorded_log(tmp_path / "c4", "aec", seed=0, steps=2)
+    with pytest.raises(fe.SpecMismatchError, match="c4 does not match"):
+        fe.merge_logs([tmp_path / "cartpole", tmp_path / "c4"], tmp_path / "all")
+    assert not (tmp_path / "all").exists()
+    assert main(["merge", str(tmp_path / "cartpole"), "--out", str(tmp_path / "cartpole")]) == 1
+    assert "cannot be merged into itself" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "cartpole"), str(tmp_path / "cartpole"), "--out", str(tmp_path / "two")]) == 0
+    assert "whole episodes appended from 2 log(s)" in capsys.readouterr().out
+    assert fe.FlexibleBuffer.open(tmp_path / "two").n_episodes == 2 * fe.FlexibleBuffer.open(tmp_path / "cartpole").n_episodes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
-from flexibuff_envs.cli.report import inspect_log_report, inspect_report, record_report
+from flexibuff_envs.cli.report import inspect_log_report, inspect_report, record_report, size
 from flexibuff_envs.rollout import Budget, Progress, play
 
 DEFAULT_EPISODES = 100
@@ -71,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
 
 def cmd_record(args: argparse.Namespace) -> int:
     choice = resolve(args.env, api=args.api, num_envs=args.num_envs)
-    out = args.out or f"{choice.label}.fbuf"
+    out = args.out or _new_log(choice.label)
     to_log = not out.endswith(".fbuf")  # a directory: an episode log, appended to as episodes end
     _writable(out, log=to_log, resume=args.resume)
     try:
@@ -118,6 +119,13 @@ def cmd_record(args: argparse.Namespace) -> int:
     return 128 + stopped_by if stopped_by else 0
 
 
+def _new_log(label: str) -> str:
+    """``./<env>.log``, or ``./<env>-2.log``, ... if that is taken: a run never continues another
+    one's log unless asked (``--out DIR --resume``)."""
+    candidates = (f"{label}.log" if k == 1 else f"{label}-{k}.log" for k in itertools.count(1))
+    return next(path for path in candidates if not os.path.exists(path))
+
+
 def _writable(out: str, *, log: bool, resume: bool) -> None:
     """Check that ``out`` can be written (its missing directories made, a file made and removed
     where the save or the log will write): a long run must not end in a failed save. A log's
@@ -134,9 +142,13 @@ def _writable(out: str, *, log: bool, resume: bool) -> None:
                              "episode log, or a file name ending in .fbuf")
     elif resume:
         raise UsageError("--resume continues an episode log: give --out a directory")
-    parent = os.path.abspath(out) if log else os.path.dirname(os.path.abspath(out))
+    target = os.path.abspath(out) if log else os.path.dirname(os.path.abspath(out))
+    parent = target
+    while not os.path.isdir(parent):  # the directories still to make are made when recording starts
+        if os.path.exists(parent):
+            raise UsageError(f"--out {out}: {parent} is a file, not a directory")
+        parent = os.path.dirname(parent)
     try:
-        os.makedirs(parent, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{os.path.basename(out)}.", suffix=".probe"):
             pass
     except OSError as exc:
@@ -250,6 +262,16 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from flexibuff_envs import log
+
+    before = log.report(args.out).episodes if log.is_log(args.out) else 0
+    report = log.merge(args.logs, args.out)
+    print(f"{args.out}: {report.episodes - before:,} whole episodes appended from {len(args.logs)} log(s); it holds "
+          f"{report.episodes:,} episodes and {report.rows:,} rows ({size(report.nbytes)})")
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -294,9 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     budget = rec.add_mutually_exclusive_group()
     budget.add_argument("--episodes", type=_positive, help=f"episodes to record (default {DEFAULT_EPISODES})")
     budget.add_argument("--steps", type=_positive, help="env steps to record instead (all sub-envs count)")
-    rec.add_argument("--out", help="a file ending in .fbuf to save the buffer to (default ./<env name>.fbuf), "
-                                   "or a directory: an episode log every episode is appended to as it ends, "
-                                   "in flat memory; missing directories are created")
+    rec.add_argument("--out", help="a directory: an episode log every episode is appended to as it ends, in "
+                                   "flat memory (default ./<env name>.log, or -2.log, ... if taken); or a file "
+                                   "ending in .fbuf that the whole recording is saved to at the end; missing "
+                                   "directories are created")
     rec.add_argument("--resume", action="store_true", help="continue the episode log --out names")
     rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")
     rec.add_argument("--num-envs", type=_positive, default=1,
@@ -340,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     repair = commands.add_parser("repair", help="cut a torn tail off an episode log, keeping every whole episode")
     repair.add_argument("log", metavar="DIR")
     repair.set_defaults(run=cmd_repair)
+
+    merge = commands.add_parser("merge", help="append the whole episodes of episode logs to one (made, or continued)")
+    merge.add_argument("logs", metavar="DIR", nargs="+", help="the logs to merge, in order (only read)")
+    merge.add_argument("--out", required=True, metavar="DIR", help="the log they are appended to")
+    merge.set_defaults(run=cmd_merge)
     return parser
 
 

@@ -37,11 +37,13 @@ def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, p
     lines = [(f"recorded {choice.name} ({API_NAMES[choice.api]}, {_agents(spec)}) "
              f"with random legal actions{stop}")]
     kept = buffer.n_episodes
-    forgotten = "" if kept >= rollout.episodes else \
+    forgotten = "" if kept >= rollout.episodes or logged is not None else \
         f"; the ring kept the last {kept:,} whole (raise --capacity to keep more)"
     lines.append(_line("episodes", f"{rollout.episodes:,} ended, {rollout.steps:,} env steps in "
                                    f"{rollout.seconds:.2f} s ({rollout.steps / max(rollout.seconds, 1e-9):,.0f} "
                                    f"steps/s){forgotten}"))
+    if logged is not None and kept < logged[0]:
+        lines.append(_line("newest", f"{kept:,} whole episodes, still in memory:"))
     lines += _episode_lines(buffer)
     lines.append(_line("layout", _layout(spec)))
     empty = buffer.num_steps * spec.n_envs - len(buffer)  # the rest is held rows and final observations

@@ -345,6 +345,8 @@ class LaneRecorder:
             except BaseException as error:
                 self.abandon(rows, error)
                 raise
+            if not self.running:
+                self.writer.flush_log([self.lane])
 
     def record(self, step: Callable[..., None], *args: Any) -> None:
         """Record one step of the running episode through ``step(*args)`` (an adapter's, which
@@ -356,6 +358,8 @@ class LaneRecorder:
             except BaseException as error:
                 self.abandon(rows, error)
                 raise
+            if not self.running:
+                self.writer.flush_log([self.lane])
 
     def row(self, k: int) -> int:
         """The buffer row of the running episode's ``k``-th step, claimed and cleared if new."""
@@ -471,7 +475,7 @@ class LaneRecorder:
                                                   self.slots[index].name)
             self.open[index] = False
         if self.end_with_last_agent and not any(self.open):  # the episode ends with these agents
-            self.buffer.end_episode(self.lane, bootstrap=values)
+            self.writer.end_episode(self.lane, values)
             self.running = False
             return
         for index in indices:
@@ -496,18 +500,19 @@ class LaneRecorder:
                 self.last[index] = int(own[-1]) if len(own) else -1
                 self.steps[index] = max(self.steps[index] - 1, 0)
         if self.running:
-            self.cut(bootstrap=False)
+            self.cut(bootstrap=False, flush=False)  # a log that fails too must not hide ``error``
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note(f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
                      f"{len(self.rows)} (as truncated) and recording resumes at the next reset")
 
     @holding
-    def cut(self, bootstrap: bool = True) -> None:
+    def cut(self, bootstrap: bool = True, *, flush: bool = True) -> None:
         """End the running episode where it stands: each open agent's last row becomes truncated.
 
         Args:
             bootstrap: call ``bootstrap_fn`` for the truncated agents (when one was given).
+            flush: send it to the buffer's log now (else with the next episode that ends).
         """
         still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
@@ -515,5 +520,7 @@ class LaneRecorder:
                 self.slots[index].truncated[self.last[index]] = True
         self.close(still, [bootstrap] * len(still))
         if self.running:  # no agent was open: close the episode itself
-            self.buffer.end_episode(self.lane)
+            self.writer.end_episode(self.lane)
             self.running = False
+        if flush:
+            self.writer.flush_log([self.lane])
