@@ -27,6 +27,7 @@ mapped, so a crafted log reads or raises `BufferFileError` naming the file.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import time
@@ -501,7 +502,7 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
         if not count:
             array = np.zeros(shape, dtype=column.dtype)
         elif mmap:
-            array = np.asarray(np.memmap(state.path(column), dtype=column.dtype, mode="c", shape=shape))
+            array = _mapped(state.path(column), column.dtype, shape)
         else:
             array = np.fromfile(state.path(column), dtype=column.dtype, count=int(np.prod(shape))).reshape(shape)
         if column.per_agent:  # the file holds each row's agents together; a buffer holds each agent's rows
@@ -509,6 +510,16 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
             array = array if mmap else np.ascontiguousarray(array)
         arrays[column.key] = array
     return Logged(state.header, arrays.pop(_LENGTHS.key), arrays)
+
+
+def _mapped(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The first rows of the file ``path`` as an array, mapped copy-on-write, read as sampled:
+    without read-ahead (a batch's rows lie anywhere; reading ahead of each would read the log)."""
+    with open(path, "rb") as handle:
+        memory = mmap.mmap(handle.fileno(), int(np.prod(shape)) * dtype.itemsize, access=mmap.ACCESS_COPY)
+    if hasattr(mmap, "MADV_RANDOM"):
+        memory.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
 class LogWriter:
