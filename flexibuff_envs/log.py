@@ -121,12 +121,15 @@ class Commit:
     episodes: int = 0
     tails: tuple[int, ...] = (1,) * len(_CHAINS)
 
+    def count(self, column: Column) -> int:
+        """Rows of ``column`` this commit counts (episodes, tail slots or rows)."""
+        if column is _LENGTHS:
+            return self.episodes
+        return self.tails[_CHAINS.index(column.name)] if column.part == "tail" else self.rows
+
     def length(self, column: Column) -> int:
         """Bytes of ``column`` this commit counts."""
-        if column is _LENGTHS:
-            return self.episodes * 8
-        count = self.tails[_CHAINS.index(column.name)] if column.part == "tail" else self.rows
-        return count * column.row_bytes
+        return self.count(column) * column.row_bytes
 
     def entry(self, crc: int) -> bytes:
         body = _ENTRY.pack(_COMMIT_MAGIC, self.number, self.rows, self.episodes, *self.tails, crc)
@@ -343,7 +346,7 @@ def _state(directory: str, *, every: bool = False) -> _State:
     state.sizes = _sizes(directory, state.files)
     count = state.sizes[COMMITS] // ENTRY_BYTES
     if not count:
-        return state
+        return _counted(state)
     with _Reader(state) as reader:
         if every:
             before = Commit()
@@ -356,13 +359,23 @@ def _state(directory: str, *, every: bool = False) -> _State:
                     break
                 before = item[0]
             state.commit = before
-            return state
+            return _counted(state)
         for k in range(count - 1, -1, -1):
             item = reader.entry(k)
             previous = reader.entry(k - 1) if k else (Commit(), 0)
             if item is not None and previous is not None and reader.holds(previous[0], *item):
                 state.commit = item[0]
                 break
+    return _counted(state)
+
+
+def _counted(state: _State) -> _State:
+    """``state``, unless a file holds fewer bytes than its commit counts (a file cut or removed
+    by hand: no crash does that)."""
+    for column in state.files:
+        if state.sizes[column.file] < state.commit.length(column):
+            raise _fail(state.path(column), f"holds {state.sizes[column.file]:,} bytes, fewer than the "
+                                            f"{state.commit.length(column):,} its commits count")
     return state
 
 
@@ -374,6 +387,8 @@ def _spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
 
 def _blocks(state: _State, column: Column, count: int, first: int = 0) -> Iterator[np.ndarray]:
     """Rows ``[first, count)`` of ``column``, at most 16 MiB at a time."""
+    if count <= first:
+        return
     values = int(np.prod(column.shape, dtype=np.int64))
     with open(state.path(column), "rb") as handle:
         handle.seek(first * column.row_bytes)
@@ -497,9 +512,9 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
     _check_values(state)
     arrays = {}
     for column in [_LENGTHS, *state.columns]:
-        count = state.commit.length(column) // max(1, column.row_bytes)
+        count = state.commit.count(column)
         shape = (count, *column.shape)
-        if not count:
+        if not count or not column.row_bytes:
             array = np.zeros(shape, dtype=column.dtype)
         elif mmap:
             array = _mapped(state.path(column), column.dtype, shape)
@@ -673,7 +688,7 @@ class LogWriter:
                             yield column.key, row * (hi - lo)
                     continue
                 first = 1 if column.part == "tail" else 0  # slot 0 is the log's own
-                for block in _blocks(state, column, state.commit.length(column) // column.row_bytes, first):
+                for block in _blocks(state, column, state.commit.count(column), first):
                     if column.part == "index":
                         block = np.where(block > 0, block + np.int32(shift[column.name]), block)
                     yield column.key, block.data.cast("B")

@@ -7,6 +7,7 @@ arrays with their checksum recomputed, and the length. `tests/test_fuzz_files.py
 budget of it in CI through hypothesis; a long run is::
 
     python tests/fuzz_files.py --runs 200000           # prints runs/s and each distinct site found
+    python tests/fuzz_files.py --logs --runs 20000     # episode logs: header, commit entries, columns
     python tests/fuzz_files.py --atheris -atheris_runs=200000   # coverage-guided, if atheris is installed
 """
 
@@ -186,21 +187,136 @@ def outcome(raw: bytes, directory: Path, mmap: bool) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------- episode logs
+
+Log = dict[str, bytes]  # a log directory: file name -> bytes
+
+
+def seed_logs(directory: Path) -> list[Log]:
+    """Real logs of several layouts: CartPole (Box), FrozenLake (categories), Taxi with masks,
+    each of several commits, the ring smaller than the log."""
+    out = []
+    for make, steps in ((lambda: gym.make("CartPole-v1"), 120),
+                        (lambda: gym.make("FrozenLake-v1", max_episode_steps=6), 60),
+                        (lambda: gym.make("Taxi-v4", max_episode_steps=5), 40)):
+        path = directory / f"log{len(out)}"
+        env = fe.record(make(), num_steps=40, seed=0, log=path)
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        for _ in range(steps):
+            if any(env.step(env.action_space.sample())[2:4]):
+                env.reset()
+        env.close()
+        out.append({file.name: file.read_bytes() for file in path.iterdir()})
+    return out
+
+
+def _recommitted(files: Log) -> Log:
+    """``files`` with every commit entry's data checksum made right for the bytes as they are
+    (entries as they are otherwise), so that what lies behind the checksums is reached."""
+    from flexibuff_envs import log
+
+    columns = [log.Column(c["name"], c["part"], c["per_agent"], np.dtype(c["dtype"]), tuple(c["shape"]))
+               for c in json.loads(files[log.HEADER][20:-4])["columns"]]
+    raw, out, before = files.get(log.COMMITS, b""), bytearray(), log.Commit()
+    for at in range(0, len(raw) - log.ENTRY_BYTES + 1, log.ENTRY_BYTES):
+        fields = list(struct.unpack("<8sQQQ3QI", raw[at:at + log.ENTRY_BYTES - 4]))
+        commit = log.Commit(fields[1], fields[2], fields[3], tuple(fields[4:7]))
+        crc = 0
+        for column in [log._LENGTHS, *columns]:
+            crc = zlib.crc32(files.get(column.file, b"")[before.length(column):commit.length(column)], crc)
+        fields[-1], before = crc, commit
+        body = struct.pack("<8sQQQ3QI", *fields)
+        out += body + struct.pack("<I", zlib.crc32(body))
+    return {**files, log.COMMITS: bytes(out)}
+
+
+def mutate_log(files: Log, rng: random.Random) -> Log:
+    """One hostile variant of the real log ``files``."""
+    from flexibuff_envs import log
+
+    files = dict(files)
+    roll = rng.random()
+    if roll < 0.35:  # the header's JSON, its checksum recomputed
+        data = json.loads(files[log.HEADER][20:-4])
+        for _ in range(rng.randrange(1, 4)):
+            data = _mutate_json(data, rng)
+        blob = json.dumps(data).encode()
+        prefix = struct.pack("<8sIQ", b"FBLOGHDR", 2, len(blob)) + blob
+        files[log.HEADER] = prefix + struct.pack("<I", zlib.crc32(prefix))
+        return files
+    if roll < 0.55:  # a commit entry's numbers, its own checksum recomputed
+        raw = bytearray(files[log.COMMITS])
+        at = rng.randrange(max(1, len(raw) // log.ENTRY_BYTES)) * log.ENTRY_BYTES
+        fields = list(struct.unpack("<8sQQQ3QI", bytes(raw[at:at + log.ENTRY_BYTES - 4])))
+        k = rng.randrange(1, 7)  # number, rows, episodes or a tail count
+        fields[k] = rng.choice([0, 1, fields[k] + 1, max(fields[k] - 1, 0), fields[k] * 2, 2**40, 2**63])
+        body = struct.pack("<8sQQQ3QI", *fields)
+        raw[at:at + log.ENTRY_BYTES] = body + struct.pack("<I", zlib.crc32(body))
+        files[log.COMMITS] = bytes(raw)
+        return files
+    name = rng.choice(sorted(files))
+    spoiled = bytearray(files[name])
+    if roll < 0.8 and spoiled:  # a file's bytes, the commits' checksums recomputed
+        for _ in range(rng.randrange(1, 9)):
+            spoiled[rng.randrange(len(spoiled))] = rng.randrange(256)
+        return _recommitted({**files, name: bytes(spoiled)}) if name != log.HEADER else {**files, name: bytes(spoiled)}
+    if roll < 0.9:
+        files[name] = bytes(spoiled[:rng.randrange(len(spoiled) + 1)])
+    elif rng.random() < 0.5:
+        files[name] = bytes(spoiled) + bytes(rng.randrange(1, 200))
+    else:
+        del files[name]
+    return files
+
+
+def outcome_log(files: Log, directory: Path, mmap: bool) -> str | None:
+    """None when the log opens and works (or verifies), or is refused with a BufferFileError
+    naming one of its files; else the site."""
+    from flexibuff_envs import log
+
+    target = directory / "fuzzed.log"
+    if target.exists():
+        for file in target.iterdir():
+            file.unlink()
+    target.mkdir(exist_ok=True)
+    for name, data in files.items():
+        (target / name).write_bytes(data)
+    for read in (lambda: fe.FlexibleBuffer.open(target, mmap=mmap), lambda: log.verify(target)):
+        try:
+            opened = read()
+        except fe.BufferFileError as error:
+            if not str(error).startswith(str(target)):
+                return f"BufferFileError not naming the log: {error}"
+            continue
+        except Exception as error:  # noqa: BLE001 - every other exception is a finding
+            return site(error)
+        if isinstance(opened, fe.FlexibleBuffer):
+            try:
+                use(opened, directory)
+            except Exception as error:  # noqa: BLE001
+                return "after open: " + site(error)
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--atheris", action="store_true", help="coverage-guided, with atheris")
+    parser.add_argument("--logs", action="store_true", help="fuzz episode logs instead of buffer files")
     args, rest = parser.parse_known_args()
     directory = Path(tempfile.mkdtemp(prefix="fbuf-fuzz-"))
     seeds = seed_files(directory)
+    logs = seed_logs(directory) if args.logs else []
     found: dict[str, int] = {}
 
     def one(data: bytes) -> None:
         rng = random.Random(data)
+        log = mutate_log(logs[rng.randrange(len(logs))], rng) if args.logs else None
         raw = mutate(seeds[rng.randrange(len(seeds))], rng)
         for mmap in (False, True):
-            where = outcome(raw, directory, mmap)
+            where = outcome_log(log, directory, mmap) if log is not None else outcome(raw, directory, mmap)
             if where is not None:
                 if where not in found:
                     print(f"new site: {where}", flush=True)
