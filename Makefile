@@ -33,3 +33,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_sb3.py
 	$(PY) benchmarks/bench_log.py
 	$(PY) benchmarks/bench_log_read.py
+	$(PY) benchmarks/bench_log_memory.py

@@ -29,6 +29,8 @@ from flexibuff_envs.rollout import Budget, Progress, play
 
 DEFAULT_EPISODES = 100
 DEFAULT_CAPACITY = 100_000
+#: rows per sub-env a log's ring holds at least (else twice the longest episode the env allows)
+LOG_RING = 1_000
 #: bytes the buffer may reserve when neither --steps nor --capacity sizes it
 MEMORY_BUDGET = 2 << 30
 #: seconds a run lasts before its progress bar appears (short runs print only the report)
@@ -83,8 +85,13 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise UsageError(f"could not make {args.env}: {type(exc).__name__}: {exc}") from exc
     budget = Budget(steps=args.steps) if args.steps else Budget(episodes=args.episodes or DEFAULT_EPISODES)
     spec = fe.infer_spec(env)
-    capacity = args.capacity or _default_capacity(spec, None if to_log else args.steps)
     longest = _longest_episode(env)
+    if args.capacity:
+        capacity = args.capacity
+    elif to_log and longest is not None:  # the ring only holds episodes until they end and go to the log
+        capacity = min(max(2 * longest, LOG_RING), _default_capacity(spec, None))
+    else:
+        capacity = _default_capacity(spec, None if to_log else args.steps)
     if longest is not None and longest > capacity:
         print(f"flexibuff-envs record: note: the buffer holds {capacity:,} rows per sub-env, but an episode "
               f"of {choice.label} may last {longest:,} rows; longer episodes are not kept whole. "
