@@ -31,6 +31,7 @@ import mmap
 import os
 import struct
 import time
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -754,6 +755,7 @@ class Follower:
     def __init__(self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False) -> None:
         self.writer = writer
         self.per_block = per_block  # a vector recorder flushes with its blocks, not in each step
+        self.outgrown = False  # an episode longer than the ring was left out (said once)
         self._after = [lane.written for lane in lanes]  # per lane: episodes ending later are new
         self.episodes = self.rows = 0  # appended so far
 
@@ -772,6 +774,11 @@ class Follower:
                 if whole:
                     segments += lane.segments(start, end)
                     lengths.append(end - start)
+                elif not self.outgrown:  # its first rows were forgotten before it ended
+                    self.outgrown = True
+                    warnings.warn(f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
+                                  f"episode log {self.writer.directory} (nor is any other that does): give the "
+                                  "buffer more rows than the longest episode", RuntimeWarning, stacklevel=2)
             self._after[i] = ended[-1].end
         if not lengths:
             return

@@ -561,3 +561,25 @@ def test_a_mapped_log_samples_in_every_mode_as_the_log_read_into_memory(tmp_path
     assert_same_batches(mapped.sample_transitions(32, prioritized=True), ram.sample_transitions(32, prioritized=True))
     for mine, want in zip(mapped.episodes(), recorded.episodes(), strict=True):
         assert_same_batches(mine, want)
+
+
+def test_an_episode_longer_than_the_ring_is_left_out_of_the_log_and_said_once(tmp_path: Path) -> None:
+    """The ring forgets the first rows of an episode longer than it: that episode is not whole,
+    so it is not logged, and a warning says so once; every other is logged as a plain loop played it."""
+    from flexibuff_envs.testing.reference import play
+
+    reference = play(gym.make("CartPole-v1"), seed=0, steps=600)
+    env = fe.record(gym.make("CartPole-v1"), num_steps=16, log=tmp_path)
+    env.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match="outgrew the buffer's 16 rows") as said:
+        for action in reference.actions:
+            if any(env.step(action)[2:4]):
+                env.reset()
+    env.close()
+    assert len(said) == 1
+    short = [(a, b) for a, b in reference.episodes if b - a <= 16]
+    assert 0 < len(short) < len(reference.episodes)
+    logged = read_back(tmp_path)
+    assert len(logged) == len(short)
+    for batch, (a, b) in zip(logged, short):
+        np.testing.assert_array_equal(batch.obs, np.array(reference.obs[a:b]))
