@@ -215,6 +215,7 @@ def _recommitted(files: Log) -> Log:
     """``files`` with every commit entry's data checksum made right for the bytes as they are
     (entries as they are otherwise), so that what lies behind the checksums is reached."""
     from flexibuff_envs import log
+    from flexibuff_envs.log.format import EPISODE_LENGTHS
 
     columns = [log.Column(c["name"], c["part"], c["per_agent"], np.dtype(c["dtype"]), tuple(c["shape"]))
                for c in json.loads(files[log.HEADER][20:-4])["columns"]]
@@ -223,7 +224,7 @@ def _recommitted(files: Log) -> Log:
         fields = list(struct.unpack("<8sQQQ3QI", raw[at:at + log.ENTRY_BYTES - 4]))
         commit = log.Commit(fields[1], fields[2], fields[3], tuple(fields[4:7]))
         crc = 0
-        for column in [log._LENGTHS, *columns]:
+        for column in [EPISODE_LENGTHS, *columns]:
             crc = zlib.crc32(files.get(column.file, b"")[before.length(column):commit.length(column)], crc)
         fields[-1], before = crc, commit
         body = struct.pack("<8sQQQ3QI", *fields)

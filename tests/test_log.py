@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import flexibuff_envs as fe
 from flexibuff_envs import log
+from flexibuff_envs.log.read import Reader, State, state_of
 from tests import killed
 from tests.batches import assert_same_batches
 
@@ -181,7 +182,7 @@ def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, 
     else:
         # the newest commit's first row (episode) made to say what the case needs, its entry made
         # to count it with checksums right
-        state = log._state(str(tmp_path))
+        state = state_of(str(tmp_path))
         last = entry_of(state, state.commit.number)
         previous = entry_of(state, last.number - 1)
         named = tmp_path / {"slot out of range": "obs_.index.col", "lengths off": log.LENGTHS}.get(case, log.COMMITS)
@@ -208,8 +209,8 @@ def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, 
             reader()
 
 
-def entry_of(state: log._State, number: int) -> log.Commit:
-    with log._Reader(state) as reader:
+def entry_of(state: State, number: int) -> log.Commit:
+    with Reader(state) as reader:
         item = reader.entry(number)
     assert item is not None
     return item[0]
@@ -571,10 +572,14 @@ def test_an_episode_longer_than_the_ring_is_left_out_of_the_log_and_said_once(tm
     reference = play(gym.make("CartPole-v1"), seed=0, steps=600)
     env = fe.record(gym.make("CartPole-v1"), num_steps=16, log=tmp_path)
     env.reset(seed=0)
-    with pytest.warns(RuntimeWarning, match="outgrew the buffer's 16 rows") as said:
+
+    def replay() -> None:
         for action in reference.actions:
             if any(env.step(action)[2:4]):
                 env.reset()
+
+    with pytest.warns(RuntimeWarning, match="outgrew the buffer's 16 rows") as said:
+        replay()
     env.close()
     assert len(said) == 1
     short = [(a, b) for a, b in reference.episodes if b - a <= 16]

@@ -1,0 +1,309 @@
+"""Reading an episode log: its newest whole commit, the checks of what it counts, verify, repair
+and the columns as a buffer's arrays, mapped or read (`flexibuff_envs.log`)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import numpy as np
+
+from flexibuff_envs.chain import CHAINED
+from flexibuff_envs.log.format import (
+    CHAINS,
+    COMMITS,
+    ENTRY_BYTES,
+    EPISODE_LENGTHS,
+    PIECE,
+    Column,
+    Commit,
+    LogHeader,
+    LogReport,
+    Torn,
+    fail,
+    parse_entry,
+    read_header,
+)
+
+
+@dataclass
+class State:
+    """A log as its files stand: header, columns and the newest whole commit."""
+
+    directory: str
+    header: LogHeader
+    columns: list[Column]
+    commit: Commit
+    sizes: dict[str, int] = field(default_factory=dict)  # file -> bytes it holds
+
+    def path(self, column: Column) -> str:
+        return os.path.join(self.directory, column.file)
+
+    @property
+    def files(self) -> list[Column]:
+        return [EPISODE_LENGTHS, *self.columns]
+
+    def torn(self) -> tuple[Torn, ...]:
+        counted = {COMMITS: (self.commit.number + 1) * ENTRY_BYTES,
+                   **{column.file: self.commit.length(column) for column in self.files}}
+        return tuple(Torn(os.path.join(self.directory, name), counted[name], self.sizes[name] - counted[name])
+                     for name in counted if self.sizes[name] > counted[name])
+
+
+def file_sizes(directory: str, files: Sequence[Column]) -> dict[str, int]:
+    sizes = {}
+    for name in (COMMITS, *(c.file for c in files)):
+        try:
+            sizes[name] = os.path.getsize(os.path.join(directory, name))
+        except FileNotFoundError:
+            sizes[name] = 0
+    return sizes
+
+
+class Reader:
+    """The log's files open for reading, to check commits against the bytes they count."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.handles = {c.file: _open(state.path(c)) for c in state.files if state.sizes[c.file]}
+        self.commits = _open(os.path.join(state.directory, COMMITS))
+
+    def __enter__(self) -> Reader:  # noqa: PYI034 (Self needs Python 3.11)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in [*self.handles.values(), self.commits]:
+            handle.close()
+
+    def entry(self, number: int) -> tuple[Commit, int] | None:
+        return parse_entry(os.pread(self.commits.fileno(), ENTRY_BYTES, number * ENTRY_BYTES), number)
+
+    def holds(self, before: Commit, after: Commit, crc: int) -> bool:
+        """Whether commit ``after`` follows ``before`` and the bytes it adds are in place."""
+        state = self.state
+        if not (after.rows >= before.rows and after.episodes >= before.episodes
+                and all(b <= a for b, a in zip(before.tails, after.tails))):
+            return False
+        if any(state.sizes[column.file] < after.length(column) for column in state.files):
+            return False
+        mine = 0
+        for column in state.files:
+            lo, hi = before.length(column), after.length(column)
+            while lo < hi:
+                piece = os.pread(self.handles[column.file].fileno(), min(PIECE, hi - lo), lo)
+                mine = zlib.crc32(piece, mine)
+                lo += len(piece)
+        return mine == crc
+
+
+def _open(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise fail(path, f"cannot be read ({exc.strerror or exc})") from None
+
+
+def state_of(directory: str, *, every: bool = False) -> State:
+    """The log ``directory`` as of its newest whole commit: the newest entry that is whole and
+    whose bytes are in place (entries before it are trusted). With ``every``, every entry and
+    every byte it counts is checked, and damage before the newest whole entry raises."""
+    header, columns = read_header(directory)
+    state = State(directory, header, columns, Commit())
+    state.sizes = file_sizes(directory, state.files)
+    count = state.sizes[COMMITS] // ENTRY_BYTES
+    if not count:
+        return _counted(state)
+    with Reader(state) as reader:
+        if every:
+            before = Commit()
+            for k in range(count):
+                item = reader.entry(k)
+                if item is None or not reader.holds(before, *item):
+                    if any(reader.entry(later) is not None for later in range(k + 1, count)):
+                        raise fail(os.path.join(directory, COMMITS), f"damaged at commit {k}, before whole ones: "
+                                    "a crash leaves only the newest commits torn")
+                    break
+                before = item[0]
+            state.commit = before
+            return _counted(state)
+        for k in range(count - 1, -1, -1):
+            item = reader.entry(k)
+            previous = reader.entry(k - 1) if k else (Commit(), 0)
+            if item is not None and previous is not None and reader.holds(previous[0], *item):
+                state.commit = item[0]
+                break
+    return _counted(state)
+
+
+def _counted(state: State) -> State:
+    """``state``, unless a file holds fewer bytes than its commit counts (a file cut or removed
+    by hand: no crash does that)."""
+    for column in state.files:
+        if state.sizes[column.file] < state.commit.length(column):
+            raise fail(state.path(column), f"holds {state.sizes[column.file]:,} bytes, fewer than the "
+                                            f"{state.commit.length(column):,} its commits count")
+    return state
+
+
+def spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
+    """``[0, count)`` in ranges of at most ``per_piece``."""
+    per_piece = max(1, per_piece)
+    return ((lo, min(lo + per_piece, count)) for lo in range(0, count, per_piece))
+
+
+def blocks(state: State, column: Column, count: int, first: int = 0) -> Iterator[np.ndarray]:
+    """Rows ``[first, count)`` of ``column``, at most 16 MiB at a time."""
+    if count <= first:
+        return
+    values = int(np.prod(column.shape, dtype=np.int64))
+    with open(state.path(column), "rb") as handle:
+        handle.seek(first * column.row_bytes)
+        for lo, hi in spans(count - first, PIECE // max(1, column.row_bytes)):
+            block = np.fromfile(handle, dtype=column.dtype, count=(hi - lo) * values)
+            yield block.reshape((hi - lo, *column.shape))
+
+
+def check_values(state: State) -> None:
+    """`BufferFileError` unless the values sampling uses as indices or flags are in range:
+    lengths positive and summing to the rows, bools 0 or 1, category indices within their
+    categories, next-value indices naming a stored slot, each slot named once, and each
+    episode's last row not chained (its successor is another episode's). Read a piece at a time."""
+    commit, spec = state.commit, state.header.spec
+    lengths = np.concatenate([*blocks(state, EPISODE_LENGTHS, commit.episodes), np.zeros(0, np.int64)])
+    if (lengths < 1).any() or int(lengths.sum()) != commit.rows:
+        raise fail(state.path(EPISODE_LENGTHS), f"corrupt: episode lengths must be positive and sum to the {commit.rows} "
+                                          "rows committed")
+    categories = np.asarray(spec.obs_categories)
+    ends = np.cumsum(lengths) - 1
+    for column in state.columns:
+        if column.part == "tail":
+            if column.name == "obs_" and categories.size and any(
+                    (block > categories).any() for block in blocks(state, column, commit.tails[CHAINS.index("obs_")])):
+                raise fail(state.path(column), "corrupt: a value names a category past its space's size")
+            continue
+        if column.dtype == bool or (column.name == "obs" and categories.size) or column.part == "index":
+            slots: list[np.ndarray] = []
+            lo = 0
+            for block in blocks(state, column, commit.rows):
+                if column.dtype == bool and block.view(np.uint8).max(initial=0) > 1:
+                    raise fail(state.path(column), "corrupt: a bool that is neither 0 nor 1")
+                if column.name == "obs" and (block > categories).any():
+                    raise fail(state.path(column), "corrupt: a value names a category past its space's size")
+                if column.part == "index":
+                    tails = commit.tails[CHAINS.index(column.name)]
+                    if ((block < CHAINED) | (block >= tails)).any():
+                        raise fail(state.path(column), f"corrupt: a row names a slot outside the {tails} stored")
+                    at = ends[(ends >= lo) & (ends < lo + len(block))] - lo
+                    if (block[at] == CHAINED).any():
+                        raise fail(state.path(column), "corrupt: an episode's last row is chained to the next episode")
+                    slots.append(block[block > 0])
+                lo += len(block)
+            if slots:
+                named = np.concatenate(slots)
+                if np.unique(named).size != named.size:
+                    raise fail(state.path(column), "corrupt: two rows name one stored slot")
+
+
+def verify(directory: str | os.PathLike[str]) -> LogReport:
+    """Check every commit entry, every byte the commits count and every value sampling uses as
+    an index or flag, and say what the log holds (its torn tails too).
+
+    Raises:
+        BufferFileError: not an episode log, damaged before its newest whole commit (which a
+            crash cannot do), or holding values out of range.
+    """
+    state = state_of(os.fspath(directory), every=True)
+    check_values(state)
+    return report_of(state)
+
+
+def report(directory: str | os.PathLike[str]) -> LogReport:
+    """What the log holds as a reader sees it (the newest whole commit, and the torn tails past
+    it), checking only the newest commits; `verify` checks everything."""
+    return report_of(state_of(os.fspath(directory)))
+
+
+def report_of(state: State) -> LogReport:
+    return LogReport(state.header, state.commit.episodes, state.commit.rows,
+                     sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES,
+                     state.torn())
+
+
+def repair(directory: str | os.PathLike[str]) -> LogReport:
+    """Cut every file's torn tail (the bytes past the newest whole commit; every whole episode
+    stays as it is); returns what the log held, and the tails cut."""
+    return report_of(repaired(os.fspath(directory)))
+
+
+def repaired(directory: str) -> State:
+    state = state_of(directory)
+    for torn in state.torn():
+        os.truncate(torn.path, torn.offset)
+        sync_file(torn.path)
+    return state
+
+
+def sync_file(path: str) -> None:
+    """``path`` (a file, or a directory: its entries) to the disk itself."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Logged:
+    """A log's whole episodes as arrays: every part of the buffer that holds them, and each
+    episode's length."""
+
+    header: LogHeader
+    lengths: np.ndarray
+    arrays: dict[tuple[str, str | None], np.ndarray]
+
+    @property
+    def rows(self) -> int:
+        return int(self.lengths.sum())
+
+
+def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
+    """The whole episodes of the log ``directory``, each column mapped (``mmap``: rows are read
+    from disk as they are used, copy-on-write) or read into memory; a torn tail is left out.
+    Laid out as a buffer's arrays: per-agent fields ``[n_agents, rows, ...]``.
+
+    Raises:
+        BufferFileError: not an episode log, or one whose values are out of range.
+    """
+    state = state_of(os.fspath(directory))
+    check_values(state)
+    arrays = {}
+    for column in [EPISODE_LENGTHS, *state.columns]:
+        count = state.commit.count(column)
+        shape = (count, *column.shape)
+        if not count or not column.row_bytes:
+            array = np.zeros(shape, dtype=column.dtype)
+        elif mmap:
+            array = _mapped(state.path(column), column.dtype, shape)
+        else:
+            array = np.fromfile(state.path(column), dtype=column.dtype, count=int(np.prod(shape))).reshape(shape)
+        if column.per_agent:  # the file holds each row's agents together; a buffer holds each agent's rows
+            array = np.moveaxis(array, 0, 1)
+            array = array if mmap else np.ascontiguousarray(array)
+        arrays[column.key] = array
+    return Logged(state.header, arrays.pop(EPISODE_LENGTHS.key), arrays)
+
+
+def _mapped(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The first rows of the file ``path`` as an array, mapped copy-on-write, read as sampled:
+    without read-ahead (a batch's rows lie anywhere; reading ahead of each would read the log)."""
+    with open(path, "rb") as handle:
+        memory = mmap.mmap(handle.fileno(), int(np.prod(shape)) * dtype.itemsize, access=mmap.ACCESS_COPY)
+    if hasattr(mmap, "MADV_RANDOM"):
+        memory.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(memory, dtype=dtype).reshape(shape)
+
+
