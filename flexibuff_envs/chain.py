@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import mmap
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -55,6 +55,34 @@ def zeroed(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
+class Holders:
+    """The `Held` and `HeldBatch` of a chain, referred to weakly but without the callback a
+    ``WeakSet`` runs when one is collected: a Ctrl-C that lands inside such a callback is printed
+    and dropped by Python ("Exception ignored"), so none runs here; the dead are pruned as the
+    holders are walked."""
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: list[weakref.ref[Held | HeldBatch]] = []
+
+    def add(self, holder: Held | HeldBatch) -> None:
+        self._refs = [ref for ref in self._refs if ref() is not None]
+        self._refs.append(weakref.ref(holder))
+
+    def live(self) -> list[Held | HeldBatch]:
+        alive = [holder for holder in (ref() for ref in self._refs) if holder is not None]
+        if len(alive) < len(self._refs):
+            self._refs = [weakref.ref(holder) for holder in alive]
+        return alive
+
+    def __iter__(self) -> Iterator[Held | HeldBatch]:
+        return iter(self.live())
+
+    def __len__(self) -> int:
+        return len(self.live())
+
+
 class Chain:
     """The next-values of one base field (``obs``, ``state`` or ``action_mask``)."""
 
@@ -71,7 +99,7 @@ class Chain:
         self._free = np.empty(len(self.tail), dtype=np.int32)  # a stack of free slots
         self._n_free = 0
         self.fresh = 1 if tail is None else len(tail)  # slots [fresh, len(tail)) were never used
-        self.holders: weakref.WeakSet[Held | HeldBatch] = weakref.WeakSet()
+        self.holders = Holders()
 
     # ----------------------------------------------------------------- slots
 

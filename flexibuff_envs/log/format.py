@@ -30,6 +30,7 @@ PIECE = 1 << 24
 #: when appended episodes reach the disk itself (they reach the OS at once, whatever the policy)
 FsyncPolicy = Literal["interval", "always", "close"]
 
+
 @dataclass(frozen=True)
 class LogHeader:
     """The layout and discounts a log's episodes were recorded with."""
