@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +29,18 @@ TRIALS = int(os.environ.get("FLEXIBUFF_SIGNAL_TRIALS", "25"))
 GAMMA = 0.9
 #: ring sizes: one that wraps many times during a replay, one that never does
 RINGS = {"tiny": 64, "large": 100_000}
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_as_a_terminal_delivers_it() -> Iterator[None]:
+    """Python's own Ctrl-C handler, also where this process inherited SIGINT ignored (a shell
+    starts background jobs so, e.g. ``nohup make test &``: Python then raises no
+    KeyboardInterrupt at all)."""
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
 def interrupted(run: Callable[[], None], delay: float) -> None:
