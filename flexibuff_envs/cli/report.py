@@ -74,11 +74,7 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     lines.append(_line("actions", _actions(spec)))
     lines.append(_line("masks", _masks(spec)))
     lines.append(_line("state", _state(spec)))
-    lines.append(_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"))
-    whole = buffer.n_episodes
-    lines.append(_line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"))
-    lines += _episode_lines(buffer)
-    lines.append(_line("fields", ", ".join(buffer.fields)))
+    lines += _held_lines(buffer)
     if spec.extra_fields:
         lines.append(_line("yours", ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in spec.extra_fields)))
     if buffer.max_priority is not None:
@@ -97,15 +93,19 @@ def inspect_log_report(path: str) -> str:
     lines = [f"{path}: episode log, {size(logged.nbytes)}, {_agents(spec)}"]
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("layout", _layout(spec)))
-    lines.append(_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"))
-    whole = buffer.n_episodes
-    lines.append(_line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"))
-    lines += _episode_lines(buffer)
-    lines.append(_line("fields", ", ".join(buffer.fields)))
+    lines += _held_lines(buffer)
     for torn in logged.torn:
         lines.append(_line("torn", f"{torn.size:,} bytes at the end of {os.path.basename(torn.path)}, "
                                    f"left out (flexibuff-envs repair {path} cuts them)"))
     return "\n".join(lines)
+
+
+def _held_lines(buffer: FlexibleBuffer) -> list[str]:
+    """The discounts, rows, episodes and fields a file or a log holds, a line each."""
+    whole = buffer.n_episodes
+    return [_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"),
+            _line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"),
+            *_episode_lines(buffer), _line("fields", ", ".join(buffer.fields))]
 
 
 def _agents(spec: BufferSpec) -> str:
