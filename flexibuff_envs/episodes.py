@@ -403,10 +403,9 @@ class EpisodeTable:
         return span_rows(self.offsets, self.capacity, self.starts, self.ends), np.cumsum(self.lengths) - 1
 
 
-def episode_table(lanes: Sequence[Lane], running: bool = False, after: Sequence[int] | None = None) -> EpisodeTable:
+def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
     """Every ended whole episode of ``lanes`` (with ``running``: every episode that has a step,
-    clipped or running ones too; with ``after``: only those that end after position
-    ``after[i]`` of lane ``i``)."""
+    clipped or running ones too)."""
     starts, ends, which = [], [], []
     for i, lane in enumerate(lanes):
         if running:
@@ -414,8 +413,6 @@ def episode_table(lanes: Sequence[Lane], running: bool = False, after: Sequence[
             keep = last > first
         else:
             first, last, keep = lane.ended.starts, lane.ended.ends, lane.ended.whole
-            if after is not None:
-                keep = keep & (last > after[i])
         starts.append(first[keep])
         ends.append(last[keep])
         which.append(np.full(starts[-1].size, i))

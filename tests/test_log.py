@@ -588,3 +588,33 @@ def test_an_episode_longer_than_the_ring_is_left_out_of_the_log_and_said_once(tm
     assert len(logged) == len(short)
     for batch, (a, b) in zip(logged, short):
         np.testing.assert_array_equal(batch.obs, np.array(reference.obs[a:b]))
+
+
+def test_an_append_the_disk_refused_goes_out_with_the_next_episode(tmp_path: Path) -> None:
+    """A full disk fails the step that ended an episode (the step itself stays recorded); once
+    there is room, the next episode's append carries it too: the log holds every episode."""
+    import resource
+
+    env = fe.record(gym.make("CartPole-v1"), num_steps=5000, log=tmp_path)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    refused = 0
+    for t in range(600):
+        if t == 200:  # the disk is full from here to step 300
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max(p.stat().st_size for p in tmp_path.iterdir()), limits[1]))
+        if t == 300:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        try:
+            done = any(env.step(int(rng.integers(2)))[2:4])
+        except fe.BufferSaveError:
+            refused, done = refused + 1, True
+        if done:
+            env.reset()
+    resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    signal.signal(signal.SIGXFSZ, previous)
+    env.close()
+    assert refused > 0
+    for mine, want in zip(read_back(tmp_path), env.buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)

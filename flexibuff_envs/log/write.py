@@ -275,6 +275,7 @@ class Follower:
         for ``i`` in ``which``: where episodes ended)."""
         segments: list[tuple[int, int]] = []
         lengths: list[int] = []
+        marks = list(self._after)  # taken on only once the episodes are appended: a failed append is retried
         for i in range(len(lanes)) if which is None else which:
             lane = lanes[i]
             ended = lane.ended
@@ -290,12 +291,14 @@ class Follower:
                     warnings.warn(f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
                                   f"episode log {self.writer.directory} (nor is any other that does): give the "
                                   "buffer more rows than the longest episode", RuntimeWarning, stacklevel=2)
-            self._after[i] = ended[-1].end
+            marks[i] = ended[-1].end
         if not lengths:
+            self._after = marks
             return
         header = self.writer.header
         parts = storage.export(segments, np.cumsum(lengths) - 1)
         self.writer.append(Chunk(storage.spec, header.gamma, header.gae_lambda, np.array(lengths), tuple(parts)))
+        self._after = marks
         self.episodes += len(lengths)
         self.rows += sum(lengths)
 
