@@ -68,12 +68,17 @@ class Writer:
         return free[:n]
 
     @holding
-    def release_lanes(self) -> None:
-        """The lanes the owner claimed are free again (its env was closed)."""
+    def release_lanes(self, *, close_log: bool = False) -> None:
+        """The lanes the owner claimed are free again (its env was closed), and the buffer's
+        log synced, or closed (``close_log``: the owner opened it)."""
         index, owner = self.buffer._index, self.owner()
         index.commit()
         index.batched = [batch for batch in index.batched if batch.owner() not in (owner, None)]
         index.writers = [None if ref is not None and ref() is owner else ref for ref in index.writers]
+        if close_log:
+            self.buffer.close_log()
+        else:
+            self.buffer.sync_log()
 
     def lane(self, lane: int) -> Lane:
         """Lane ``lane`` with every staged step committed."""

@@ -282,7 +282,8 @@ def test_a_reader_that_leaves_early_gets_no_traceback(in_tmp: Path) -> None:
     inspect = subprocess.Popen([script, "inspect", "p.fbuf"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                cwd=in_tmp)
     inspect.stdout.close()  # like `| head -0`
-    assert inspect.wait() == 141 and inspect.stderr.read() == b""
+    with inspect.stderr:
+        assert inspect.wait() == 141 and inspect.stderr.read() == b""
 
 
 def test_a_ring_too_small_for_any_whole_episode_is_said_and_nothing_is_saved(

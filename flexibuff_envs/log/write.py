@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+import weakref
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
@@ -89,6 +90,8 @@ class LogWriter:
         self._sizes = {key: os.fstat(target.fileno()).st_size for key, target in self._files.items()}
         self._commits = self._append_to(COMMITS)
         self._synced = time.monotonic()
+        # a writer dropped unclosed (its buffer collected) still lets go of its files
+        self._finalizer = weakref.finalize(self, _close, self._files, self._commits)
 
     def _append_to(self, name: str) -> Any:
         return open(os.path.join(self.directory, name), "ab", buffering=0)
@@ -246,8 +249,12 @@ class LogWriter:
         """Sync and close (appending again needs a new writer)."""
         if not self._commits.closed:
             self.sync()
-            for target in [*self._files.values(), self._commits]:
-                target.close()
+            self._finalizer()
+
+
+def _close(files: dict[Any, BinaryIO], commits: BinaryIO) -> None:
+    for target in [*files.values(), commits]:
+        target.close()
 
 
 def _write(target: BinaryIO, view: memoryview, crc: int) -> int:

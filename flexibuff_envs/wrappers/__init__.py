@@ -67,7 +67,7 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
         extra_fields: per-agent fields of your own, ``{"hidden": (64,)}`` or ``{"hidden": ((64,),
             "float16")}``, filled through ``env.annotate(hidden=h)`` (a given buffer must hold them).
         log: an episode log directory (made, or continued) every whole episode is appended to as
-            it ends: `FlexibleBuffer.log_to`.
+            it ends (`FlexibleBuffer.log_to`); ``env.close()`` closes it.
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.

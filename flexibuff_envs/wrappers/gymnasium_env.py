@@ -32,7 +32,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
             that row's ``obs_`` (flat; one-hot float32 for categorical observations).
         seed: seed of the buffer's sampler (also reseeds a given buffer's).
         log: an episode log directory every whole episode is appended to as it ends
-            (`FlexibleBuffer.log_to`; ``env.close()`` syncs it).
+            (`FlexibleBuffer.log_to`; ``env.close()`` closes it).
 
     Several recorders can share one buffer, each writing a lane of its own: the buffer needs as
     many lanes (``n_envs``) as recorders. A recorder frees its lane when closed or dropped.
@@ -59,6 +59,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
+        self._log_opened = log is not None
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
         self._recorder = LaneRecorder(
@@ -84,9 +85,9 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         return result
 
     def close(self) -> None:
-        """Close the env; the buffer's lane is free for another recorder, and its log synced."""
-        self._writer.release_lanes()
-        self.buffer.sync_log()
+        """Close the env; the buffer's lane is free for another recorder; the log
+        it opened (``log=``) is closed, a log the buffer keeps otherwise synced."""
+        self._writer.release_lanes(close_log=self._log_opened)
         super().close()
 
     def annotate(self, agent: None = None, **fields: Any) -> None:

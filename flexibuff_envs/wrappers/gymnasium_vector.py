@@ -52,6 +52,7 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         super().__init__(env)
         self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
                                      gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
+        self._log_opened = log is not None
         mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._same_step = mode == AutoresetMode.SAME_STEP
         writer = Writer(self.buffer, self)
@@ -93,9 +94,9 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         return result
 
     def close(self, **kwargs: Any) -> None:
-        """Close the envs; the buffer's lanes are free for another recorder, and its log synced."""
-        self._recorder.writer.release_lanes()
-        self.buffer.sync_log()
+        """Close the envs; the buffer's lanes are free for another recorder; the log
+        it opened (``log=``) is closed, a log the buffer keeps otherwise synced."""
+        self._recorder.writer.release_lanes(close_log=self._log_opened)
         super().close(**kwargs)
 
     def annotate(self, agent: None = None, **fields: Any) -> None:

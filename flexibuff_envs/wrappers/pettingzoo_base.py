@@ -46,6 +46,7 @@ class PettingZooRecorderMixin(Unpicklable):
         self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
                                      seed=seed, global_reward=global_reward, alpha=alpha, extra_fields=extra_fields,
                                      log=log)
+        self._log_opened = log is not None
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)
@@ -75,9 +76,9 @@ class PettingZooRecorderMixin(Unpicklable):
             return None
 
     def close(self) -> None:
-        """Close the env; the buffer's lane is free for another recorder, and its log synced."""
-        self._writer.release_lanes()
-        self.buffer.sync_log()
+        """Close the env; the buffer's lane is free for another recorder; the log
+        it opened (``log=``) is closed, a log the buffer keeps otherwise synced."""
+        self._writer.release_lanes(close_log=self._log_opened)
         self.env.close()
 
     @property
