@@ -139,6 +139,27 @@ def one_hot(indices: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def category_indices(flat: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
+    """One-hot flattenings (``[..., sum(categories)]``) as the indices `one_hot` reads (index + 1;
+    0 where a category has no value set)."""
+    bounds = np.cumsum(categories)
+    out = np.zeros((*flat.shape[:-1], len(categories)), dtype=index_dtype(categories))
+    rows, at = np.nonzero(flat.reshape(-1, flat.shape[-1]))
+    which = np.searchsorted(bounds, at, side="right")
+    out.reshape(-1, len(categories))[rows, which] = at - (bounds[which] - np.asarray(categories)[which]) + 1
+    return out
+
+
+def encode(spec: BufferSpec, name: str, values: np.ndarray) -> np.ndarray:
+    """Values of field ``name`` as a batch shows them (masks joined over heads) as a buffer of
+    ``spec`` stores them: the inverse of `Storage.decode`, for filling a buffer by hand."""
+    if name in MASKS:
+        return pack_mask(values)
+    if name in ("obs", "obs_") and spec.obs_categories:
+        return category_indices(values, spec.obs_categories)
+    return values
+
+
 #: each next-value field and the field whose next row holds it
 NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
 #: fields stored in another form than batches show (`Storage.decode`)

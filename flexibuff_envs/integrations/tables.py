@@ -1,0 +1,117 @@
+"""A buffer's whole episodes as plain arrays, field by field, and such arrays back into a buffer:
+what the dataset exports write (`vault`, `parquet`) and their imports read. numpy only.
+
+An episode's arrays are laid out as batches are, with the agent axis always kept: per-agent
+fields ``[n_agents, T, ...]``, global ones (`GLOBAL`) ``[T, ...]``; action masks are joined
+over their heads (``[n_agents, T, sum(cardinalities)]``), fields of your own go by their names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Collection, Iterable, Iterator
+
+import numpy as np
+
+from flexibuff_envs.batch import FlexiBatch
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import encode
+
+#: a buffer, or the path of a buffer file or an episode log
+Source = FlexibleBuffer | str | os.PathLike[str]
+#: consecutive whole episodes: their lengths, and each field's rows back to back
+Block = tuple[np.ndarray, dict[str, np.ndarray]]
+
+#: fields with one value per row, not per agent
+GLOBAL = frozenset({"state", "state_", "global_rewards", "global_auxiliary_rewards"})
+#: batch fields that say how a batch was drawn, not what was recorded
+DRAWN = frozenset({"idx", "valid", "weights", "discounts", "n_steps", "extra"})
+#: fields a buffer computes when an episode ends; an import writes the given ones over them
+COMPUTED = ("G", "advantages", "returns")
+#: the `FlexibleBuffer` keyword that allocates each optional field
+_OPTION = {"global_rewards": "global_reward", "individual_rewards": "individual_reward",
+           "global_auxiliary_rewards": "global_auxiliary_reward",
+           "individual_auxiliary_rewards": "individual_auxiliary_reward",
+           "discrete_log_probs": "log_prob_discrete", "values": "values", "memory_weights": "memory_weights"}
+
+
+def open_source(source: Source, *, mmap: bool = True) -> FlexibleBuffer:
+    """``source`` itself, or the buffer file or episode log it names (mapped by default)."""
+    if isinstance(source, FlexibleBuffer):
+        return source
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        return FlexibleBuffer.open(path, mmap=mmap)
+    return FlexibleBuffer.load(path, mmap=mmap)
+
+
+def episode_arrays(batch: FlexiBatch, spec: BufferSpec) -> dict[str, np.ndarray]:
+    """One episode's recorded fields (the module's layout) from its batch."""
+    out = {}
+    values = [(f.name, getattr(batch, f.name)) for f in dataclasses.fields(FlexiBatch) if f.name not in DRAWN]
+    for name, value in [*values, *batch.extra.items()]:
+        if value is None:
+            continue
+        if isinstance(value, list):  # a mask per discrete head
+            value = np.concatenate(value, axis=-1)
+        out[name] = value[None] if spec.n_agents == 1 and name not in GLOBAL else value
+    return out
+
+
+def blocks(buffer: FlexibleBuffer, rows: int) -> Iterator[Block]:
+    """``buffer``'s whole episodes in blocks of about ``rows`` rows (an episode is never split)."""
+    lengths: list[int] = []
+    pieces: list[dict[str, np.ndarray]] = []
+    for batch in buffer.episodes():
+        pieces.append(episode_arrays(batch, buffer.spec))
+        lengths.append(len(batch))
+        if sum(lengths) >= rows:
+            yield joined(lengths, pieces)
+            lengths, pieces = [], []
+    if lengths:
+        yield joined(lengths, pieces)
+
+
+def joined(lengths: list[int], pieces: list[dict[str, np.ndarray]]) -> Block:
+    """Episodes' arrays as one block."""
+    return np.array(lengths, dtype=np.int64), {
+        name: np.concatenate([piece[name] for piece in pieces], axis=0 if name in GLOBAL else 1)
+        for name in pieces[0]}
+
+
+def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Block], *, rows: int,
+                log_prob_width: int = 0, **options: object) -> FlexibleBuffer:
+    """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
+    ``rows`` in all), one lane, each episode ended as a recording ends it: ``G`` (and GAE, with
+    values) computed, unless the blocks give them. ``options`` go to `FlexibleBuffer.from_spec`
+    (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes)."""
+    options.setdefault("num_steps", max(rows, 1))
+    allocated = {keyword: name in fields for name, keyword in _OPTION.items()}
+    buffer = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), log_prob_continuous=log_prob_width,
+                                      **{**allocated, **options})  # type: ignore[arg-type]
+    names = [name for name in fields if name not in COMPUTED]
+    targets = {name: buffer.field(name, width=log_prob_width if name == "continuous_log_probs" else None)
+               for name in [*names, *(name for name in COMPUTED if name in fields)]}
+    for lengths, arrays in source:
+        stored = {name: encode(spec, name, arrays[name]) for name in targets}
+        for start, length in zip((np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
+            buffer.begin_episode()
+            at = buffer.claim_rows(length)
+            span = slice(start, start + length)
+            for name in names:
+                _put(targets[name], name, at, stored[name], span)
+            buffer.end_episode()
+            for name in COMPUTED:
+                if name in stored:
+                    _put(targets[name], name, at, stored[name], span)
+    buffer.compact()  # each next value stored once again where it is the next row's
+    return buffer
+
+
+def _put(target: np.ndarray, name: str, at: np.ndarray, values: np.ndarray, span: slice) -> None:
+    if name in GLOBAL:
+        target[at] = values[span]
+    else:
+        target[:, at] = values[:, span]

@@ -1,0 +1,241 @@
+"""Recordings out to flashbax Vaults (OG-MARL's dataset form) and vaults back in: flashbax's own
+reader sees every field as the buffer holds it, a vault comes back as it went out, and a vault
+flashbax wrote in OG-MARL's layout trains through our samplers with G computed."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorstore")
+pytest.importorskip("flashbax")
+pytest.importorskip("pettingzoo")
+warnings.filterwarnings("ignore", module="pettingzoo")
+
+import flashbax as fbx
+import jax.numpy as jnp
+from flashbax.vault import Vault
+
+import flexibuff_envs as fe
+from flexibuff_envs.integrations.vault import from_vault, to_vault
+from flexibuff_envs.testing.reference import plain_returns
+from tests.batches import assert_same_batches
+
+GAMMA = 0.9
+
+
+def _parallel(env: Any, steps: int, seed: int = 0, first: int | None = None) -> fe.FlexibleBuffer:
+    """``env`` recorded for ``steps`` steps, agents cycling through their actions (or the first
+    agent playing ``first``, the others noop)."""
+    recorder = fe.record(env, num_steps=2000, gamma=GAMMA)
+    recorder.reset(seed=seed)
+    for t in range(steps):
+        recorder.step({agent: (t + i) % recorder.action_space(agent).n if first is None else
+                       first if agent == recorder.possible_agents[0] else 5 for i, agent in enumerate(recorder.agents)})
+        if not recorder.agents:
+            recorder.reset()
+    return recorder.buffer
+
+
+def recorded(kind: str) -> fe.FlexibleBuffer:
+    """A buffer of ``kind``: global state, agents of different sizes, agents dying, agents
+    spawning late, turns with masks (AEC), one agent."""
+    if kind == "spread":  # global state
+        from mpe2 import simple_spread_v3
+
+        return _parallel(simple_spread_v3.parallel_env(max_cycles=10), 60)
+    if kind == "adversary":  # agents of different observation sizes
+        from mpe2 import simple_adversary_v3
+
+        return _parallel(simple_adversary_v3.parallel_env(max_cycles=10), 60)
+    if kind == "dying":
+        from pettingzoo.butterfly import knights_archers_zombies_v11
+
+        return _parallel(knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000,
+                                                                  max_cycles=30), 70, seed=2, first=1)  # it walks over the line
+    if kind == "spawning":
+        from tests.test_pettingzoo_parallel import ScriptedParallel
+
+        return _parallel(ScriptedParallel(spawn={"a": 0, "b": 3}, end={"a": 5, "b": 8}), 40)
+    if kind == "connect_four":
+        from pettingzoo.classic import connect_four_v3
+
+        recorder = fe.record(connect_four_v3.env(), num_steps=2000, gamma=GAMMA)
+        rng = np.random.default_rng(0)
+        for episode in range(6):
+            recorder.reset(seed=episode)
+            for _ in recorder.agent_iter():
+                obs, _, terminated, truncated, _ = recorder.last()
+                recorder.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+        return recorder.buffer
+    recorder = fe.record(gym.make("CartPole-v1"), num_steps=2000, gamma=GAMMA)
+    recorder.reset(seed=0)
+    for t in range(300):
+        if any(recorder.step(t % 3 % 2)[2:4]):
+            recorder.reset()
+    return recorder.buffer
+
+
+KINDS = ["spread", "adversary", "dying", "spawning", "connect_four", "cartpole"]
+
+
+def _time_major(batches: list[fe.FlexiBatch], name: str, n_agents: int) -> np.ndarray:
+    """Field ``name`` of every episode, back to back, time first (then agents), as a vault lays it out."""
+    values = [getattr(b, name) for b in batches]
+    if isinstance(values[0], list):  # masks per head
+        values = [np.concatenate(v, axis=-1) for v in values]
+    if name in ("state", "global_rewards"):
+        return np.concatenate(values)
+    if n_agents == 1:
+        values = [v[None] for v in values]
+    return np.concatenate([np.moveaxis(v, 0, 1) for v in values])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_flashbax_reads_every_field_as_the_buffer_holds_it(tmp_path: Path, kind: str) -> None:
+    buffer = recorded(kind)
+    batches = list(buffer.episodes())
+    assert len(batches) >= 2
+    n = buffer.spec.n_agents
+    path = to_vault(buffer, tmp_path, vault_name="run.vlt", vault_uid="Good")
+    assert path == os.path.join(tmp_path, "run.vlt", "Good")
+    experience = Vault("run.vlt", rel_dir=str(tmp_path), vault_uid="Good").read().experience
+    got = {key: np.asarray(value)[0] for key, value in experience.items() if key != "infos"}
+    infos = {key: np.asarray(value)[0] for key, value in experience["infos"].items()}
+    rows = sum(len(b) for b in batches)
+    assert got["observations"].shape == (rows, n, buffer.spec.obs_size)
+    np.testing.assert_array_equal(got["observations"], _time_major(batches, "obs", n))
+    np.testing.assert_array_equal(got["actions"], _time_major(batches, "discrete_actions", n)[..., 0])
+    np.testing.assert_array_equal(got["rewards"], _time_major(batches, "individual_rewards", n))
+    for leaf, name in (("terminals", "terminated"), ("truncations", "truncated")):
+        assert got[leaf].dtype == np.float32
+        np.testing.assert_array_equal(got[leaf], _time_major(batches, name, n))
+    np.testing.assert_array_equal(infos["alive"], _time_major(batches, "active", n))
+    np.testing.assert_array_equal(infos["next_observations"], _time_major(batches, "obs_", n))
+    np.testing.assert_array_equal(np.flatnonzero(infos["episode_ends"]), np.cumsum([len(b) for b in batches]) - 1)
+    if buffer.spec.state_size:
+        np.testing.assert_array_equal(infos["state"], _time_major(batches, "state", n))
+    if buffer.spec.action_mask:
+        np.testing.assert_array_equal(infos["legals"], _time_major(batches, "action_mask", n))
+    if kind in ("dying", "spawning"):  # some agent is absent somewhere, and says so
+        assert (infos["alive"] == 0).any()
+    if kind == "adversary":  # the smaller agent's observation is zero-padded as the buffer pads it
+        small = int(np.argmin(buffer.spec.agent_obs_sizes))
+        assert (got["observations"][:, small, min(buffer.spec.agent_obs_sizes):] == 0).all()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_vault_comes_back_as_it_went_out(tmp_path: Path, kind: str) -> None:
+    buffer = recorded(kind)
+    back = from_vault(to_vault(buffer, tmp_path, vault_uid="x"))
+    assert back.spec == buffer.spec and back.gamma == buffer.gamma
+    for mine, want in zip(back.episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
+    assert len(back.sample_transitions(32)) == 32
+
+
+def test_a_log_and_a_file_export_as_their_buffer_does(tmp_path: Path) -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=2000, gamma=GAMMA, log=tmp_path / "run.log")
+    env.reset(seed=0)
+    for t in range(300):
+        if any(env.step(t % 3 % 2)[2:4]):
+            env.reset()
+    env.close()
+    env.buffer.save(tmp_path / "run.fbuf")
+    sources = {"buffer": env.buffer, "log": tmp_path / "run.log", "file": str(tmp_path / "run.fbuf")}
+    for uid, source in sources.items():
+        back = from_vault(tmp_path / "vaults", vault_name="cartpole.vlt", vault_uid=to_vault(
+            source, tmp_path / "vaults", vault_name="cartpole.vlt", vault_uid=uid).rsplit(os.sep, 1)[1])
+        for mine, want in zip(back.episodes(), env.buffer.episodes(), strict=True):
+            assert_same_batches(mine, want)
+
+
+def _og_marl_vault(directory: Path, lengths: list[int], truncated: list[bool], tail: int) -> dict[str, np.ndarray]:
+    """A vault flashbax writes in OG-MARL's layout: 3 agents, episodes of ``lengths`` packed along
+    T (terminals, or truncations, set for every agent at each end), then ``tail`` steps of an
+    episode cut off. Returns the arrays written, ``[T, ...]``."""
+    rng = np.random.default_rng(0)
+    steps, n = sum(lengths) + tail, 3
+    team = rng.normal(size=steps).astype(np.float32)
+    ends = np.cumsum(lengths) - 1
+    terminals = np.zeros((steps, n), np.float32)
+    truncations = np.zeros((steps, n), np.float32)
+    for end, cut in zip(ends, truncated):
+        (truncations if cut else terminals)[end] = 1.0
+    legals = (rng.random((steps, n, 5)) < 0.6).astype(np.float32)
+    legals[..., 0] = 1.0
+    data = {
+        "observations": rng.normal(size=(steps, n, 4)).astype(np.float32),
+        "actions": rng.integers(0, 5, size=(steps, n)).astype(np.int32),
+        "rewards": np.repeat(team[:, None], n, axis=1),
+        "terminals": terminals, "truncations": truncations,
+        "infos": {"legals": legals, "state": rng.normal(size=(steps, 6)).astype(np.float32)},
+    }
+    buffer = fbx.make_flat_buffer(max_length=steps + 8, min_length=1, sample_batch_size=1, add_sequences=True,
+                                  add_batch_size=None)
+    state = buffer.init({key: (jnp.asarray(value[0]) if key != "infos" else
+                               {k: jnp.asarray(v[0]) for k, v in value.items()}) for key, value in data.items()})
+    state = buffer.add(state, {key: (jnp.asarray(value) if key != "infos" else
+                                     {k: jnp.asarray(v) for k, v in value.items()}) for key, value in data.items()})
+    vault = Vault("smac_3m.vlt", experience_structure=state.experience, rel_dir=str(directory), vault_uid="Good")
+    assert vault.write(state) == steps
+    return data
+
+
+def test_an_og_marl_vault_that_flashbax_wrote_reads_without_jax_into_whole_episodes(tmp_path: Path) -> None:
+    lengths, truncated = [4, 7, 2], [False, True, False]
+    data = _og_marl_vault(tmp_path, lengths, truncated, tail=3)
+    buffer = from_vault(tmp_path, vault_name="smac_3m.vlt", gamma=GAMMA)
+    assert buffer.spec.n_agents == 3 and buffer.spec.discrete_action_cardinalities == (5,)
+    assert buffer.spec.state_size == 6 and buffer.spec.action_mask
+    episodes = list(buffer.episodes())
+    assert [len(b) for b in episodes] == lengths  # the cut-off tail is left out
+    start = 0
+    for batch, length, cut in zip(episodes, lengths, truncated):
+        rows = slice(start, start + length)
+        np.testing.assert_array_equal(batch.obs, np.moveaxis(data["observations"][rows], 0, 1))
+        np.testing.assert_array_equal(batch.discrete_actions[..., 0], data["actions"][rows].T)
+        np.testing.assert_array_equal(batch.action_mask[0], np.moveaxis(data["infos"]["legals"][rows], 0, 1) != 0)
+        np.testing.assert_array_equal(batch.state, data["infos"]["state"][rows])
+        np.testing.assert_array_equal(batch.obs_[:, :-1], batch.obs[:, 1:])
+        assert batch.truncated[:, -1].all() == cut and batch.terminated[:, -1].all() == (not cut)
+        assert not batch.terminated[:, :-1].any()
+        team = data["rewards"][rows, 0].tolist()
+        for agent in range(3):
+            np.testing.assert_allclose(batch.G[agent], plain_returns(team, GAMMA), rtol=1e-5)
+        np.testing.assert_allclose(batch.global_rewards, team)
+        start += length
+    assert buffer.sample_transitions(8, as_torch=True).obs.shape == (3, 8, 4)
+
+
+def test_what_is_not_a_vault_is_one_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(fe.BufferFileError, match=str(tmp_path)):
+        from_vault(tmp_path)
+    (tmp_path / "metadata.json").write_text("{not json")
+    with pytest.raises(fe.BufferFileError, match="metadata.json: not a flashbax vault"):
+        from_vault(tmp_path)
+    buffer = recorded("cartpole")
+    path = Path(to_vault(buffer, tmp_path / "v", vault_uid="u"))
+    meta = json.loads((path / "metadata.json").read_text())
+    json.dump({**meta, "version": 2.0}, (path / "metadata.json").open("w"))
+    with pytest.raises(fe.BufferFileError, match="version 2.0"):
+        from_vault(path)
+    with pytest.raises(fe.BufferSaveError, match="a vault is there already"):
+        to_vault(buffer, tmp_path / "v", vault_uid="u")
+    with pytest.raises(fe.BufferFileError, match="pass vault_uid, one of"):
+        to_vault(buffer, tmp_path / "v", vault_uid="w")
+        from_vault(tmp_path / "v", vault_name="recording.vlt")
+
+
+def test_an_empty_buffer_writes_no_vault(tmp_path: Path) -> None:
+    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(gym.make("CartPole-v1")), num_steps=10)
+    with pytest.raises(fe.EmptyBufferError):
+        to_vault(buffer, tmp_path, vault_uid="u")
+    assert os.listdir(tmp_path / "recording.vlt") == []
