@@ -8,6 +8,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+import flexibuff_envs as fe
+
 
 class ToyEnv(gym.Env):
     """Random observations of any space, any action space, episodes of chosen lengths.
@@ -54,8 +56,6 @@ def recorded_spread(max_cycles: int, steps: int, num_steps: int = 200) -> Any:
     """The buffer of mpe2's simple_spread_v3 (3 agents) recorded for ``steps`` parallel steps."""
     from mpe2 import simple_spread_v3
 
-    import flexibuff_envs as fe
-
     env = fe.record(simple_spread_v3.parallel_env(max_cycles=max_cycles), num_steps=num_steps)
     env.reset(seed=0)
     for _ in range(steps):
@@ -63,3 +63,64 @@ def recorded_spread(max_cycles: int, steps: int, num_steps: int = 200) -> Any:
         if not env.agents:
             env.reset()
     return env.buffer
+
+
+#: the discount `recorded` records with
+RECORDED_GAMMA = 0.9
+
+
+def _parallel(env: Any, steps: int, seed: int = 0, first: int | None = None) -> fe.FlexibleBuffer:
+    """``env`` recorded for ``steps`` steps, agents cycling through their actions (or the first
+    agent playing ``first``, the others noop)."""
+    recorder = fe.record(env, num_steps=2000, gamma=RECORDED_GAMMA)
+    recorder.reset(seed=seed)
+    for t in range(steps):
+        recorder.step({agent: (t + i) % recorder.action_space(agent).n if first is None else
+                       first if agent == recorder.possible_agents[0] else 5 for i, agent in enumerate(recorder.agents)})
+        if not recorder.agents:
+            recorder.reset()
+    return recorder.buffer
+
+
+def recorded(kind: str) -> fe.FlexibleBuffer:
+    """A buffer of ``kind``: global state, agents of different sizes, agents dying, agents
+    spawning late, turns with masks (AEC), one agent."""
+    if kind == "spread":  # global state
+        from mpe2 import simple_spread_v3
+
+        return _parallel(simple_spread_v3.parallel_env(max_cycles=10), 60)
+    if kind == "adversary":  # agents of different observation sizes
+        from mpe2 import simple_adversary_v3
+
+        return _parallel(simple_adversary_v3.parallel_env(max_cycles=10), 60)
+    if kind == "dying":
+        from pettingzoo.butterfly import knights_archers_zombies_v11
+
+        return _parallel(knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000,
+                                                                  max_cycles=30), 70, seed=2, first=1)  # it walks over the line
+    if kind == "spawning":
+        from tests.test_pettingzoo_parallel import ScriptedParallel
+
+        return _parallel(ScriptedParallel(spawn={"a": 0, "b": 3}, end={"a": 5, "b": 8}), 40)
+    if kind == "connect_four":
+        from pettingzoo.classic import connect_four_v3
+
+        recorder = fe.record(connect_four_v3.env(), num_steps=2000, gamma=RECORDED_GAMMA)
+        rng = np.random.default_rng(0)
+        for episode in range(6):
+            recorder.reset(seed=episode)
+            for _ in recorder.agent_iter():
+                obs, _, terminated, truncated, _ = recorder.last()
+                recorder.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+        return recorder.buffer
+    recorder = fe.record(gym.make("CartPole-v1"), num_steps=2000, gamma=RECORDED_GAMMA)
+    recorder.reset(seed=0)
+    for t in range(300):
+        if any(recorder.step(t % 3 % 2)[2:4]):
+            recorder.reset()
+    return recorder.buffer
+
+
+RECORDED_KINDS = ["spread", "adversary", "dying", "spawning", "connect_four", "cartpole"]
+
+

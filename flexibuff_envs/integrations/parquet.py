@@ -1,0 +1,222 @@
+"""Parquet, the columnar form pandas, polars, Hugging Face ``datasets``, Spark and DuckDB read:
+`to_parquet` writes a buffer, buffer file or episode log as long tables, `from_parquet` reads
+them back into an equal buffer. Needs ``pip install 'flexibuff_envs[parquet]'`` (pyarrow).
+
+A dataset is a directory of two tables, each split into part files that hold whole episodes
+(``part-00000.parquet``, ...; a part never splits an episode, and rows are ordered by episode):
+
+- ``agents/``: one row per episode, step and agent (``episode``, ``step``, ``agent`` by name),
+  every per-agent field (``obs``, ``obs_``, ``discrete_actions``, ``individual_rewards``,
+  ``terminated``, ``truncated``, ``active``, ``action_mask`` with heads joined, ``G``, fields of
+  your own, ...). Every agent has a row at every step; ``active`` says whether it was there.
+- ``steps/``: one row per episode and step, the fields held once per step (``state``,
+  ``state_``, ``global_rewards``, ...).
+
+A value of several numbers is a fixed-size list column (flattened; the schema's metadata keeps
+each field's shape and the buffer's layout); observations of bytes (images) are fixed-size
+binary columns, so nothing is converted or lost. Categorical observations are one-hot, as
+batches show them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import (
+    BufferFileError,
+    BufferSaveError,
+    EmptyBufferError,
+    MissingExtraError,
+)
+from flexibuff_envs.integrations.tables import (
+    GLOBAL,
+    Block,
+    Source,
+    blocks,
+    into_buffer,
+    open_source,
+)
+from flexibuff_envs.spec import BufferSpec
+
+try:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError as error:  # pragma: no cover - the test extra installs it
+    raise MissingExtraError("flexibuff_envs.integrations.parquet needs pyarrow: "
+                            "pip install 'flexibuff_envs[parquet]'") from error
+
+#: the schema metadata key holding the buffer's layout
+KEY = b"flexibuff_envs"
+#: steps of episodes per part file
+PART_STEPS = 65_536
+TABLES = ("agents", "steps")
+
+
+def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
+    """Write the whole episodes of ``source`` (a buffer, or a buffer file or episode log's path,
+    read a part at a time) as the Parquet dataset ``directory`` (made; written under a temporary
+    name and renamed when whole) and return its path.
+
+    Raises:
+        BufferSaveError: ``directory`` exists already, or cannot be written.
+        EmptyBufferError: ``source`` holds no whole episode.
+    """
+    buffer = open_source(source)
+    path = os.path.normpath(os.fspath(directory))
+    if os.path.exists(path):
+        raise BufferSaveError(errno.EEXIST, "a file or directory is there already", path)
+    partial = f"{path}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        for table in TABLES:
+            os.makedirs(os.path.join(partial, table))
+        episodes = 0
+        for part, block in enumerate(blocks(buffer, PART_STEPS)):
+            for table, columns in _tables(block, buffer.spec, episodes).items():
+                if columns:
+                    meta = {KEY: json.dumps(_layout(buffer.spec, buffer.gamma, buffer.gae_lambda, block)).encode()}
+                    pq.write_table(pa.table(columns).replace_schema_metadata(meta),
+                                   os.path.join(partial, table, f"part-{part:05d}.parquet"))
+            episodes += len(block[0])
+        if not episodes:
+            raise EmptyBufferError(f"to_parquet: {'the buffer' if source is buffer else source} holds no whole "
+                                   "ended episode")
+        os.rename(partial, path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return path
+
+
+def _layout(spec: BufferSpec, gamma: float, gae_lambda: float, block: Block) -> dict[str, Any]:
+    arrays = block[1]
+    return {"format": 1, "spec": spec.to_dict(), "gamma": gamma, "gae_lambda": gae_lambda,
+            "fields": {name: {"shape": list(values.shape[1 if name in GLOBAL else 2:]), "dtype": values.dtype.name}
+                       for name, values in arrays.items()}}
+
+
+def _tables(block: Block, spec: BufferSpec, first: int) -> dict[str, dict[str, pa.Array]]:
+    """A block's columns, per table (keys in column order)."""
+    lengths, arrays = block
+    steps, n = int(lengths.sum()), spec.n_agents
+    episode = np.repeat(np.arange(first, first + len(lengths)), lengths)
+    step = np.arange(steps) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    agents: dict[str, pa.Array] = {
+        "episode": pa.array(np.repeat(episode, n)), "step": pa.array(np.repeat(step, n).astype(np.int32)),
+        "agent": pa.DictionaryArray.from_arrays(pa.array(np.tile(np.arange(n, dtype=np.int32), steps)),
+                                                pa.array(list(spec.agent_ids))),
+    }
+    per_step: dict[str, pa.Array] = {"episode": pa.array(episode), "step": pa.array(step.astype(np.int32))}
+    for name, values in arrays.items():
+        if name in GLOBAL:
+            per_step[name] = _column(values.reshape(steps, -1) if values.ndim > 1 else values)
+        else:  # [agents, steps, ...] -> a row per step and agent
+            rows = np.moveaxis(values, 0, 1).reshape(steps * n, -1)
+            agents[name] = _column(rows if values.ndim > 2 else rows[:, 0])
+    return {"agents": agents, "steps": per_step if len(per_step) > 2 else {}}
+
+
+def _column(values: np.ndarray) -> pa.Array:
+    """Rows of one value (a plain column) or of several (fixed-size list; bytes: fixed-size binary)."""
+    if values.ndim == 1:
+        return pa.array(values)
+    values = np.ascontiguousarray(values)
+    width = values.shape[1]
+    if values.dtype in (np.uint8, np.int8):
+        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(values), [None, pa.py_buffer(values)])
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width)
+
+
+def from_parquet(directory: str | os.PathLike[str], **buffer_options: Any) -> FlexibleBuffer:
+    """A buffer holding every episode of the Parquet dataset ``directory`` (`to_parquet`'s), equal
+    to the one exported: the same layout, fields, ``G`` and discounts (``buffer_options`` go to
+    `FlexibleBuffer.from_spec`: ``num_steps``, ``seed``, ...).
+
+    Raises:
+        BufferFileError: ``directory`` is not such a dataset, or a part of it disagrees with its
+            layout (the file and the problem named).
+    """
+    path = os.fspath(directory)
+    parts = _parts(path)
+    layout = _read_layout(parts[0][0])
+    spec = BufferSpec.from_dict(layout["spec"])
+    fields = layout["fields"]
+    buffer_options.setdefault("gamma", layout["gamma"])
+    buffer_options.setdefault("gae_lambda", layout["gae_lambda"])
+    source = list(_blocks(parts, spec, fields))
+    width = int(np.prod(fields["continuous_log_probs"]["shape"])) if "continuous_log_probs" in fields else 0
+    return into_buffer(spec, fields.keys(), source, rows=sum(int(lengths.sum()) for lengths, _ in source),
+                       log_prob_width=width, **buffer_options)
+
+
+def _parts(path: str) -> list[tuple[str, str | None]]:
+    """Each part's ``agents`` file and its ``steps`` file (None when the dataset has none)."""
+    agents = os.path.join(path, "agents")
+    names = sorted(n for n in os.listdir(agents) if n.endswith(".parquet")) if os.path.isdir(agents) else []
+    if not names:
+        raise BufferFileError(f"{path}: not a Parquet dataset of flexibuff_envs (no agents/*.parquet)")
+    steps = os.path.join(path, "steps")
+    return [(os.path.join(agents, name), os.path.join(steps, name) if os.path.exists(os.path.join(steps, name))
+             else None) for name in names]
+
+
+def _read_layout(file: str) -> dict[str, Any]:
+    try:
+        meta = pq.read_schema(file).metadata or {}
+        layout = json.loads(meta[KEY])
+        BufferSpec.from_dict(layout["spec"])
+        if layout["format"] != 1:
+            raise ValueError(f"format {layout['format']}; this reads 1")
+        return layout  # type: ignore[no-any-return]
+    except (OSError, KeyError, TypeError, ValueError, pa.ArrowException) as exc:
+        raise BufferFileError(f"{file}: not a part of a flexibuff_envs Parquet dataset ({exc!r})") from None
+
+
+def _blocks(parts: list[tuple[str, str | None]], spec: BufferSpec, fields: dict[str, Any]) -> Iterator[Block]:
+    n = spec.n_agents
+    for agents_file, steps_file in parts:
+        try:
+            tables = {"agents": pq.read_table(agents_file)}
+            if steps_file is not None:
+                tables["steps"] = pq.read_table(steps_file)
+        except (OSError, pa.ArrowException) as exc:
+            raise BufferFileError(f"{agents_file}: cannot be read ({exc})") from None
+        rows = tables["agents"].num_rows
+        if rows % n:
+            raise BufferFileError(f"{agents_file}: {rows:,} rows is no whole number of steps of {n} agents")
+        episode = tables["agents"].column("episode").to_numpy()[::n]
+        cut = np.flatnonzero(np.diff(episode)) + 1
+        lengths = np.diff(np.concatenate([[0], cut, [len(episode)]]))
+        arrays = {}
+        for name, field in fields.items():
+            table = tables["steps" if name in GLOBAL else "agents"]
+            if name not in table.column_names:
+                raise BufferFileError(f"{steps_file if name in GLOBAL else agents_file}: no column {name!r}")
+            where = f"{steps_file if name in GLOBAL else agents_file}: column {name!r}"
+            values = _values(table.column(name), field, where)
+            arrays[name] = values if name in GLOBAL else np.moveaxis(values.reshape(-1, n, *values.shape[1:]), 1, 0)
+        yield lengths, arrays
+
+
+def _values(column: pa.ChunkedArray, field: dict[str, Any], where: str) -> np.ndarray:
+    """A column's rows as numpy, in the field's shape and dtype."""
+    shape, dtype = tuple(field["shape"]), np.dtype(field["dtype"])
+    array = column.combine_chunks()
+    width = int(np.prod(shape))
+    if pa.types.is_fixed_size_binary(array.type):
+        flat = np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array) * width, offset=array.offset * width)
+    elif pa.types.is_fixed_size_list(array.type):
+        flat = array.flatten().to_numpy(zero_copy_only=False)
+    else:
+        flat = array.to_numpy(zero_copy_only=False)
+    if flat.size != len(array) * width:
+        raise BufferFileError(f"{where} holds {flat.size:,} values for {len(array):,} rows of {shape}")
+    return flat.astype(dtype, copy=False).reshape(len(array), *shape)
