@@ -120,3 +120,19 @@ def test_an_empty_buffer_writes_no_dataset(tmp_path: Path) -> None:
     with pytest.raises(fe.EmptyBufferError):
         to_parquet(buffer, tmp_path / "data")
     assert os.listdir(tmp_path) == []
+
+
+def test_the_cli_exports_a_recording_as_parquet_and_inspects_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from flexibuff_envs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "classic/connect_four_v3", "--episodes", "12", "--out", "c4.log"]) == 0
+    assert main(["export", "c4.log", "--parquet", "c4"]) == 0
+    logged = fe.FlexibleBuffer.open(tmp_path / "c4.log")
+    for mine, want in zip(from_parquet(tmp_path / "c4").episodes(), logged.episodes(), strict=True):
+        assert_same_batches(mine, want)
+    capsys.readouterr()
+    assert main(["inspect", "c4"]) == 0
+    report = capsys.readouterr().out
+    assert "Parquet dataset, 2 agents" in report and "12 whole episodes" in report and "obs [84] int8" in report

@@ -184,3 +184,23 @@ def test_an_empty_buffer_writes_no_vault(tmp_path: Path) -> None:
     with pytest.raises(fe.EmptyBufferError):
         to_vault(buffer, tmp_path, vault_uid="u")
     assert os.listdir(tmp_path / "recording.vlt") == []
+
+
+def test_the_cli_exports_a_recording_as_a_vault_and_inspects_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from flexibuff_envs.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["record", "classic/connect_four_v3", "--episodes", "12", "--out", "c4.log"]) == 0
+    assert main(["export", "c4.log", "--vault", "vaults", "--vault-uid", "Good"]) == 0
+    assert "Vault('c4.vlt', rel_dir='vaults', vault_uid='Good')" in capsys.readouterr().out
+    experience = Vault("c4.vlt", rel_dir="vaults", vault_uid="Good").read().experience
+    assert int(np.asarray(experience["infos"]["episode_ends"]).sum()) == 12
+    assert main(["inspect", "vaults"]) == 0
+    report = capsys.readouterr().out
+    assert "flashbax vault, 2 agents" in report and "12 whole episodes" in report and "infos.legals [2, 7]" in report
+    (tmp_path / "other").mkdir()
+    assert main(["inspect", "other"]) == 1
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["export", "c4.log", "--vault", "vaults", "--vault-uid", "Good"]) == 1
+    assert "a vault is there already" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import itertools
 import json
 import math
@@ -24,7 +25,13 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
-from flexibuff_envs.cli.report import inspect_log_report, inspect_report, record_report, size
+from flexibuff_envs.cli.report import (
+    inspect_dataset_report,
+    inspect_log_report,
+    inspect_report,
+    record_report,
+    size,
+)
 from flexibuff_envs.rollout import Budget, Progress, play
 
 DEFAULT_EPISODES = 100
@@ -195,11 +202,39 @@ def _progress_bar(budget: Budget, label: str) -> tuple[Any, Progress]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    if os.path.isdir(args.file):
-        print(inspect_log_report(args.file))
+    path = args.file
+    if not os.path.isdir(path):
+        print(inspect_report(path, fe.FlexibleBuffer.load(path, mmap=True)))
+        return 0
+    from flexibuff_envs.log import is_log
+
+    if is_log(path):
+        print(inspect_log_report(path))
+        return 0
+    vault = _vault_in(path)
+    if vault is not None:
+        from flexibuff_envs.integrations.vault import summary
+
+        print(inspect_dataset_report(vault, summary(vault)))
+    elif os.path.isdir(os.path.join(path, "agents")):
+        from flexibuff_envs.integrations.parquet import summary as parquet_summary
+
+        print(inspect_dataset_report(path, parquet_summary(path)))
     else:
-        print(inspect_report(args.file, fe.FlexibleBuffer.load(args.file, mmap=True)))
+        raise fe.BufferFileError(f"{path}: neither an episode log, a flashbax vault nor a Parquet dataset of "
+                                 "flexibuff_envs")
     return 0
+
+
+def _vault_in(path: str) -> str | None:
+    """The vault ``path`` is, or the one vault under it (``vault_uid`` or ``vault_name/vault_uid``),
+    or None; several under it are a usage error naming them."""
+    found = [d for d in [path, *sorted(glob.glob(os.path.join(glob.escape(path), "*"))),
+                         *sorted(glob.glob(os.path.join(glob.escape(path), "*", "*")))]
+             if os.path.isfile(os.path.join(d, "metadata.json"))]
+    if len(found) > 1 and found[0] != path:
+        raise UsageError(f"{path} holds {len(found)} vaults; name one: {', '.join(found)}")
+    return found[0] if found else None
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -224,6 +259,24 @@ def _opened(path: str, *, mmap: bool) -> fe.FlexibleBuffer:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.vault is not None:
+        from flexibuff_envs.integrations.vault import to_vault
+
+        name = args.vault_name or os.path.splitext(os.path.basename(os.path.normpath(args.file)))[0] + ".vlt"
+        path = to_vault(_opened(args.file, mmap=True), args.vault, vault_name=name, vault_uid=args.vault_uid)
+        print(f"wrote vault {path}: flashbax reads it as Vault({name!r}, rel_dir={args.vault!r}, "
+              f"vault_uid={os.path.basename(path)!r})")
+        return 0
+    if args.parquet is not None:
+        from flexibuff_envs.integrations.parquet import to_parquet
+
+        print(f"wrote Parquet dataset {to_parquet(_opened(args.file, mmap=True), args.parquet)}: tables agents/ "
+              "and steps/")
+        return 0
+    return _export_minari(args)
+
+
+def _export_minari(args: argparse.Namespace) -> int:
     from flexibuff_envs.integrations.minari import to_minari
 
     buffer = _opened(args.file, mmap=False)
@@ -342,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "forgotten whole")
     rec.set_defaults(run=cmd_record)
 
-    ins = commands.add_parser("inspect", help="describe a saved buffer or an episode log: layout, counts, returns")
+    ins = commands.add_parser("inspect", help="describe a saved buffer, an episode log, a vault or a Parquet dataset")
     ins.add_argument("file")
     ins.set_defaults(run=cmd_inspect)
 
@@ -351,10 +404,18 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="PNG", help="image to write (default: FILE with .png)")
     plot.set_defaults(run=cmd_plot)
 
-    export = commands.add_parser("export", help="write a saved buffer's whole episodes as a Minari dataset")
+    export = commands.add_parser("export", help="write the whole episodes of a buffer file or episode log as a "
+                                                "Minari dataset, a flashbax vault or Parquet tables")
     export.add_argument("file")
-    export.add_argument("--minari", required=True, metavar="DATASET_ID",
+    target = export.add_mutually_exclusive_group(required=True)
+    target.add_argument("--minari", metavar="DATASET_ID",
                         help="the dataset id, like cartpole/recorded-v0 (pip install 'flexibuff_envs[minari]')")
+    target.add_argument("--vault", metavar="DIR", help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's "
+                                                       "rel_dir; pip install 'flexibuff_envs[vault]')")
+    target.add_argument("--parquet", metavar="DIR", help="Parquet tables in the new directory DIR "
+                                                         "(pip install 'flexibuff_envs[parquet]')")
+    export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
+    export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
     export.add_argument("--env", help="the env id the buffer recorded: its spaces and Minari's record of it "
                                       "(default: spaces rebuilt from the buffer's layout)")
     export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")

@@ -10,6 +10,7 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.cli.envs import EnvChoice
+from flexibuff_envs.integrations.tables import Summary
 from flexibuff_envs.rollout import Rollout
 from flexibuff_envs.spec import BufferSpec
 
@@ -98,6 +99,15 @@ def inspect_log_report(path: str) -> str:
         lines.append(_line("torn", f"{torn.size:,} bytes at the end of {os.path.basename(torn.path)}, "
                                    f"left out (flexibuff-envs repair {path} cuts them)"))
     return "\n".join(lines)
+
+
+def inspect_dataset_report(path: str, summary: Summary) -> str:
+    """What a vault or Parquet dataset holds (`flexibuff_envs.integrations.tables.Summary`)."""
+    return "\n".join([
+        f"{path}: {summary.kind}, {len(summary.agents)} agent{'s' if len(summary.agents) != 1 else ''}",
+        _line("agents", ", ".join(summary.agents)),
+        _line("rows", f"{summary.steps:,} steps, {summary.episodes:,} whole episode{'' if summary.episodes == 1 else 's'}"),
+        _line("fields", ", ".join(f"{name} {what}" for name, what in summary.fields.items()))])
 
 
 def _held_lines(buffer: FlexibleBuffer) -> list[str]:

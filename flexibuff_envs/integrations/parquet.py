@@ -40,6 +40,7 @@ from flexibuff_envs.integrations.tables import (
     GLOBAL,
     Block,
     Source,
+    Summary,
     blocks,
     into_buffer,
     open_source,
@@ -220,3 +221,25 @@ def _values(column: pa.ChunkedArray, field: dict[str, Any], where: str) -> np.nd
     if flat.size != len(array) * width:
         raise BufferFileError(f"{where} holds {flat.size:,} values for {len(array):,} rows of {shape}")
     return flat.astype(dtype, copy=False).reshape(len(array), *shape)
+
+
+def is_dataset(path: str) -> bool:
+    """Whether ``path`` looks like a Parquet dataset of ours (an ``agents/`` table)."""
+    return os.path.isdir(os.path.join(path, "agents"))
+
+
+def summary(path: str) -> Summary:
+    """What the Parquet dataset ``path`` holds, reading its ``episode`` column only."""
+    parts = _parts(path)
+    layout = _read_layout(parts[0][0])
+    spec = BufferSpec.from_dict(layout["spec"])
+    episodes = rows = 0
+    for agents_file, _ in parts:
+        try:
+            episode = pq.read_table(agents_file, columns=["episode"]).column("episode").to_numpy()
+        except (OSError, KeyError, pa.ArrowException) as exc:
+            raise BufferFileError(f"{agents_file}: cannot be read ({exc})") from None
+        episodes += len(np.unique(episode))
+        rows += len(episode)
+    return Summary("Parquet dataset", spec.agent_ids, episodes, rows // spec.n_agents,
+                   {name: f"{field['shape']} {field['dtype']}" for name, field in sorted(layout["fields"].items())})

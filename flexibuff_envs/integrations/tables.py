@@ -115,3 +115,15 @@ def _put(target: np.ndarray, name: str, at: np.ndarray, values: np.ndarray, span
         target[at] = values[span]
     else:
         target[:, at] = values[:, span]
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """What a dataset holds, read without its rows (for ``flexibuff-envs inspect``)."""
+
+    kind: str
+    agents: tuple[str, ...]
+    episodes: int
+    steps: int
+    #: each field (or leaf, or column): its shape per row and dtype
+    fields: dict[str, str]

@@ -59,6 +59,7 @@ from flexibuff_envs.integrations.tables import (
     GLOBAL,
     Block,
     Source,
+    Summary,
     blocks,
     into_buffer,
     open_source,
@@ -107,7 +108,7 @@ def _laid_out(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
 
 
 def _store_spec(base: str, leaf: str) -> dict[str, Any]:
-    return {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{base}", "path": f"{leaf}."
+    return {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{os.path.abspath(base)}", "path": f"{leaf}."
                                           if leaf != "vault_index" else leaf}}
 
 
@@ -136,6 +137,9 @@ def to_vault(source: Source, directory: str | os.PathLike[str], *, vault_name: s
     try:
         rows = _write(partial, blocks(buffer, BLOCK_ROWS), spec, buffer, dict(metadata or {}))
         os.rename(partial, path)
+    except (ValueError, RuntimeError) as exc:  # TensorStore's, a full disk among them
+        shutil.rmtree(partial, ignore_errors=True)
+        raise BufferSaveError(errno.EIO, f"cannot write the vault ({exc})", path) from exc
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -364,3 +368,35 @@ def _cast(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
     if name in ("obs", "obs_") and not spec.obs_categories:  # categories: one-hot, as batches show them
         return values.astype(spec.obs_dtype, copy=False)
     return values
+
+
+def is_vault(path: str) -> bool:
+    """Whether ``path`` holds a vault's metadata."""
+    return os.path.isfile(os.path.join(path, "metadata.json"))
+
+
+def summary(path: str) -> Summary:
+    """What the vault ``path`` holds: its agents, whole episodes (ends read, not the rest),
+    steps and leaves."""
+    try:
+        with open(os.path.join(path, "metadata.json"), "rb") as file:
+            meta = json.loads(file.read(1 << 24))
+        leaves = dict(_flat(meta["structure_shape"], meta["structure_dtype"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BufferFileError(f"{path}/metadata.json: not a flashbax vault's metadata ({exc!r})") from None
+    ours = meta.get("flexibuff_envs") if isinstance(meta.get("flexibuff_envs"), dict) else None
+    ends_leaf = [EPISODE_ENDS] if ours and EPISODE_ENDS in leaves else ["terminals", "truncations"]
+    arrays = _read(path, {leaf: leaves[leaf] for leaf in ends_leaf if leaf in leaves})
+    if ours:
+        agents = tuple(BufferSpec.from_dict(ours["spec"]).agent_ids)
+    else:
+        n = leaves.get("observations", ((0, 0, 0),))[0]
+        agents = tuple(f"agent_{i}" for i in range(n[2] if len(n) > 2 else 0))
+    if EPISODE_ENDS in arrays:
+        last = arrays[EPISODE_ENDS] != 0
+    else:
+        done = sum((arrays[leaf] != 0).astype(np.int8) for leaf in arrays) > 0
+        last = done.reshape(*done.shape[:2], -1).all(axis=-1)
+    steps = int(next(iter(arrays.values())).shape[0] * next(iter(arrays.values())).shape[1]) if arrays else 0
+    return Summary("flashbax vault", agents, int(np.count_nonzero(last)), steps,
+                   {leaf: f"{list(shape[2:])} {dtype}" for leaf, (shape, dtype) in sorted(leaves.items())})
