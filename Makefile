@@ -34,3 +34,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_log.py
 	$(PY) benchmarks/bench_log_read.py
 	$(PY) benchmarks/bench_log_memory.py
+	$(PY) benchmarks/bench_exports.py

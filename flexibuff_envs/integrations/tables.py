@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.episodes import Lane, episode_table
+from flexibuff_envs.sampling import Draw
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import encode
+from flexibuff_envs.storage import Storage, encode
 
 #: a buffer, or the path of a buffer file or an episode log
 Source = FlexibleBuffer | str | os.PathLike[str]
@@ -61,24 +63,32 @@ def episode_arrays(batch: FlexiBatch, spec: BufferSpec) -> dict[str, np.ndarray]
 
 
 def blocks(buffer: FlexibleBuffer, rows: int) -> Iterator[Block]:
-    """``buffer``'s whole episodes in blocks of about ``rows`` rows (an episode is never split)."""
-    lengths: list[int] = []
-    pieces: list[dict[str, np.ndarray]] = []
-    for batch in buffer.episodes():
-        pieces.append(episode_arrays(batch, buffer.spec))
-        lengths.append(len(batch))
-        if sum(lengths) >= rows:
-            yield joined(lengths, pieces)
-            lengths, pieces = [], []
-    if lengths:
-        yield joined(lengths, pieces)
+    """``buffer``'s whole episodes in recording order, in blocks of about ``rows`` rows (an
+    episode is never split), each block gathered at once."""
+    runs = _Runs(rows)
+    for k, batch in enumerate(buffer.draw(runs)):
+        yield runs.lengths[k], episode_arrays(batch, buffer.spec)
 
 
-def joined(lengths: list[int], pieces: list[dict[str, np.ndarray]]) -> Block:
-    """Episodes' arrays as one block."""
-    return np.array(lengths, dtype=np.int64), {
-        name: np.concatenate([piece[name] for piece in pieces], axis=0 if name in GLOBAL else 1)
-        for name in pieces[0]}
+@dataclasses.dataclass
+class _Runs:
+    """A sampler (`FlexibleBuffer.draw`): every whole ended episode in recording order,
+    consecutive ones together, about ``rows`` rows a batch; ``lengths`` holds each batch's
+    episode lengths once it is drawn."""
+
+    rows: int
+    lengths: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
+        pool = episode_table(lanes)
+        ends = np.cumsum(pool.lengths)
+        first = 0
+        while first < len(pool):
+            done = ends[first - 1] if first else 0
+            stop = max(first + 1, int(np.searchsorted(ends, done + self.rows, side="right")))
+            self.lengths.append(pool.lengths[first:stop])
+            yield Draw(np.concatenate([pool.rows(k) for k in range(first, stop)]))
+            first = stop
 
 
 def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Block], *, rows: int,
