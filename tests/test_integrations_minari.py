@@ -15,8 +15,9 @@ pytest.importorskip("h5py")
 import minari
 
 import flexibuff_envs as fe
-from flexibuff_envs.integrations.minari import from_minari, to_minari
+from flexibuff_envs.integrations.minari import from_minari, to_minari, to_minari_agents
 from flexibuff_envs.testing.reference import plain_returns
+from tests.envs import recorded as recorded_kind
 from tests.envs import recorded_spread
 
 
@@ -144,4 +145,107 @@ def test_the_cli_export_passes_the_credits_minari_asks_for_and_names_agent_for_s
     spread = str(tmp_path / "spread.fbuf")
     recorded_spread(max_cycles=10, steps=30).save(spread)
     assert main(["export", spread, "--minari", "spread/all-v0"]) == 2
-    assert "pass --agent NAME, one dataset per agent" in capsys.readouterr().err
+    assert "pass --agent NAME, or --all-agents for one dataset per agent" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_each_agents_dataset_carries_the_other_agents_actions_and_the_state_of_a_plain_loop() -> None:
+    """simple_adversary (agents of different sizes, a global state) recorded beside the bare env
+    with the same seeds and actions: each agent's dataset holds its own observations (its own
+    size), actions and rewards, and in its infos the state at each observation and every other
+    agent's actions, as the plain loop saw them."""
+    pytest.importorskip("mpe2")
+    from mpe2 import simple_adversary_v3
+
+    env = fe.record(simple_adversary_v3.parallel_env(max_cycles=6), num_steps=500)
+    bare = simple_adversary_v3.parallel_env(max_cycles=6)
+    rng = np.random.default_rng(0)
+    plain: list[dict] = []
+    for episode in range(4):
+        obs, _ = env.reset(seed=episode)
+        seen, _ = bare.reset(seed=episode)
+        assert all(np.array_equal(obs[agent], seen[agent]) for agent in seen)  # a drop-in
+        steps: dict = {"obs": [seen], "state": [bare.state()], "actions": [], "rewards": []}
+        while bare.agents:
+            actions = {agent: int(rng.integers(5)) for agent in bare.agents}
+            env.step(actions)
+            seen, rewards, _, _, _ = bare.step(actions)
+            steps["obs"].append(seen)
+            steps["state"].append(bare.state())
+            steps["actions"].append(actions)
+            steps["rewards"].append(rewards)
+        plain.append(steps)
+    datasets = to_minari_agents(env.buffer, "adversary/recorded", simple_adversary_v3.parallel_env())
+    assert sorted(datasets) == sorted(bare.possible_agents)
+    assert minari.list_local_datasets().keys() >= {f"adversary/recorded/{agent}-v0" for agent in datasets}
+    for agent, dataset in datasets.items():
+        assert dataset.observation_space == bare.observation_space(agent)  # its own size, not the padded one
+        assert dataset.storage.metadata["requirements"] == [f"pettingzoo=={pettingzoo_version()}"]
+        others = [other for other in bare.possible_agents if other != agent]
+        for got, want in zip(minari.load_dataset(f"adversary/recorded/{agent}-v0").iterate_episodes(), plain,
+                             strict=True):
+            np.testing.assert_array_equal(got.observations, [o[agent] for o in want["obs"]])
+            np.testing.assert_array_equal(got.actions, [a[agent] for a in want["actions"]])
+            np.testing.assert_allclose(got.rewards, [r[agent] for r in want["rewards"]], rtol=1e-6)
+            np.testing.assert_array_equal(got.infos["state"], want["state"])
+            assert sorted(got.infos["actions"]) == sorted(others)
+            for other in others:  # aligned with the episode's actions, padded by one step as Minari pads actions
+                np.testing.assert_array_equal(got.infos["actions"][other][:-1], [a[other] for a in want["actions"]])
+                assert got.infos["active"][other][:-1].all() and not got.infos["active"][other][-1]
+
+
+def pettingzoo_version() -> str:
+    import pettingzoo
+
+    return pettingzoo.__version__
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", ["dying", "spawning", "connect_four"])
+def test_an_agents_dataset_holds_the_rows_it_acted_on_and_says_who_else_did(kind: str) -> None:
+    """Agents that die, spawn late or take turns: an agent's episodes are the rows where it acted
+    (none for an episode it sat out), the others' actions and whether they acted ride along, and
+    the legal-action masks of AEC games go to the infos."""
+    pytest.importorskip("pettingzoo")
+    buffer = recorded_kind(kind)
+    spec = buffer.spec
+    datasets = to_minari_agents(buffer, f"{kind}/recorded")
+    for k, agent in enumerate(spec.agent_ids):
+        mine = [episode for episode in buffer.episodes() if episode.active[k].any()]
+        got = list(datasets[agent].iterate_episodes())
+        assert len(got) == len(mine) and datasets[agent].total_steps == sum(int(e.active[k].sum()) for e in mine)
+        for theirs, episode in zip(got, mine):
+            rows = episode.active[k]
+            assert np.asarray(theirs.actions).tolist() == episode.discrete_actions[k, rows, 0].tolist()
+            np.testing.assert_array_equal(theirs.terminations, episode.terminated[k, rows])
+            for j, other in enumerate(spec.agent_ids):
+                if j != k:
+                    np.testing.assert_array_equal(theirs.infos["active"][other][:-1], episode.active[j, rows])
+                    np.testing.assert_array_equal(theirs.infos["actions"][other][:-1],
+                                                  episode.discrete_actions[j, rows, 0])
+            if spec.action_mask:
+                masks = np.concatenate([episode.action_mask[0][k, rows], episode.action_mask_[0][k, rows][-1:]])
+                np.testing.assert_array_equal(theirs.infos["action_mask"], masks)
+
+
+def test_the_cli_writes_one_dataset_per_agent_under_one_namespace(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mpe2")
+    from flexibuff_envs.cli import main
+
+    spread = str(tmp_path / "spread.fbuf")
+    buffer = recorded_spread(max_cycles=10, steps=30)
+    buffer.save(spread)
+    credits = ["--author", "me", "--author-email", "me@example.org", "--code-permalink", "https://example.org"]
+    assert main(["export", spread, "--minari", "spread/run-v2", "--all-agents", "--env", "mpe2.simple_spread_v3",
+                 *credits]) == 0
+    out = capsys.readouterr().out
+    for agent in buffer.spec.agent_ids:
+        assert f"wrote Minari dataset spread/run/{agent}-v2: 3 episodes, 30 steps" in out
+        state = next(iter(minari.load_dataset(f"spread/run/{agent}-v2").iterate_episodes())).infos["state"]
+        np.testing.assert_array_equal(state[:-1], next(iter(buffer.episodes())).state)
+    assert "spread/run" in minari.namespace.list_local_namespaces()
+    assert main(["export", spread, "--minari", "spread/run-v2", "--all-agents", *credits]) == 2
+    assert "already holds spread/run/agent_0-v2" in capsys.readouterr().err
+    assert main(["export", spread, "--minari", "spread/run-v3", "--all-agents", "--agent", "agent_0"]) == 2
+    assert "drop --agent" in capsys.readouterr().err

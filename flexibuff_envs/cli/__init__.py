@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -277,29 +278,48 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def _export_minari(args: argparse.Namespace) -> int:
-    from flexibuff_envs.integrations.minari import to_minari
+    from flexibuff_envs.integrations.minari import to_minari, to_minari_agents
 
     buffer = _opened(args.file, mmap=False)
     ids = buffer.spec.agent_ids
-    if buffer.spec.n_agents > 1 and args.agent not in ids:
+    if args.all_agents and args.agent is not None:
+        raise UsageError("--all-agents writes every agent's dataset; drop --agent NAME")
+    if buffer.spec.n_agents > 1 and not args.all_agents and args.agent not in ids:
         raise UsageError(f"{args.file} holds {len(ids)} agents ({', '.join(ids)}) and a Minari dataset holds one: "
-                         + ("pass --agent NAME, one dataset per agent" if args.agent is None
+                         + ("pass --agent NAME, or --all-agents for one dataset per agent" if args.agent is None
                             else f"--agent {args.agent} is none of them"))
     credits = {key: getattr(args, key) for key in DATASET_CREDITS if getattr(args, key) is not None}
     if args.description is not None:
         credits["description"] = args.description
+    env = None
+    if args.env is not None:
+        choice = resolve(args.env, api=None, num_envs=1)
+        env = make(choice, num_envs=1, kwargs={})
     with warnings.catch_warnings():  # Minari's own warnings about missing credits: one note below instead
         warnings.filterwarnings("ignore", message=r"`(author|author_email|code_permalink)` is set to None")
         try:
-            dataset = to_minari(buffer, args.minari, env=args.env, agent=args.agent, **credits)
+            if args.all_agents:
+                namespace, version = _namespace(args.minari)
+                datasets = to_minari_agents(buffer, namespace, env, version=version, **credits)
+            else:
+                datasets = {args.agent: to_minari(buffer, args.minari, env, agent=args.agent, **credits)}
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    print(f"wrote Minari dataset {args.minari}: {dataset.total_episodes} episodes, {dataset.total_steps} steps")
+    for dataset in datasets.values():
+        print(f"wrote Minari dataset {dataset.spec.dataset_id}: {dataset.total_episodes} episodes, "
+              f"{dataset.total_steps} steps")
     missing = [flag for key, flag in DATASET_CREDITS.items() if key not in credits]
     if missing:
         print(f"flexibuff-envs export: note: Minari asks datasets to say who made them; pass {', '.join(missing)}",
               file=sys.stderr)
     return 0
+
+
+def _namespace(name: str) -> tuple[str, int]:
+    """``--minari NAME --all-agents``: the namespace and version, from ``spread/recorded`` or
+    ``spread/recorded-v2``."""
+    match = re.fullmatch(r"(.+)-v(\d+)", name)
+    return (match[1], int(match[2])) if match else (name, 0)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -416,9 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(pip install 'flexibuff_envs[parquet]')")
     export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
     export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
-    export.add_argument("--env", help="the env id the buffer recorded: its spaces and Minari's record of it "
-                                      "(default: spaces rebuilt from the buffer's layout)")
+    export.add_argument("--env", help="the env the buffer recorded, as record takes it: its spaces, and Minari's "
+                                      "record of a Gymnasium env (default: spaces rebuilt from the buffer's layout)")
     export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")
+    export.add_argument("--all-agents", action="store_true",
+                        help="one Minari dataset per agent, NAME/AGENT-v0 each, under the namespace --minari NAME")
     export.add_argument("--author", help="who made the dataset (Minari's author)")
     export.add_argument("--author-email", help="how to reach them (Minari's author_email)")
     export.add_argument("--code-permalink", help="a link to the code that recorded it (Minari's code_permalink)")
