@@ -249,3 +249,18 @@ def test_the_cli_writes_one_dataset_per_agent_under_one_namespace(tmp_path: Path
     assert "already holds spread/run/agent_0-v2" in capsys.readouterr().err
     assert main(["export", spread, "--minari", "spread/run-v3", "--all-agents", "--agent", "agent_0"]) == 2
     assert "drop --agent" in capsys.readouterr().err
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_frames_go_to_minari_byte_for_byte() -> None:
+    """Minari JPEG-encodes image observations unless told not to: exports keep frames lossless."""
+    pytest.importorskip("Box2D")
+    env = fe.record(gym.make("CarRacing-v3", max_episode_steps=4), num_steps=50)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    frames = []
+    for _ in range(4):
+        frames.append(env.step(env.action_space.sample())[0])
+    dataset = to_minari(env.buffer, "carracing/frames-v0", env=gym.make("CarRacing-v3"))
+    observations = np.asarray(next(iter(dataset.iterate_episodes())).observations)
+    assert observations.dtype == np.uint8 and np.array_equal(observations[1:], frames)
