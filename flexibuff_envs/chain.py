@@ -222,18 +222,21 @@ class Chain:
         self.tail[slots[1:]] = tail[1:]
         self.index[..., rows] = np.where(index >= 0, slots[np.maximum(index, 0)], CHAINED)
 
-    def absorb(self, explicit: np.ndarray, live: np.ndarray, succ: np.ndarray, chainable: np.ndarray) -> None:
-        """Take next values given row by row (a hand-filled or old file's ``obs_``): rows whose
-        value equals, bit for bit, the base at their successor are chained, the rest get slots.
+    def absorb(self, given: np.ndarray, live: np.ndarray, succ: np.ndarray, chainable: np.ndarray) -> None:
+        """Take next values given row by row (a hand-filled or old file's ``obs_``, an import's):
+        rows whose value equals, bit for bit, the base at their successor are chained, the rest
+        get slots.
 
         Args:
-            live: the recorded rows; succ: their successors; chainable: False where the successor
-                is not part of the recording (each lane's newest row).
+            given: the next values of rows ``live`` (``[n_agents, len(live), width]``, or without
+                the agent axis for a global field).
+            live: the rows; succ: their successors; chainable: False where the successor is not
+                part of the recording (each lane's newest row).
         """
-        bits = np.dtype(f"u{explicit.dtype.itemsize}")
+        bits = np.dtype(f"u{given.dtype.itemsize}")
         # a global field is handled as one agent's
         base, index = (self.base, self.index) if self.per_agent else (self.base[None], self.index[None])
-        given = (explicit if self.per_agent else explicit[None])[:, live]
+        given = given if self.per_agent else given[None]
         same = (given.view(bits) == base[:, succ].view(bits)).all(axis=-1) & chainable
         own = np.nonzero(~same)
         slots = self.alloc(own[0].size)

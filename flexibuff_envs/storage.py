@@ -644,7 +644,8 @@ class Storage:
         ``newest`` row: its successor is not recorded), else in a slot of its own."""
         for name in [name for name in NEXT if name in self.arrays]:
             explicit = self.pop(name)
-            self.chain(name).absorb(explicit, live, self.successor_rows(live), ~np.isin(live, newest))
+            self.chain(name).absorb(explicit.take(live, axis=-2), live, self.successor_rows(live),
+                                    ~np.isin(live, newest))
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
         return iter(self.arrays.items())

@@ -84,7 +84,7 @@ def _parallel(env: Any, steps: int, seed: int = 0, first: int | None = None) -> 
 
 def recorded(kind: str) -> fe.FlexibleBuffer:
     """A buffer of ``kind``: global state, agents of different sizes, agents dying, agents
-    spawning late, turns with masks (AEC), one agent."""
+    spawning late, frames, images of floats, turns with masks (AEC), one agent."""
     if kind == "spread":  # global state
         from mpe2 import simple_spread_v3
 
@@ -102,6 +102,14 @@ def recorded(kind: str) -> fe.FlexibleBuffer:
         from tests.test_pettingzoo_parallel import ScriptedParallel
 
         return _parallel(ScriptedParallel(spawn={"a": 0, "b": 3}, end={"a": 5, "b": 8}), 40)
+    if kind == "pistonball":  # frames: each piston's view and the state a picture of the whole
+        from pettingzoo.butterfly import pistonball_v6
+
+        return _parallel(pistonball_v6.parallel_env(n_pistons=3, continuous=False, max_cycles=6), 14)
+    if kind == "pursuit":  # images of floats; evaders caught and removed
+        from pettingzoo.sisl import pursuit_v5
+
+        return _parallel(pursuit_v5.parallel_env(n_pursuers=3, n_evaders=4, max_cycles=12), 30)
     if kind == "connect_four":
         from pettingzoo.classic import connect_four_v3
 
@@ -121,6 +129,6 @@ def recorded(kind: str) -> fe.FlexibleBuffer:
     return recorder.buffer
 
 
-RECORDED_KINDS = ["spread", "adversary", "dying", "spawning", "connect_four", "cartpole"]
+RECORDED_KINDS = ["spread", "adversary", "dying", "spawning", "pistonball", "pursuit", "connect_four", "cartpole"]
 
 

@@ -3,6 +3,7 @@ field as the buffer holds it, frames go out as bytes unchanged, and a dataset re
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -19,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import flexibuff_envs as fe
-from flexibuff_envs.integrations.parquet import from_parquet, to_parquet
+from flexibuff_envs.integrations.parquet import KEY, from_parquet, to_parquet
 from tests.batches import assert_same_batches
 from tests.envs import RECORDED_KINDS, recorded
 
@@ -112,6 +113,25 @@ def test_what_is_not_a_dataset_is_one_error_naming_it(tmp_path: Path) -> None:
     table = pq.read_table(path / "agents" / "part-00000.parquet")
     pq.write_table(table.slice(0, len(table) - 1), path / "agents" / "part-00000.parquet")
     with pytest.raises(fe.BufferFileError, match="no whole number of steps of 3 agents"):
+        from_parquet(path)
+
+
+def test_a_crafted_layout_is_one_error_naming_the_file_before_memory_is_reserved(tmp_path: Path) -> None:
+    """A part whose layout claims wider rows than its columns hold (absurdly wide, or a little)
+    is refused naming the dataset, without reserving a ring of the claimed width."""
+    path = Path(to_parquet(recorded("spread"), tmp_path / "data"))
+    part = path / "agents" / "part-00000.parquet"
+    table = pq.read_table(part)
+    for size in (10**12, 19):
+        layout = json.loads(table.schema.metadata[KEY])
+        layout["spec"]["obs_size"] = size
+        pq.write_table(table.replace_schema_metadata({KEY: json.dumps(layout).encode()}), part)
+        with pytest.raises(fe.BufferFileError, match=f"{path}: its layout gives obs {size:,} values a row"):
+            from_parquet(path)
+    layout = json.loads(table.schema.metadata[KEY])
+    layout["fields"]["individual_rewards"]["shape"] = [2]
+    pq.write_table(table.replace_schema_metadata({KEY: json.dumps(layout).encode()}), part)
+    with pytest.raises(fe.BufferFileError, match="individual_rewards"):
         from_parquet(path)
 
 

@@ -179,6 +179,28 @@ def test_what_is_not_a_vault_is_one_error_naming_it(tmp_path: Path) -> None:
         from_vault(tmp_path / "v", vault_name="recording.vlt")
 
 
+@pytest.mark.parametrize("compression", ["lz4", "zstd", "gzip", "none"])
+def test_each_compression_is_read_by_flashbax_and_comes_back(tmp_path: Path, compression: str) -> None:
+    buffer = recorded("pistonball")
+    path = to_vault(buffer, tmp_path, vault_uid="u", compression=compression)
+    experience = Vault("recording.vlt", rel_dir=str(tmp_path), vault_uid="u").read().experience
+    batches = list(buffer.episodes())
+    np.testing.assert_array_equal(np.asarray(experience["observations"])[0], _time_major(batches, "obs", 3))
+    for mine, want in zip(from_vault(path).episodes(), batches, strict=True):
+        assert_same_batches(mine, want)
+    with pytest.raises(ValueError, match="compression 'snappy' is none of"):
+        to_vault(buffer, tmp_path, vault_uid="v", compression="snappy")
+
+
+def test_a_crafted_layout_is_one_error_naming_the_vault(tmp_path: Path) -> None:
+    path = Path(to_vault(recorded("spread"), tmp_path, vault_uid="u"))
+    meta = json.loads((path / "metadata.json").read_text())
+    meta["flexibuff_envs"]["spec"]["obs_size"] = 10**12
+    (path / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(fe.BufferFileError, match=f"{path}: its layout gives obs 1,000,000,000,000 values a row"):
+        from_vault(path)
+
+
 def test_an_empty_buffer_writes_no_vault(tmp_path: Path) -> None:
     buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(gym.make("CartPole-v1")), num_steps=10)
     with pytest.raises(fe.EmptyBufferError):

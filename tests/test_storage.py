@@ -79,6 +79,29 @@ def test_next_observations_filled_by_hand_are_kept_and_compact_stores_them_once(
     assert "obs_" in buffer.fields and full - buffer.nbytes >= 0.9 * 1000 * 64 * 4
 
 
+def test_next_observations_written_an_episode_at_a_time_are_stored_once() -> None:
+    """`write_next`, what imports use: the same next values as `field` and `compact` give, with
+    no column of them written out, and a ring that wraps in the middle of an episode."""
+    _, trajectory = hand_filled()
+    expected = trajectory[1:].copy()
+    expected[49::50] *= -1
+    buffer = fe.FlexibleBuffer(1000, 64, [2], individual_reward=True, seed=0)
+    buffer.begin_episode()
+    buffer.claim_rows(30)  # the next episodes wrap around the ring's end
+    buffer.end_episode()
+    for start in range(0, 1000, 50):
+        buffer.begin_episode()
+        rows = buffer.claim_rows(50)
+        buffer.field("obs")[0, rows] = trajectory[start:start + 50]
+        buffer.write_next("obs_", rows, expected[None, start:start + 50])
+        buffer.end_episode()
+    assert buffer.nbytes < 1000 * 64 * 4 * 1.2  # obs once, not obs and obs_
+    batch = buffer.sample_transitions(idx=(np.arange(1000) + 30) % 1000)  # in recording order
+    np.testing.assert_array_equal(batch.obs_, expected)
+    with pytest.raises(ValueError, match="'obs' is none of the next-value fields"):
+        buffer.write_next("obs", np.arange(2), expected[None, :2])
+
+
 def test_obs__cannot_be_taken_apart_while_a_recorder_writes_it() -> None:
     env = fe.record(gym.make("CartPole-v1"), num_steps=50)
     with pytest.raises(ValueError, match=r"obs_ is stored once, in the next row of obs"):

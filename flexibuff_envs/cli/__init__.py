@@ -264,7 +264,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from flexibuff_envs.integrations.vault import to_vault
 
         name = args.vault_name or os.path.splitext(os.path.basename(os.path.normpath(args.file)))[0] + ".vlt"
-        path = to_vault(_opened(args.file, mmap=True), args.vault, vault_name=name, vault_uid=args.vault_uid)
+        path = to_vault(_opened(args.file, mmap=True), args.vault, vault_name=name, vault_uid=args.vault_uid,
+                        compression=args.compression)
         print(f"wrote vault {path}: flashbax reads it as Vault({name!r}, rel_dir={args.vault!r}, "
               f"vault_uid={os.path.basename(path)!r})")
         return 0
@@ -436,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "(pip install 'flexibuff_envs[parquet]')")
     export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
     export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
+    export.add_argument("--compression", choices=["lz4", "zstd", "gzip", "none"], default="lz4",
+                        help="the vault's compressor: lz4 (default) writes fastest, zstd smallest, gzip as flashbax "
+                             "does by default")
     export.add_argument("--env", help="the env the buffer recorded, as record takes it: its spaces, and Minari's "
                                       "record of a Gymnasium env (default: spaces rebuilt from the buffer's layout)")
     export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")

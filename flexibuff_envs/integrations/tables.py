@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.episodes import Lane, episode_table
+from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.sampling import Draw
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import Storage, encode
+from flexibuff_envs.storage import NEXT, Storage, encode
 
 #: a buffer, or the path of a buffer file or an episode log
 Source = FlexibleBuffer | str | os.PathLike[str]
@@ -62,10 +63,10 @@ def episode_arrays(batch: FlexiBatch, spec: BufferSpec) -> dict[str, np.ndarray]
     return out
 
 
-def blocks(buffer: FlexibleBuffer, rows: int) -> Iterator[Block]:
-    """``buffer``'s whole episodes in recording order, in blocks of about ``rows`` rows (an
-    episode is never split), each block gathered at once."""
-    runs = _Runs(rows)
+def blocks(buffer: FlexibleBuffer, rows: int, nbytes: int = 1 << 26) -> Iterator[Block]:
+    """``buffer``'s whole episodes in recording order, in blocks of about ``rows`` rows and at
+    most about ``nbytes`` bytes (an episode is never split), each block gathered at once."""
+    runs = _Runs(max(1, min(rows, nbytes // max(buffer.nbytes_per_row, 1))))
     for k, batch in enumerate(buffer.draw(runs)):
         yield runs.lengths[k], episode_arrays(batch, buffer.spec)
 
@@ -91,32 +92,53 @@ class _Runs:
             first = stop
 
 
-def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Block], *, rows: int,
+def into_buffer(spec: BufferSpec, fields: Collection[str], source: Sequence[Block], *, rows: int, where: str,
                 log_prob_width: int = 0, **options: object) -> FlexibleBuffer:
     """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
     ``rows`` in all), one lane, each episode ended as a recording ends it: ``G`` (and GAE, with
     values) computed, unless the blocks give them. ``options`` go to `FlexibleBuffer.from_spec`
-    (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes)."""
+    (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes).
+
+    Raises:
+        BufferFileError: the values do not fit ``spec`` (a dataset whose layout and arrays
+            disagree; ``where`` names it).
+    """
+    first = next(iter(source), None)
+    if first is not None:  # the widest fields, checked before a ring of their width is reserved
+        for name, width in (("obs", spec.obs_size), ("state", spec.state_size)):
+            if name in first[1] and first[1][name].shape[-1] != width:
+                raise BufferFileError(f"{where}: its layout gives {name} {width:,} values a row and its arrays "
+                                      f"hold {first[1][name].shape[-1]:,}")
     options.setdefault("num_steps", max(rows, 1))
     allocated = {keyword: name in fields for name, keyword in _OPTION.items()}
     buffer = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), log_prob_continuous=log_prob_width,
                                       **{**allocated, **options})  # type: ignore[arg-type]
-    names = [name for name in fields if name not in COMPUTED]
+    try:
+        return _fill(buffer, spec, fields, source, log_prob_width)
+    except (ValueError, MemoryError) as exc:  # a field wider than its values, or too wide to allocate
+        raise BufferFileError(f"{where}: its arrays do not fit the layout it declares ({exc})") from None
+
+
+def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Sequence[Block],
+          log_prob_width: int) -> FlexibleBuffer:
+    names = [name for name in fields if name not in COMPUTED and name not in NEXT]
     targets = {name: buffer.field(name, width=log_prob_width if name == "continuous_log_probs" else None)
                for name in [*names, *(name for name in COMPUTED if name in fields)]}
+    following = [name for name in NEXT if name in fields]
     for lengths, arrays in source:
-        stored = {name: encode(spec, name, arrays[name]) for name in targets}
+        stored = {name: encode(spec, name, arrays[name]) for name in [*targets, *following]}
         for start, length in zip((np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
             buffer.begin_episode()
             at = buffer.claim_rows(length)
             span = slice(start, start + length)
             for name in names:
                 _put(targets[name], name, at, stored[name], span)
+            for name in following:  # each stored once where it is the next row's
+                buffer.write_next(name, at, stored[name][..., span, :])
             buffer.end_episode()
             for name in COMPUTED:
                 if name in stored:
                     _put(targets[name], name, at, stored[name], span)
-    buffer.compact()  # each next value stored once again where it is the next row's
     return buffer
 
 
