@@ -119,3 +119,34 @@ def test_dqn_per_cartpole_trains_two_seeds_and_plots(tmp_path: Path, capsys: pyt
     out = capsys.readouterr().out
     assert "seed 0: not solved in 600 steps" in out and "seed 1:" in out and "mean return of the last 20" in out
     assert png.stat().st_size > 1000
+
+
+def test_og_marl_vault_bc_reads_the_vault_without_jax_and_clones(capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in ("torch", "tensorstore", "mpe2"):
+        pytest.importorskip(extra)
+    load("og_marl_vault_bc").main(["--episodes", "8", "--updates", "20", "--evaluate", "2", "--seeds", "0"])
+    out = capsys.readouterr().out
+    assert "vault simple_spread.vlt/Scripted: 200 steps of 3 agents in 8 episodes" in out
+    assert "behaviour clone" in out and "random" in out
+
+
+def test_minari_agents_writes_one_dataset_per_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in ("minari", "h5py", "mpe2"):
+        pytest.importorskip(extra)
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    load("minari_agents").main(["--episodes", "2"])
+    out = capsys.readouterr().out
+    assert all(f"wrote simple_spread/random/agent_{i}-v0: 2 episodes, 50 steps" in out for i in range(3))
+    assert "a critic's input (obs, state, joint action) (25, 75)" in out
+
+
+def test_parquet_tables_reads_with_pandas_and_datasets(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    for extra in ("pyarrow", "pandas", "datasets", "pettingzoo"):
+        pytest.importorskip(extra)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    load("parquet_tables").main(["--episodes", "1"])
+    out = capsys.readouterr().out
+    assert "pandas: " in out and "of 4 agents in 1 episodes" in out
+    assert "datasets: " in out and "obs (64, 135) torch.float32" in out
