@@ -287,19 +287,21 @@ class FlexibleBuffer(Sampling):
             self._storage.compact(live_rows(lanes), newest_rows(lanes))
 
     @holding
-    def write_next(self, name: str, rows: np.ndarray, values: np.ndarray) -> None:
-        """Fill in the next values (``obs_``, ``state_``, ``action_mask_``) of one episode's
-        ``rows``, in order, once its base field is written: each is stored once, in the next
-        row, where it equals that row's base value bit for bit, and apart otherwise (always at
-        the episode's last row). ``values`` are as `field` holds them, rows on the axis before
-        the last. What an import does instead of `field` and `compact` for a whole buffer."""
+    def write_next(self, name: str, rows: np.ndarray, values: np.ndarray, ends: np.ndarray | None = None) -> None:
+        """Fill in the next values (``obs_``, ``state_``, ``action_mask_``) of ended episodes'
+        ``rows``, each episode's in order, episodes back to back, once their base field is
+        written: each value is stored once, in the next row, where it equals that row's base
+        value bit for bit, and apart otherwise (always at an episode's last row: positions
+        ``ends`` of ``rows``, by default the last one). ``values`` are as `field` holds them, rows
+        on the axis before the last. What an import does instead of `field` and `compact`."""
         if name not in NEXT:
             raise ValueError(f"write_next: {name!r} is none of the next-value fields {list(NEXT)}")
         rows = np.asarray(rows)
         if name in self._storage.arrays:  # written out row by row (`field`) until `compact`
             self._storage.arrays[name][..., rows, :] = values
             return
-        chainable = np.arange(rows.size) < rows.size - 1
+        chainable = np.ones(rows.size, dtype=bool)
+        chainable[rows.size - 1 if ends is None else ends] = False
         self._storage.chain(name).absorb(values, rows, np.append(rows[1:], rows[-1:]), chainable)
 
     @holding

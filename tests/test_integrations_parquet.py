@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import flexibuff_envs as fe
+from flexibuff_envs.integrations import parquet
 from flexibuff_envs.integrations.parquet import KEY, from_parquet, to_parquet
 from tests.batches import assert_same_batches
 from tests.envs import RECORDED_KINDS, recorded
@@ -34,13 +35,18 @@ def _rows(batches: list[fe.FlexiBatch], name: str, n_agents: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", RECORDED_KINDS)
-def test_a_dataset_reads_back_equal(tmp_path: Path, kind: str) -> None:
+def test_a_dataset_reads_back_equal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     buffer = recorded(kind)
     back = from_parquet(to_parquet(buffer, tmp_path / "data"))
     assert back.spec == buffer.spec and back.gamma == buffer.gamma
     for mine, want in zip(back.episodes(), buffer.episodes(), strict=True):
         assert_same_batches(mine, want)
     assert sorted(os.listdir(tmp_path)) == ["data"]  # no temporary left
+    monkeypatch.setattr(parquet, "PART_STEPS", 1)  # an episode a part, written and read a part at a time
+    path = to_parquet(buffer, tmp_path / "parts")
+    assert len(os.listdir(os.path.join(path, "agents"))) == buffer.n_episodes
+    for mine, want in zip(from_parquet(path).episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
 
 
 @pytest.mark.parametrize("kind", ["spread", "spawning"])

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from flashbax.vault import Vault
 
 import flexibuff_envs as fe
+from flexibuff_envs.integrations import vault as vault_module
 from flexibuff_envs.integrations.vault import from_vault, to_vault
 from flexibuff_envs.testing.reference import plain_returns
 from tests.batches import assert_same_batches
@@ -77,13 +78,30 @@ def test_flashbax_reads_every_field_as_the_buffer_holds_it(tmp_path: Path, kind:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_vault_comes_back_as_it_went_out(tmp_path: Path, kind: str) -> None:
+def test_a_vault_comes_back_as_it_went_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     buffer = recorded(kind)
-    back = from_vault(to_vault(buffer, tmp_path, vault_uid="x"))
+    path = to_vault(buffer, tmp_path, vault_uid="x")
+    back = from_vault(path)
     assert back.spec == buffer.spec and back.gamma == buffer.gamma
     for mine, want in zip(back.episodes(), buffer.episodes(), strict=True):
         assert_same_batches(mine, want)
+    monkeypatch.setattr(vault_module, "BLOCK_BYTES", 1)  # written and read an episode at a time: the same
+    monkeypatch.setattr(vault_module, "BLOCK_ROWS", 1)
+    for mine, want in zip(from_vault(to_vault(buffer, tmp_path, vault_uid="y")).episodes(), buffer.episodes(),
+                          strict=True):
+        assert_same_batches(mine, want)
     assert len(back.sample_transitions(32)) == 32
+
+
+def test_a_ring_smaller_than_the_vault_keeps_its_newest_episodes_whole(tmp_path: Path) -> None:
+    buffer = recorded("dying")
+    path = to_vault(buffer, tmp_path, vault_uid="x")
+    want = list(buffer.episodes())
+    back = from_vault(path, num_steps=sum(len(e) for e in want[-2:]) + 3)
+    got = list(back.episodes())
+    assert len(got) == 2
+    for mine, theirs in zip(got, want[-2:], strict=True):
+        assert_same_batches(mine, theirs)
 
 
 def test_a_log_and_a_file_export_as_their_buffer_does(tmp_path: Path) -> None:
@@ -134,7 +152,10 @@ def _og_marl_vault(directory: Path, lengths: list[int], truncated: list[bool], t
     return data
 
 
-def test_an_og_marl_vault_that_flashbax_wrote_reads_without_jax_into_whole_episodes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_bytes", [vault_module.BLOCK_BYTES, 1])  # all at once, or an episode a block
+def test_an_og_marl_vault_that_flashbax_wrote_reads_without_jax_into_whole_episodes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int) -> None:
+    monkeypatch.setattr(vault_module, "BLOCK_BYTES", block_bytes)
     lengths, truncated = [4, 7, 2], [False, True, False]
     data = _og_marl_vault(tmp_path, lengths, truncated, tail=3)
     buffer = from_vault(tmp_path, vault_name="smac_3m.vlt", gamma=GAMMA)

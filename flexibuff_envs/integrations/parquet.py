@@ -156,10 +156,13 @@ def from_parquet(directory: str | os.PathLike[str], **buffer_options: Any) -> Fl
     fields = layout["fields"]
     buffer_options.setdefault("gamma", layout["gamma"])
     buffer_options.setdefault("gae_lambda", layout["gae_lambda"])
-    source = list(_blocks(parts, spec, fields))
+    try:
+        rows = sum(pq.ParquetFile(agents).metadata.num_rows for agents, _ in parts) // spec.n_agents
+    except (OSError, pa.ArrowException) as exc:
+        raise BufferFileError(f"{path}: a part cannot be read ({exc})") from None
     width = int(np.prod(fields["continuous_log_probs"]["shape"])) if "continuous_log_probs" in fields else 0
-    return into_buffer(spec, fields.keys(), source, rows=sum(int(lengths.sum()) for lengths, _ in source),
-                       where=path, log_prob_width=width, **buffer_options)
+    return into_buffer(spec, fields.keys(), _blocks(parts, spec, fields), rows=rows, where=path,
+                       log_prob_width=width, **buffer_options)
 
 
 def _parts(path: str) -> list[tuple[str, str | None]]:

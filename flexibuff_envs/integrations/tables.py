@@ -9,8 +9,9 @@ over their heads (``[n_agents, T, sum(cardinalities)]``), fields of your own go 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -92,10 +93,10 @@ class _Runs:
             first = stop
 
 
-def into_buffer(spec: BufferSpec, fields: Collection[str], source: Sequence[Block], *, rows: int, where: str,
+def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Block], *, rows: int, where: str,
                 log_prob_width: int = 0, **options: object) -> FlexibleBuffer:
     """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
-    ``rows`` in all), one lane, each episode ended as a recording ends it: ``G`` (and GAE, with
+    ``rows`` in all, read one at a time), one lane, each episode ended as a recording ends it: ``G`` (and GAE, with
     values) computed, unless the blocks give them. ``options`` go to `FlexibleBuffer.from_spec`
     (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes).
 
@@ -103,7 +104,8 @@ def into_buffer(spec: BufferSpec, fields: Collection[str], source: Sequence[Bloc
         BufferFileError: the values do not fit ``spec`` (a dataset whose layout and arrays
             disagree; ``where`` names it).
     """
-    first = next(iter(source), None)
+    source = iter(source)
+    first = next(source, None)
     if first is not None:  # the widest fields, checked before a ring of their width is reserved
         for name, width in (("obs", spec.obs_size), ("state", spec.state_size)):
             if name in first[1] and first[1][name].shape[-1] != width:
@@ -114,12 +116,12 @@ def into_buffer(spec: BufferSpec, fields: Collection[str], source: Sequence[Bloc
     buffer = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), log_prob_continuous=log_prob_width,
                                       **{**allocated, **options})  # type: ignore[arg-type]
     try:
-        return _fill(buffer, spec, fields, source, log_prob_width)
+        return _fill(buffer, spec, fields, itertools.chain([first] if first else [], source), log_prob_width)
     except (ValueError, MemoryError) as exc:  # a field wider than its values, or too wide to allocate
         raise BufferFileError(f"{where}: its arrays do not fit the layout it declares ({exc})") from None
 
 
-def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Sequence[Block],
+def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Iterable[Block],
           log_prob_width: int) -> FlexibleBuffer:
     names = [name for name in fields if name not in COMPUTED and name not in NEXT]
     targets = {name: buffer.field(name, width=log_prob_width if name == "continuous_log_probs" else None)
@@ -127,18 +129,24 @@ def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], sou
     following = [name for name in NEXT if name in fields]
     for lengths, arrays in source:
         stored = {name: encode(spec, name, arrays[name]) for name in [*targets, *following]}
+        # next values a block at a time, unless the ring is smaller than the block (it keeps the newest)
+        whole = int(lengths.sum()) <= buffer.num_steps
+        written = []
         for start, length in zip((np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
             buffer.begin_episode()
             at = buffer.claim_rows(length)
             span = slice(start, start + length)
             for name in names:
                 _put(targets[name], name, at, stored[name], span)
-            for name in following:  # each stored once where it is the next row's
-                buffer.write_next(name, at, stored[name][..., span, :])
             buffer.end_episode()
             for name in COMPUTED:
                 if name in stored:
                     _put(targets[name], name, at, stored[name], span)
+            for name in [] if whole else following:
+                buffer.write_next(name, at, stored[name][..., span, :])
+            written.append(at)
+        for name in following if whole else []:  # each stored once where it is the next row's
+            buffer.write_next(name, np.concatenate(written), stored[name], np.cumsum(lengths) - 1)
     return buffer
 
 

@@ -43,7 +43,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,8 @@ VERSION = 1.2
 TIME_AXIS = 10**13
 #: rows of episodes written at a time
 BLOCK_ROWS = 65_536
+#: about the bytes of the steps read at a time
+BLOCK_BYTES = 1 << 26
 #: about the bytes of a leaf's chunk: whole rows (every agent, every feature) of consecutive
 #: steps, so a frame is never cut into hundreds of chunks as TensorStore's default layout cuts it
 CHUNK_BYTES = 1 << 22
@@ -97,6 +99,8 @@ LEAVES = {"obs": "observations", "individual_rewards": "rewards", "terminated": 
 #: fields written as float32 0/1, as OG-MARL's datasets hold them
 FLAGS = ("terminated", "truncated", "action_mask", "action_mask_", "active")
 EPISODE_ENDS = "infos.episode_ends"
+#: each next-value field and its base: a foreign vault's next values are its next steps'
+NEXTS = (("obs_", "obs"), ("state_", "state"), ("action_mask_", "action_mask"))
 
 
 def _leaf_of(name: str, spec: BufferSpec) -> str:
@@ -246,23 +250,27 @@ def from_vault(directory: str | os.PathLike[str], vault_name: str | None = None,
         if isinstance(exc, BufferFileError):
             raise
         raise BufferFileError(f"{meta_path}: not a flashbax vault's metadata ({exc})") from None
-    leaves = dict(_flat(shapes, dtypes))
-    arrays = _read(path, leaves)
+    leaves = _open(path, dict(_flat(shapes, dtypes)))
     ours = meta.get("flexibuff_envs")
+    fields: dict[str, Values]
     if isinstance(ours, dict) and ours.get("format") == 1:
         spec = BufferSpec.from_dict(ours["spec"])
         buffer_options.setdefault("gamma", ours["gamma"])
         buffer_options.setdefault("gae_lambda", ours["gae_lambda"])
-        fields = {name: arrays[leaf] for name, leaf in ours["fields"].items() if leaf in arrays}
-        ends = arrays.get(EPISODE_ENDS)
+        fields = {name: leaves[leaf] for name, leaf in ours["fields"].items() if leaf in leaves}
+        last = leaves[EPISODE_ENDS].read() != 0 if EPISODE_ENDS in leaves else None
     else:
-        spec, fields = _foreign(path, arrays)
-        ends = None
-    source = list(_streams(spec, fields, ends))
-    names = source[0][1].keys() if source else fields.keys()
+        spec, fields = _foreign(path, leaves)
+        last = None
+    if last is None:
+        last = ((_whole(fields["terminated"]) != 0) | (_whole(fields["truncated"]) != 0)).all(axis=-1)  # [T, B]
+    ends = [np.flatnonzero(last[:, b]) for b in range(last.shape[1])]
+    rows = sum(int(e[-1]) + 1 for e in ends if len(e))
     width = fields["continuous_log_probs"].shape[-1] if "continuous_log_probs" in fields else 0
-    return into_buffer(spec, names, source, rows=sum(int(lengths.sum()) for lengths, _ in source), where=path,
-                       log_prob_width=width, **buffer_options)
+    step_bytes = sum(int(np.prod(value.shape[2:])) * value.dtype.itemsize for value in fields.values())
+    names = [*fields, *(name for name, base in NEXTS if base in fields and name not in fields)]
+    return into_buffer(spec, names, _streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1))),
+                       rows=rows, where=path, log_prob_width=width, **buffer_options)
 
 
 def _vault_path(directory: str, vault_name: str | None, vault_uid: str | None) -> str:
@@ -287,8 +295,41 @@ def _flat(shapes: Any, dtypes: Any, prefix: str = "") -> Iterator[tuple[str, tup
         yield prefix[:-1], (shape, str(dtypes))
 
 
-def _read(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, np.ndarray]:
-    """Every leaf's filled part, time first: ``[T, B, ...]`` (B: the vault's streams)."""
+class _Leaf:
+    """A vault leaf's filled part, read a stretch of steps at a time: ``[T, B, ...]`` as
+    `shape` says, through ``transform`` (a reshape or a cast of what is read)."""
+
+    def __init__(self, store: Any, filled: int, transform: Callable[[np.ndarray], np.ndarray] | None = None,
+                 shape: tuple[int, ...] | None = None, dtype: np.dtype | None = None) -> None:
+        self.store, self.filled, self.transform = store, filled, transform
+        self.shape = shape or (filled, store.shape[0], *store.shape[2:])
+        self.dtype = dtype or store.dtype.numpy_dtype
+
+    def read(self, span: slice = slice(None), stream: int | None = None) -> np.ndarray:
+        lo, hi, _ = span.indices(self.filled)
+        region = self.store[:, lo:hi] if stream is None else self.store[stream, lo:hi]
+        try:
+            values = region.read().result()
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise BufferFileError(f"a vault's leaf cannot be read ({exc})") from None
+        values = np.moveaxis(values, 0, 1) if stream is None else values
+        return values if self.transform is None else self.transform(values)
+
+    def like(self, transform: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...], dtype: Any) -> _Leaf:
+        """This leaf read through ``transform`` (into ``shape`` and ``dtype``)."""
+        return _Leaf(self.store, self.filled, transform, shape, np.dtype(dtype))
+
+
+#: a field of a vault: a leaf read as it goes, or values read whole
+Values = _Leaf | np.ndarray
+
+
+def _whole(values: Values) -> np.ndarray:
+    return values.read() if isinstance(values, _Leaf) else values
+
+
+def _open(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, _Leaf]:
+    """Every leaf, opened and checked against ``vault_index``; none of its steps read yet."""
     try:
         filled = int(ts.open(_store_spec(path, "vault_index")).result().read().result()[0])
         stores = {leaf: ts.open(_store_spec(path, leaf)).result() for leaf in leaves}
@@ -300,25 +341,24 @@ def _read(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[
                                   f"{filled:,} steps vault_index says it holds")
     claimed = sum(int(np.prod(store.shape[2:])) * store.shape[0] * store.dtype.numpy_dtype.itemsize
                   for store in stores.values()) * filled
-    if claimed > available_memory():
-        raise BufferFileError(f"{path}: its {filled:,} steps take {claimed / 2**30:,.1f} GiB, more than the "
-                              f"{available_memory() / 2**30:,.1f} GiB of memory available")
-    try:
-        return {leaf: np.moveaxis(store[:, :filled].read().result(), 0, 1) for leaf, store in stores.items()}
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise BufferFileError(f"{path}: a vault's arrays cannot be read ({exc})") from None
+    if claimed > 2 * available_memory():  # read a block at a time, into a buffer about half its size
+        raise BufferFileError(f"{path}: its {filled:,} steps take {claimed / 2**30:,.1f} GiB, more than "
+                              f"the {available_memory() / 2**30:,.1f} GiB of memory available")
+    return {leaf: _Leaf(store, filled) for leaf, store in stores.items()}
 
 
-def _foreign(path: str, arrays: Mapping[str, np.ndarray]) -> tuple[BufferSpec, dict[str, np.ndarray]]:
-    """The layout and fields of a vault another program wrote (OG-MARL's leaves)."""
-    missing = [leaf for leaf in ("observations", "actions", "rewards", "terminals") if leaf not in arrays]
+def _foreign(path: str, leaves: Mapping[str, _Leaf]) -> tuple[BufferSpec, dict[str, Values]]:
+    """The layout and fields of a vault another program wrote (OG-MARL's leaves): observations
+    and state read as they go, the rest whole."""
+    missing = [leaf for leaf in ("observations", "actions", "rewards", "terminals") if leaf not in leaves]
     if missing:
         raise BufferFileError(f"{path}: the vault has no {', '.join(missing)} (OG-MARL's leaves); it holds "
-                              f"{sorted(arrays)}")
-    obs = arrays["observations"]
+                              f"{sorted(leaves)}")
+    obs = leaves["observations"]
     steps, streams, agents = obs.shape[:3]
-    fields: dict[str, np.ndarray] = {"obs": obs.reshape(steps, streams, agents, -1)}
-    actions, legals = arrays["actions"], arrays.get("infos.legals")
+    fields: dict[str, Values] = {"obs": _flattened(obs, 3)}
+    actions = leaves["actions"].read()
+    legals = leaves["infos.legals"].read() if "infos.legals" in leaves else None
     options: dict[str, Any] = {}
     if np.issubdtype(actions.dtype, np.integer) or legals is not None:
         heads = actions.reshape(steps, streams, agents, -1).astype(np.int64)
@@ -332,39 +372,47 @@ def _foreign(path: str, arrays: Mapping[str, np.ndarray]) -> tuple[BufferSpec, d
     else:
         fields["continuous_actions"] = actions.reshape(steps, streams, agents, -1).astype(np.float32)
         options = {"continuous_action_dimension": fields["continuous_actions"].shape[-1]}
-    rewards = arrays["rewards"].reshape(steps, streams, agents).astype(np.float32)
-    fields.update(individual_rewards=rewards, global_rewards=rewards.mean(axis=-1),
-                  terminated=arrays["terminals"].reshape(steps, streams, agents) != 0,
-                  truncated=arrays.get("truncations", np.zeros_like(rewards)).reshape(steps, streams, agents) != 0,
-                  active=arrays.get("infos.alive", np.ones_like(rewards)).reshape(steps, streams, agents) != 0)
-    state = arrays.get("infos.state")
-    if state is not None:
-        fields["state"] = state.reshape(steps, streams, -1)
-        options.update(state_size=fields["state"].shape[-1], state_dtype=fields["state"].dtype.name)
-    spec = BufferSpec(obs_size=fields["obs"].shape[-1], obs_dtype=fields["obs"].dtype.name, n_agents=agents,
+    rewards = leaves["rewards"].read().reshape(steps, streams, agents).astype(np.float32)
+    fields.update(individual_rewards=rewards, global_rewards=rewards.mean(axis=-1))
+    for name, leaf, absent in (("terminated", "terminals", False), ("truncated", "truncations", False),
+                               ("active", "infos.alive", True)):
+        fields[name] = (leaves[leaf].read().reshape(steps, streams, agents) != 0 if leaf in leaves
+                        else np.full(rewards.shape, absent))
+    if "infos.state" in leaves:
+        state = fields["state"] = _flattened(leaves["infos.state"], 2)
+        options.update(state_size=state.shape[-1], state_dtype=state.dtype.name)
+    spec = BufferSpec(obs_size=fields["obs"].shape[-1], obs_dtype=obs.dtype.name, n_agents=agents,
                       agent_ids=tuple(f"agent_{i}" for i in range(agents)), obs_shape=tuple(obs.shape[3:]),
                       **options)
     return spec, fields
 
 
-def _streams(spec: BufferSpec, fields: dict[str, np.ndarray], ends: np.ndarray | None) -> Iterator[Block]:
-    """Each stream's whole episodes as a block, in the module layout of `tables`."""
-    last = ((ends != 0) if ends is not None
-            else ((fields["terminated"] != 0) | (fields["truncated"] != 0)).all(axis=-1))  # [T, B]
-    for b in range(last.shape[1]):
-        where = np.flatnonzero(last[:, b])
-        if not len(where):
-            continue
-        upto = int(where[-1]) + 1
-        lengths = np.diff(where, prepend=-1)
-        out = {}
-        for name, values in fields.items():
-            values = values[:upto, b]
-            out[name] = values if name in GLOBAL else np.moveaxis(values, 1, 0)
-        for name, base in (("obs_", "obs"), ("state_", "state"), ("action_mask_", "action_mask")):
-            if base in out and name not in out:  # the next step's, within the episode
-                out[name] = _shifted(out[base], where[where < upto], name in GLOBAL)
-        yield lengths, {name: _cast(name, values, spec) for name, values in out.items()}
+def _flattened(leaf: _Leaf, keep: int) -> _Leaf:
+    """``leaf`` with its axes after the first ``keep`` (``[T, B, ...]``) flattened into one."""
+    tail = len(leaf.shape) - keep
+    return leaf.like(lambda values: values.reshape(*values.shape[:values.ndim - tail], -1),
+                     (*leaf.shape[:keep], int(np.prod(leaf.shape[keep:]))), leaf.dtype)
+
+
+def _streams(spec: BufferSpec, fields: Mapping[str, Values], ends: list[np.ndarray], steps: int) -> Iterator[Block]:
+    """Each stream's whole episodes (``ends``: each stream's episodes' last steps) in blocks of
+    about ``steps`` steps, read a block at a time, in the module layout of `tables`."""
+    for b, where in enumerate(ends):
+        first = 0
+        while first < len(where):
+            lo = int(where[first - 1]) + 1 if first else 0
+            stop = max(first + 1, int(np.searchsorted(where, lo + steps - 1, side="right")))
+            span = slice(lo, int(where[stop - 1]) + 1)
+            last = where[first:stop] - lo
+            out = {}
+            for name, values in fields.items():
+                read = values.read(span, b) if isinstance(values, _Leaf) else values[span, b]
+                out[name] = read if name in GLOBAL else np.moveaxis(read, 1, 0)
+            for name, base in NEXTS:
+                if base in out and name not in out:  # the next step's, within the episode
+                    out[name] = _shifted(out[base], last, name in GLOBAL)
+            yield np.diff(last, prepend=-1), {name: _cast(name, values, spec) for name, values in out.items()}
+            first = stop
 
 
 def _shifted(values: np.ndarray, ends: np.ndarray, is_global: bool) -> np.ndarray:
@@ -404,7 +452,8 @@ def summary(path: str) -> Summary:
         raise BufferFileError(f"{path}/metadata.json: not a flashbax vault's metadata ({exc!r})") from None
     ours = meta.get("flexibuff_envs") if isinstance(meta.get("flexibuff_envs"), dict) else None
     ends_leaf = [EPISODE_ENDS] if ours and EPISODE_ENDS in leaves else ["terminals", "truncations"]
-    arrays = _read(path, {leaf: leaves[leaf] for leaf in ends_leaf if leaf in leaves})
+    opened = _open(path, {leaf: leaves[leaf] for leaf in ends_leaf if leaf in leaves})
+    arrays = {leaf: value.read() for leaf, value in opened.items()}
     if ours:
         agents = tuple(BufferSpec.from_dict(ours["spec"]).agent_ids)
     else:
