@@ -47,6 +47,9 @@ def test_a_dataset_reads_back_equal(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert len(os.listdir(os.path.join(path, "agents"))) == buffer.n_episodes
     for mine, want in zip(from_parquet(path).episodes(), buffer.episodes(), strict=True):
         assert_same_batches(mine, want)
+    from_parquet(path, log=tmp_path / "run.log", num_steps=len(buffer) // 2)  # every episode into a log
+    for mine, want in zip(fe.FlexibleBuffer.open(tmp_path / "run.log").episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
 
 
 @pytest.mark.parametrize("kind", ["spread", "spawning"])
@@ -102,6 +105,9 @@ def test_frames_go_out_as_fixed_size_bytes_unchanged(tmp_path: Path) -> None:
     frames = np.frombuffer(b"".join(table.column("obs").to_pylist()), dtype=np.uint8).reshape(-1, 96, 96, 3)
     np.testing.assert_array_equal(frames, np.concatenate([b.obs for b in buffer.episodes()]).reshape(-1, 96, 96, 3))
     for mine, want in zip(from_parquet(path).episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
+    from_parquet(path, log=tmp_path / "run.log", num_steps=len(buffer) // 2)  # every episode into a log
+    for mine, want in zip(fe.FlexibleBuffer.open(tmp_path / "run.log").episodes(), buffer.episodes(), strict=True):
         assert_same_batches(mine, want)
 
 

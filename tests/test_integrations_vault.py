@@ -104,6 +104,17 @@ def test_a_ring_smaller_than_the_vault_keeps_its_newest_episodes_whole(tmp_path:
         assert_same_batches(mine, theirs)
 
 
+def test_a_vault_goes_into_an_episode_log_through_a_small_ring(tmp_path: Path) -> None:
+    """``log=``: every episode of the vault lands in the log, while the ring keeps the newest."""
+    buffer = recorded("dying")
+    want = list(buffer.episodes())
+    back = from_vault(to_vault(buffer, tmp_path, vault_uid="x"), log=tmp_path / "run.log", num_steps=40)
+    assert back.n_episodes < len(want) and not back.logging
+    logged = fe.FlexibleBuffer.open(tmp_path / "run.log")
+    for mine, theirs in zip(logged.episodes(), want, strict=True):
+        assert_same_batches(mine, theirs)
+
+
 def test_a_log_and_a_file_export_as_their_buffer_does(tmp_path: Path) -> None:
     env = fe.record(gym.make("CartPole-v1"), num_steps=2000, gamma=GAMMA, log=tmp_path / "run.log")
     env.reset(seed=0)

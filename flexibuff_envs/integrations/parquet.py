@@ -143,7 +143,8 @@ def _column(values: np.ndarray) -> pa.Array:
 def from_parquet(directory: str | os.PathLike[str], **buffer_options: Any) -> FlexibleBuffer:
     """A buffer holding every episode of the Parquet dataset ``directory`` (`to_parquet`'s), equal
     to the one exported: the same layout, fields, ``G`` and discounts (``buffer_options`` go to
-    `FlexibleBuffer.from_spec`: ``num_steps``, ``seed``, ...).
+    `FlexibleBuffer.from_spec`: ``num_steps``, ``seed``, ...; ``log=DIR`` appends every episode
+    to that episode log too, a part at a time).
 
     Raises:
         BufferFileError: ``directory`` is not such a dataset, or a part of it disagrees with its

@@ -94,11 +94,14 @@ class _Runs:
 
 
 def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Block], *, rows: int, where: str,
-                log_prob_width: int = 0, **options: object) -> FlexibleBuffer:
+                log_prob_width: int = 0, log: str | os.PathLike[str] | None = None,
+                **options: object) -> FlexibleBuffer:
     """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
     ``rows`` in all, read one at a time), one lane, each episode ended as a recording ends it: ``G`` (and GAE, with
     values) computed, unless the blocks give them. ``options`` go to `FlexibleBuffer.from_spec`
-    (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes).
+    (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes). With ``log``,
+    every episode is also appended to that episode log (made, or continued) as it is added, so
+    a ring smaller than the source turns a dataset larger than memory into a log.
 
     Raises:
         BufferFileError: the values do not fit ``spec`` (a dataset whose layout and arrays
@@ -115,10 +118,15 @@ def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Bloc
     allocated = {keyword: name in fields for name, keyword in _OPTION.items()}
     buffer = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), log_prob_continuous=log_prob_width,
                                       **{**allocated, **options})  # type: ignore[arg-type]
+    if log is not None:
+        buffer.log_to(log)
     try:
         return _fill(buffer, spec, fields, itertools.chain([first] if first else [], source), log_prob_width)
     except (ValueError, MemoryError) as exc:  # a field wider than its values, or too wide to allocate
         raise BufferFileError(f"{where}: its arrays do not fit the layout it declares ({exc})") from None
+    finally:
+        if log is not None:
+            buffer.close_log()
 
 
 def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Iterable[Block],
@@ -129,8 +137,9 @@ def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], sou
     following = [name for name in NEXT if name in fields]
     for lengths, arrays in source:
         stored = {name: encode(spec, name, arrays[name]) for name in [*targets, *following]}
-        # next values a block at a time, unless the ring is smaller than the block (it keeps the newest)
-        whole = int(lengths.sum()) <= buffer.num_steps
+        # next values a block at a time, unless the ring is smaller than the block (it keeps the
+        # newest) or a log takes each episode whole as it ends
+        whole = int(lengths.sum()) <= buffer.num_steps and not buffer.logging
         written = []
         for start, length in zip((np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
             buffer.begin_episode()
@@ -138,12 +147,12 @@ def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], sou
             span = slice(start, start + length)
             for name in names:
                 _put(targets[name], name, at, stored[name], span)
+            for name in [] if whole else following:
+                buffer.write_next(name, at, stored[name][..., span, :])
             buffer.end_episode()
             for name in COMPUTED:
                 if name in stored:
                     _put(targets[name], name, at, stored[name], span)
-            for name in [] if whole else following:
-                buffer.write_next(name, at, stored[name][..., span, :])
             written.append(at)
         for name in following if whole else []:  # each stored once where it is the next row's
             buffer.write_next(name, np.concatenate(written), stored[name], np.cumsum(lengths) - 1)

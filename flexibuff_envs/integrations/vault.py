@@ -232,7 +232,9 @@ def from_vault(directory: str | os.PathLike[str], vault_name: str | None = None,
     its steps after its last end (an episode cut off) are left out. Next values are the next
     step's, and an episode's last step's its own (the vault has no final observation). ``G``
     is computed as when recording; ``buffer_options`` go to `FlexibleBuffer.from_spec`
-    (``gamma``, ``num_steps``, ``seed``, ...).
+    (``gamma``, ``num_steps``, ``seed``, ...), but ``log=DIR``: every episode is appended to
+    that episode log too, so with a smaller ``num_steps`` a vault larger than memory becomes a
+    log (read a block at a time, memory: the ring and one block).
 
     Raises:
         BufferFileError: no vault there, or one whose metadata or arrays cannot be read (the
