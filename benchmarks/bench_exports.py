@@ -196,6 +196,9 @@ def spread(root: Path, steps: int, rounds: int) -> None:
                          ("to_parquet", "pyarrow"), ("from_parquet", "pyarrow read")):
         print(f"  {ours:<13} {med[ours] * 1e3:8.1f} ms   {theirs:<17} {med[theirs] * 1e3:8.1f} ms   "
               f"{med[ours] / med[theirs]:5.2f}x")
+    sizes = {compression: du(Path(vault.to_vault(log, root / "sizes", vault_uid=compression, compression=compression)))
+             for compression in vault.COMPRESSION}
+    print("  vault sizes: " + ", ".join(f"{key} {value / 1e6:,.1f} MB" for key, value in sizes.items()))
 
 
 if __name__ == "__main__":
