@@ -20,6 +20,7 @@ warnings.filterwarnings("ignore", module="pettingzoo")
 
 import flashbax as fbx
 import jax.numpy as jnp
+import tensorstore as ts
 from flashbax.vault import Vault
 
 import flexibuff_envs as fe
@@ -258,3 +259,8 @@ def test_the_cli_exports_a_recording_as_a_vault_and_inspects_it(tmp_path: Path, 
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["export", "c4.log", "--vault", "vaults", "--vault-uid", "Good"]) == 1
     assert "a vault is there already" in capsys.readouterr().err
+    assert main(["export", "c4.log", "--vault", "small", "--vault-uid", "Zstd", "--compression", "zstd"]) == 0
+    store = ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "path": "observations.",
+                                                   "base": f"file://{tmp_path}/small/c4.vlt/Zstd"}}).result()
+    assert store.spec().to_json()["metadata"]["compressor"]["cname"] == "zstd"
+    assert Vault("c4.vlt", rel_dir="small", vault_uid="Zstd").read().experience["observations"].shape[1] > 0
