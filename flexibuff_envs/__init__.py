@@ -4,16 +4,22 @@ from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.errors import (
+    ArgumentTypeError,
     BufferFileError,
     BufferMemoryError,
     BufferSaveError,
     EmptyBufferError,
     EnvValueError,
     FlexibuffError,
+    InvalidArgumentError,
     MissingExtraError,
     NotAnEnvError,
+    OutOfRangeError,
     SpecMismatchError,
+    UnknownNameError,
     UnsupportedSpaceError,
+    WorkerError,
+    WorkerTimeoutError,
 )
 from flexibuff_envs.log import merge as merge_logs
 from flexibuff_envs.returns import discounted_returns
@@ -21,6 +27,7 @@ from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
 
 __all__ = [
+    "ArgumentTypeError",
     "BufferFileError",
     "BufferMemoryError",
     "BufferSaveError",
@@ -32,11 +39,16 @@ __all__ = [
     "FlexibleBuffer",
     "FlexibuffError",
     "GymRecorder",
+    "InvalidArgumentError",
     "MissingExtraError",
     "NotAnEnvError",
+    "OutOfRangeError",
     "SpecMismatchError",
+    "UnknownNameError",
     "UnsupportedSpaceError",
     "VectorRecorder",
+    "WorkerError",
+    "WorkerTimeoutError",
     "discounted_returns",
     "infer_spec",
     "merge_logs",

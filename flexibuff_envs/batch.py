@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.errors import MissingExtraError, require_torch
+from flexibuff_envs.errors import MissingExtraError, UnknownNameError, require_torch
 
 
 @dataclass
@@ -69,7 +69,7 @@ class FlexiBatch:
         extra = self.__dict__.get("extra")
         if extra is not None and name in extra:
             return extra[name]
-        raise AttributeError(f"FlexiBatch has no field {name!r}" + (
+        raise UnknownNameError(f"FlexiBatch has no field {name!r}" + (
             f"; the buffer's own fields are {sorted(extra)}" if extra else ""))
 
     def to_torch(self, device: Any = None) -> FlexiBatch:

@@ -20,7 +20,13 @@ from flexibuff_envs.episodes import (
     episode_table,
     newest_rows,
 )
-from flexibuff_envs.errors import BufferMemoryError, SpecMismatchError, plain_dtype, positive_int
+from flexibuff_envs.errors import (
+    BufferMemoryError,
+    InvalidArgumentError,
+    SpecMismatchError,
+    plain_dtype,
+    positive_int,
+)
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log
@@ -134,7 +140,7 @@ class FlexibleBuffer(Sampling):
         n_agents = positive_int("n_agents", n_agents)
         ids = tuple(agent_ids) if agent_ids is not None else tuple(f"agent_{i}" for i in range(n_agents))
         if len(ids) != n_agents:
-            raise ValueError(f"agent_ids has {len(ids)} names but n_agents is {n_agents}")
+            raise InvalidArgumentError(f"agent_ids has {len(ids)} names but n_agents is {n_agents}")
         self.spec = BufferSpec(
             obs_size=positive_int("obs_size", obs_size),
             obs_dtype=plain_dtype("obs_dtype", obs_dtype).name,
@@ -152,7 +158,7 @@ class FlexibleBuffer(Sampling):
             extra_fields=extra_fields_of(extra_fields),
         )
         if self.spec.obs_categories and sum(self.spec.obs_categories) != self.spec.obs_size:
-            raise ValueError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
+            raise InvalidArgumentError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
                              f"but obs_size is {self.spec.obs_size}")
         self.alpha = check_alpha(alpha)
         self._priorities: PriorityTree | None = None  # made on the first prioritized use
@@ -265,7 +271,7 @@ class FlexibleBuffer(Sampling):
         chain = self._storage.chains.get(name)
         if chain is not None:
             if len(chain.holders):
-                raise ValueError(f"{name} is stored once, in the next row of {NEXT[name]}, while a "
+                raise InvalidArgumentError(f"{name} is stored once, in the next row of {NEXT[name]}, while a "
                                  f"recorder writes this buffer; read it from a sampled batch")
             rows = np.arange(self._storage.rows)
             explicit = chain.gather(rows, *self._storage.successors(rows))
@@ -295,7 +301,7 @@ class FlexibleBuffer(Sampling):
         ``ends`` of ``rows``, by default the last one). ``values`` are as `field` holds them, rows
         on the axis before the last. What an import does instead of `field` and `compact`."""
         if name not in NEXT:
-            raise ValueError(f"write_next: {name!r} is none of the next-value fields {list(NEXT)}")
+            raise InvalidArgumentError(f"write_next: {name!r} is none of the next-value fields {list(NEXT)}")
         rows = np.asarray(rows)
         if name in self._storage.arrays:  # written out row by row (`field`) until `compact`
             self._storage.arrays[name][..., rows, :] = values
@@ -452,7 +458,7 @@ class FlexibleBuffer(Sampling):
             BufferFileError: ``directory`` holds a log of another layout, or a damaged one.
         """
         if self._log is not None:
-            raise ValueError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
+            raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
         self._log = Follower(writer, self._read_lanes, per_block=per_block)
 

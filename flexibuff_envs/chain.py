@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from flexibuff_envs.errors import BufferMemoryError
+
 #: ``index`` value of a row whose next value is the base field at the lane's next row
 CHAINED = -1
 #: bytes a new tail store starts with (it doubles when full): 64 slots of small values, at least 4
@@ -47,7 +49,7 @@ def zeroed(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     try:
         memory = mmap.mmap(-1, nbytes)
     except OSError as error:  # as np.zeros says it
-        raise MemoryError(f"cannot allocate {nbytes:,} bytes: {error}") from None
+        raise BufferMemoryError(f"cannot allocate {nbytes:,} bytes: {error}") from None
     try:
         memory.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # huge pages not available here: ordinary pages

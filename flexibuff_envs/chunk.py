@@ -17,7 +17,12 @@ import numpy as np
 
 from flexibuff_envs.chain import CHAINED, renumbered
 from flexibuff_envs.episodes import EpisodeTable, Lane, episode_table
-from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    OutOfRangeError,
+    SpecMismatchError,
+)
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Part, Storage
 
@@ -60,13 +65,13 @@ class Chunk:
         if isinstance(episodes, (int, np.integer)) and not isinstance(episodes, bool):
             k = int(episodes) + (self.n_episodes if episodes < 0 else 0)
             if not 0 <= k < self.n_episodes:
-                raise IndexError(f"episode {episodes} of a chunk of {self.n_episodes}")
+                raise OutOfRangeError(f"episode {episodes} of a chunk of {self.n_episodes}")
             episodes = slice(k, k + 1)
         if not isinstance(episodes, slice):
-            raise TypeError(f"a chunk is indexed by episode, chunk[k] or chunk[a:b], got {episodes!r}")
+            raise ArgumentTypeError(f"a chunk is indexed by episode, chunk[k] or chunk[a:b], got {episodes!r}")
         first, stop, step = episodes.indices(self.n_episodes)
         if step != 1:
-            raise ValueError(f"a chunk's episodes are sliced in order, with step 1, got step {step}")
+            raise InvalidArgumentError(f"a chunk's episodes are sliced in order, with step 1, got step {step}")
         bounds = np.concatenate([[0], np.cumsum(self.lengths)])
         lo, hi = int(bounds[first]), int(bounds[max(first, stop)])
         tails = {part.name: part.whole() for part in self.parts if part.part == "tail"}
@@ -119,9 +124,9 @@ def check(chunk: Chunk, storage: Storage, lanes: Sequence[Lane], lane: int, gamm
     """Raise, naming what differs, unless ``chunk`` can be appended as it is to lane ``lane`` of
     a buffer of ``storage``, ``lanes`` and those discounts."""
     if not isinstance(chunk, Chunk):
-        raise TypeError(f"extend: expected a Chunk (from FlexibleBuffer.take_episodes), got {type(chunk).__name__}")
+        raise ArgumentTypeError(f"extend: expected a Chunk (from FlexibleBuffer.take_episodes), got {type(chunk).__name__}")
     if not 0 <= lane < len(lanes):
-        raise ValueError(f"extend: lane must be in [0, {len(lanes)}), got {lane!r}")
+        raise InvalidArgumentError(f"extend: lane must be in [0, {len(lanes)}), got {lane!r}")
     check_layout(storage.spec, chunk.spec, "extend: the chunk")
     names = {part.name for part in chunk.parts}
     for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
@@ -130,33 +135,33 @@ def check(chunk: Chunk, storage: Storage, lanes: Sequence[Lane], lane: int, gamm
                                     f"{getattr(chunk, name)!r} but the buffer's {name} is {value!r}")
     lengths = chunk.lengths
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths < 1).any():
-        raise ValueError("extend: the chunk's lengths must be positive episode lengths")
+        raise InvalidArgumentError("extend: the chunk's lengths must be positive episode lengths")
     rows, agents = chunk.rows, storage.spec.n_agents
     parts = {part.key: part for part in chunk.parts}
     for (name, kind), part in parts.items():
         field = storage.fields.get(name)
         if kind is None and (field is None or name in NEXT):
-            raise ValueError(f"extend: the chunk has an unknown field {name!r}")
+            raise InvalidArgumentError(f"extend: the chunk has an unknown field {name!r}")
         if kind is None:
             lead = (agents, rows) if field.per_agent else (rows,)  # type: ignore[union-attr]
             mine = storage.arrays.get(name)
             if part.shape[:len(lead)] != lead or (mine is not None and (
                     part.shape[len(lead):] != mine.shape[len(lead):] or part.dtype != mine.dtype)):
-                raise ValueError(f"extend: field {name!r} of the chunk has shape {part.shape} and dtype "
+                raise InvalidArgumentError(f"extend: field {name!r} of the chunk has shape {part.shape} and dtype "
                                  f"{part.dtype}; the buffer needs {lead} rows"
                                  + ("" if mine is None else f" of {mine.shape[len(lead):]} {mine.dtype}"))
         elif name not in NEXT or kind not in ("index", "tail"):
-            raise ValueError(f"extend: the chunk has an unknown part {kind!r} of {name!r}")
+            raise InvalidArgumentError(f"extend: the chunk has an unknown part {kind!r} of {name!r}")
         elif {(name, "index"), (name, "tail")} - parts.keys():
-            raise ValueError(f"extend: next-value field {name!r} of the chunk needs both its index and tail parts")
+            raise InvalidArgumentError(f"extend: next-value field {name!r} of the chunk needs both its index and tail parts")
         elif kind == "index":
             index, tail = part.whole(), parts[name, "tail"]
             if (index.shape[-1] != rows or index.dtype.kind not in "iu" or tail.shape[1:] != storage.shape(NEXT[name])[-1:]
                     or index.min(initial=0) < CHAINED or index.max(initial=0) >= tail.shape[0]):
-                raise ValueError(f"extend: next-value field {name!r} of the chunk does not fit the buffer "
+                raise InvalidArgumentError(f"extend: next-value field {name!r} of the chunk does not fit the buffer "
                                  f"(index {index.shape} for {rows} rows naming slots up to "
                                  f"{index.max(initial=0)} of {tail.shape[0]}, values {tail.shape[1:]})")
     running = lanes[lane].running
     if running is not None and running.end > running.start:
-        raise ValueError(f"extend: lane {lane} has a running episode (a recorder is writing it); "
+        raise InvalidArgumentError(f"extend: lane {lane} has a running episode (a recorder is writing it); "
                          "append chunks to a lane no recorder writes")

@@ -30,7 +30,13 @@ from typing import Any
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chunk import Chunk, check_layout
-from flexibuff_envs.errors import MissingExtraError, positive_int
+from flexibuff_envs.errors import (
+    ArgumentTypeError,
+    MissingExtraError,
+    WorkerError,
+    WorkerTimeoutError,
+    positive_int,
+)
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.rollout import Policy, steps
 from flexibuff_envs.spec import BufferSpec
@@ -190,7 +196,7 @@ class RayCollector:
         try:
             return ray.get([w.describe.remote() for w in self.workers], timeout=timeout)[0]
         except ray.exceptions.GetTimeoutError as exc:
-            raise TimeoutError(
+            raise WorkerTimeoutError(
                 f"RayCollector: {self.n_workers} workers did not start within start_timeout={timeout:g} s; "
                 f"each asks for {cpus:g} CPU, the cluster has {ray.cluster_resources().get('CPU', 0):g} "
                 "in all and other actors may hold some (pass fewer n_workers, close other collectors, or "
@@ -205,7 +211,7 @@ class RayCollector:
 
     def _restart(self, i: int, cause: Exception) -> None:
         if self.restarts >= self.max_restarts:
-            raise RuntimeError(f"worker {i} died and the {self.max_restarts} restarts allowed "
+            raise WorkerError(f"worker {i} died and the {self.max_restarts} restarts allowed "
                                f"(max_restarts) are used up: {cause}") from cause
         self._ray.kill(self.workers[i], no_restart=True)
         self.restarts += 1
@@ -253,7 +259,7 @@ class RayCollector:
         store; returns the new weights version. Each worker loads them after the chunks it has
         queued (at most 2 while streaming); `ChunkInfo.weights_version` says what a chunk used."""
         if not callable(getattr(self._policy, "load_state_dict", None)):
-            raise TypeError(f"set_weights: the policy ({type(self._policy).__name__}) has no "
+            raise ArgumentTypeError(f"set_weights: the policy ({type(self._policy).__name__}) has no "
                             "load_state_dict; pass a torch.nn.Module as the policy")
         self.weights_version += 1
         self._weights = self._ray.put(weights)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.errors import OutOfRangeError
 from flexibuff_envs.interrupts import holding
 
 #: `Lane.opened` once every row of the lane's ring is open
@@ -53,7 +54,7 @@ class Ended:
         """The ``i``-th oldest episode (``-1``: the newest)."""
         j = (self._first if i >= 0 else self._stop) + i
         if not self._first <= j < self._stop:
-            raise IndexError(f"episode {i} of {len(self)}")
+            raise OutOfRangeError(f"episode {i} of {len(self)}")
         return Episode(int(self._start[j]), int(self._end[j]), bool(self._whole[j]))
 
     @property

@@ -48,10 +48,35 @@ class MissingExtraError(FlexibuffError, ImportError):
     """An optional dependency (torch, pettingzoo) is needed but not installed."""
 
 
+class InvalidArgumentError(FlexibuffError, ValueError):
+    """An argument out of its range or at odds with the buffer (a size that is not positive, a
+    field the buffer does not hold, an option that does not apply); the message names it."""
+
+
+class ArgumentTypeError(FlexibuffError, TypeError):
+    """An argument of a kind the call does not take; the message names it and what it takes."""
+
+
+class UnknownNameError(FlexibuffError, AttributeError):
+    """A name a batch (a field it does not hold) or a module of the package does not have."""
+
+
+class OutOfRangeError(FlexibuffError, IndexError):
+    """An index past the end of a sequence of episodes."""
+
+
+class WorkerError(FlexibuffError, RuntimeError):
+    """A collection worker failed more often than its restarts allow."""
+
+
+class WorkerTimeoutError(FlexibuffError, TimeoutError):
+    """A collection worker gave no result within the time allowed."""
+
+
 def positive_int(name: str, value: object) -> int:
     """``value`` as an int, or ValueError naming ``name`` unless it is a positive integer."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
 
 
@@ -73,7 +98,7 @@ def plain_dtype(name: str, value: object) -> np.dtype:
         dtype = None
     if dtype is None or dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None \
             or dtype.itemsize > 8:
-        raise ValueError(f"{name} must be a bool, integer or float dtype (bool, int8-int64, uint8-uint64, "
+        raise InvalidArgumentError(f"{name} must be a bool, integer or float dtype (bool, int8-int64, uint8-uint64, "
                          f"float16-float64), got {value!r}")
     return dtype
 

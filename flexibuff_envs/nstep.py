@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flexibuff_envs.errors import InvalidArgumentError
+
 if TYPE_CHECKING:
     from flexibuff_envs.episodes import Lane
 
@@ -66,7 +68,7 @@ def episode_ends(lanes: Sequence[Lane], rows: np.ndarray) -> tuple[np.ndarray, n
 def _ends(lane: Lane, lane_index: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     position = lane.live_start + (rows - lane.offset - lane.live_start) % lane.capacity
     if (position >= lane.written).any():
-        raise ValueError(f"n_step: idx holds rows of lane {lane_index} that are not recorded; "
+        raise InvalidArgumentError(f"n_step: idx holds rows of lane {lane_index} that are not recorded; "
                          "give rows of a batch drawn from this buffer")
     starts, ends = lane.bounds()
     return position, ends[np.searchsorted(starts, position, side="right") - 1]

@@ -38,15 +38,16 @@ import numpy as np
 
 from flexibuff_envs.chain import zeroed
 from flexibuff_envs.episodes import Lane, lane_offsets, span_rows
+from flexibuff_envs.errors import InvalidArgumentError
 
 #: prioritized replay's exponent unless one is given (and in files written before it was kept)
 ALPHA = 0.6
 
 
 def check_alpha(alpha: float, name: str = "alpha") -> float:
-    """Return ``alpha`` as a float, or raise ValueError unless it is a finite number >= 0."""
+    """Return ``alpha`` as a float, or raise InvalidArgumentError unless it is a finite number >= 0."""
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha < math.inf:
-        raise ValueError(f"{name} must be a finite number >= 0, got {alpha!r}")
+        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {alpha!r}")
     return float(alpha)
 
 

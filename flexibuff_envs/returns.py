@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from flexibuff_envs.errors import InvalidArgumentError
+
 
 def check_gamma(gamma: float, name: str = "gamma") -> float:
-    """Return ``gamma`` as a float, or raise ValueError unless ``0 <= gamma <= 1``."""
+    """Return ``gamma`` as a float, or raise InvalidArgumentError unless ``0 <= gamma <= 1``."""
     value = float(gamma)
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be within [0, 1], got {gamma!r}")
+        raise InvalidArgumentError(f"{name} must be within [0, 1], got {gamma!r}")
     return value
 
 

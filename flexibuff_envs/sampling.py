@@ -11,7 +11,12 @@ import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import Lane, episode_table, segment_rows
-from flexibuff_envs.errors import EmptyBufferError, positive_int
+from flexibuff_envs.errors import (
+    ArgumentTypeError,
+    EmptyBufferError,
+    InvalidArgumentError,
+    positive_int,
+)
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.priorities import PriorityTree
 from flexibuff_envs.storage import NEXT
@@ -41,9 +46,9 @@ def checked_weights(caller: str, name: str, value: Any, rows: np.ndarray) -> np.
     ``rows``' shape, or ValueError naming ``caller`` and ``name`` unless finite and non-negative."""
     values = as_array(value).astype(np.float64, copy=False)
     if values.ndim and values.shape != rows.shape:
-        raise ValueError(f"{caller}: {name} has shape {values.shape} but idx has {rows.shape}")
+        raise InvalidArgumentError(f"{caller}: {name} has shape {values.shape} but idx has {rows.shape}")
     if values.size and not (values.min() >= 0 and values.max() < np.inf):  # NaN fails both
-        raise ValueError(f"{caller}: {name} must be finite and non-negative")
+        raise InvalidArgumentError(f"{caller}: {name} must be finite and non-negative")
     return np.full(rows.shape, values) if values.ndim == 0 else values
 
 
@@ -51,7 +56,7 @@ def checked_rows(caller: str, idx: Any, rows: int) -> np.ndarray:
     """``idx`` as an integer array of buffer rows, or ValueError naming ``caller``."""
     array = as_array(idx)
     if array.dtype.kind not in "iu" or (array.size and not (0 <= array.min() and array.max() < rows)):
-        raise ValueError(f"{caller}: idx must be integer buffer rows in [0, {rows}) (a batch's idx), "
+        raise InvalidArgumentError(f"{caller}: idx must be integer buffer rows in [0, {rows}) (a batch's idx), "
                          f"got {array.dtype} values" + (f" from {array.min()} to {array.max()}" if array.size
                                                         and array.dtype.kind in "iuf" else ""))
     return array
@@ -94,7 +99,7 @@ def weighted_rows(lanes: Sequence[Lane], weights: np.ndarray, rng: np.random.Gen
     w = weights[live].astype(np.float64)
     total = w.sum()
     if not np.isfinite(total) or total <= 0 or (w < 0).any():
-        raise ValueError("weighted sampling needs finite, non-negative memory_weights with a "
+        raise InvalidArgumentError("weighted sampling needs finite, non-negative memory_weights with a "
                          f"positive sum; the live rows sum to {total!r}")
     cdf = np.cumsum(w)
     return live[np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right").clip(max=live.size - 1)]
@@ -186,7 +191,7 @@ class Prioritized:
         _require(lanes, "sample_transitions")
         self.tree.sync(lanes)
         if not self.tree.total > 0:
-            raise ValueError("prioritized sampling needs a positive priority somewhere; every recorded row has 0")
+            raise InvalidArgumentError("prioritized sampling needs a positive priority somewhere; every recorded row has 0")
         rows, weights = self.tree.draw(rng, self.n, self.beta)
         return (Draw(rows, weights=weights),)
 
@@ -264,13 +269,13 @@ _CHECKED: dict[tuple[tuple[str, ...], frozenset[str]], frozenset[str]] = {}
 def checked_fields(fields: Collection[str], known: frozenset[str]) -> frozenset[str]:
     """``fields`` as a set of field names, or ValueError naming one that is not ``known``."""
     if isinstance(fields, str):
-        raise TypeError(f"fields must be a collection of field names, got the string {fields!r}")
+        raise ArgumentTypeError(f"fields must be a collection of field names, got the string {fields!r}")
     key = (tuple(fields), known)
     checked = _CHECKED.get(key)
     if checked is None:
         unknown = sorted(set(key[0]) - known)
         if unknown:
-            raise ValueError(f"fields: {unknown} are no batch fields; choose from {sorted(known)}")
+            raise InvalidArgumentError(f"fields: {unknown} are no batch fields; choose from {sorted(known)}")
         if len(_CHECKED) > 64:
             _CHECKED.clear()
         checked = _CHECKED[key] = frozenset(key[0])  # a training loop asks for the same ones each time
@@ -313,7 +318,7 @@ class Sampling:
         else:
             n = positive_int("n_step", n_step)
             if np.ndim(idx) != 1:
-                raise ValueError(f"n_step: idx must be one-dimensional buffer rows, got shape {np.shape(idx)}")
+                raise InvalidArgumentError(f"n_step: idx must be one-dimensional buffer rows, got shape {np.shape(idx)}")
             arrays = storage.arrays
             w = windows(self._read_lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
             rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
@@ -325,9 +330,9 @@ class Sampling:
         if normalize_advantages:
             advantages = out.get("advantages")
             if wanted is not None and "advantages" not in wanted:
-                raise ValueError("normalize_advantages=True but fields leaves out 'advantages'")
+                raise InvalidArgumentError("normalize_advantages=True but fields leaves out 'advantages'")
             if advantages is None:
-                raise ValueError("normalize_advantages=True but no advantages were recorded: "
+                raise InvalidArgumentError("normalize_advantages=True but no advantages were recorded: "
                                  "annotate values (env.annotate(values=...)) to get GAE")
             # NaN marks steps without GAE yet (no value given, episode still running): skip them
             out["advantages"] = (advantages - np.nanmean(advantages)) / (np.nanstd(advantages) + 1e-8)
@@ -384,10 +389,10 @@ class Sampling:
         else:
             n = positive_int("batch_size", batch_size)
             if prioritized and weighted:
-                raise ValueError("sample_transitions: choose weighted=True (memory_weights) or prioritized=True "
+                raise InvalidArgumentError("sample_transitions: choose weighted=True (memory_weights) or prioritized=True "
                                  "(update_priorities), not both")
             if prioritized and not (isinstance(beta, numbers.Real) and 0 <= beta < np.inf):
-                raise ValueError(f"beta must be a finite number >= 0 (1 corrects fully), got {beta!r}")
+                raise InvalidArgumentError(f"beta must be a finite number >= 0 (1 corrects fully), got {beta!r}")
             sampler = Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted \
                 else Uniform(n)
         return self._one(sampler, as_torch=as_torch, device=device, fields=fields, n_step=n_step)

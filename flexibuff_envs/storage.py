@@ -21,7 +21,7 @@ from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.episodes import segment_rows
-from flexibuff_envs.errors import plain_dtype
+from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, plain_dtype
 from flexibuff_envs.nstep import Windows, discounted_sum
 from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
 from flexibuff_envs.spec import BufferSpec
@@ -84,20 +84,20 @@ def extra_fields(fields: Mapping[str, object] | None) -> tuple[tuple[str, tuple[
     if fields is None:
         return ()
     if not isinstance(fields, Mapping):
-        raise TypeError(f"extra_fields must map names to shapes, e.g. {{'hidden': (64,)}}, got {fields!r}")
+        raise ArgumentTypeError(f"extra_fields must map names to shapes, e.g. {{'hidden': (64,)}}, got {fields!r}")
     out = []
     for name, given in fields.items():
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED:
-            raise ValueError(f"extra_fields: {name!r} must be a Python name that is not a batch field "
+            raise InvalidArgumentError(f"extra_fields: {name!r} must be a Python name that is not a batch field "
                              f"already ({', '.join(sorted(RESERVED))})")
         shape, dtype = given if (isinstance(given, (tuple, list)) and len(given) == 2
                                  and isinstance(given[1], (str, type, np.dtype))) else (given, "float32")
         shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
         if not isinstance(shape, (tuple, list)) or not all(
                 isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape):
-            raise ValueError(f"extra_fields: {name!r} needs a shape of positive sizes such as (64,), got {given!r}")
+            raise InvalidArgumentError(f"extra_fields: {name!r} needs a shape of positive sizes such as (64,), got {given!r}")
         if int(np.prod(shape)) > MAX_EXTRA_SIZE:
-            raise ValueError(f"extra_fields: {name!r} holds {int(np.prod(shape)):,} values a row, more than "
+            raise InvalidArgumentError(f"extra_fields: {name!r} holds {int(np.prod(shape)):,} values a row, more than "
                              f"{MAX_EXTRA_SIZE:,}")
         out.append((name, tuple(int(d) for d in shape), plain_dtype(f"extra_fields {name!r} dtype", dtype).name))
     return tuple(out)

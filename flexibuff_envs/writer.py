@@ -16,7 +16,7 @@ import numpy as np
 
 from flexibuff_envs.chain import Chain
 from flexibuff_envs.episodes import Lane, span_rows
-from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
 from flexibuff_envs.interrupts import holding
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class Unpicklable:
     would record into a copy nobody reads."""
 
     def __reduce__(self) -> Any:
-        raise TypeError(f"{type(self).__name__} cannot be pickled or copied: it writes its buffer in this process, "
+        raise ArgumentTypeError(f"{type(self).__name__} cannot be pickled or copied: it writes its buffer in this process, "
                         "and a copy would record into a copy. SuperSuit's concat_vec_envs_v1 copies the env it is "
                         "given: record the vector env it makes instead, "
                         "flexibuff_envs.integrations.sb3.RecordingVecEnv(concat_vec_envs_v1(...))")

@@ -4,6 +4,7 @@ or inside a function, points to a step left of (or at) the importer's own."""
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -50,3 +51,19 @@ def test_imports_point_the_way_the_readme_says() -> None:
              for p in modules for line, name in imports(p)
              if order[name] > order[module_of(p)]]
     assert not wrong, wrong
+
+
+def test_every_error_the_package_raises_is_a_flexibuff_error() -> None:
+    """No ``raise ValueError(...)`` (or any builtin exception) in the package: each error is one of
+    `flexibuff_envs.errors`' classes, which subclass the builtin a caller would catch, so
+    ``except fe.FlexibuffError`` catches everything the package raises."""
+    builtin = {name for name, value in vars(builtins).items()
+               if isinstance(value, type) and issubclass(value, BaseException)}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(target, ast.Name) and target.id in builtin:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} raises {target.id}")
+    assert not found, "\n".join(found)

@@ -11,12 +11,14 @@ from typing import Any
 
 import gymnasium as gym
 
+from flexibuff_envs.errors import FlexibuffError
+
 DEFAULT_ENV = "pettingzoo.classic.connect_four_v3"
 PETTINGZOO_EXTRA = "pip install 'flexibuff-envs[pettingzoo]'"
 _MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
-class UsageError(Exception):
+class UsageError(FlexibuffError, ValueError):
     """Input the command line cannot act on; reported as one line on stderr."""
 
 

@@ -21,7 +21,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
-from flexibuff_envs.errors import EmptyBufferError, MissingExtraError
+from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 
@@ -113,7 +113,7 @@ def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent
     index: int | None = None
     if spec.n_agents > 1:
         if agent not in spec.agent_ids:
-            raise ValueError(f"Minari datasets are single-agent and this buffer holds {spec.n_agents} agents "
+            raise InvalidArgumentError(f"Minari datasets are single-agent and this buffer holds {spec.n_agents} agents "
                              f"{list(spec.agent_ids)}: export one dataset per agent, "
                              f"to_minari(buffer, dataset_id, agent=...) or to_minari_agents(buffer, namespace)"
                              if agent is None else f"to_minari: agent {agent!r} is not one of {list(spec.agent_ids)}")
@@ -163,7 +163,7 @@ def to_minari_agents(buffer: FlexibleBuffer, namespace: str, env: Any = None, *,
     ids = {agent: f"{namespace}/{agent}-v{version}" for agent in buffer.spec.agent_ids}
     taken = [dataset_id for dataset_id in ids.values() if dataset_id in minari.list_local_datasets()]
     if taken:
-        raise ValueError(f"to_minari_agents: Minari already holds {', '.join(taken)}; "
+        raise InvalidArgumentError(f"to_minari_agents: Minari already holds {', '.join(taken)}; "
                          "pick another namespace or version, or minari.delete_dataset them")
     if namespace not in list_local_namespaces():
         create_namespace(namespace, description=f"one dataset per agent of a recording with flexibuff_envs: "

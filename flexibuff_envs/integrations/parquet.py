@@ -34,6 +34,7 @@ from flexibuff_envs.errors import (
     BufferFileError,
     BufferSaveError,
     EmptyBufferError,
+    InvalidArgumentError,
     MissingExtraError,
 )
 from flexibuff_envs.integrations.tables import (
@@ -183,7 +184,7 @@ def _read_layout(file: str) -> dict[str, Any]:
         layout = json.loads(meta[KEY])
         BufferSpec.from_dict(layout["spec"])
         if layout["format"] != 1:
-            raise ValueError(f"format {layout['format']}; this reads 1")
+            raise InvalidArgumentError(f"format {layout['format']}; this reads 1")
         return layout  # type: ignore[no-any-return]
     except (OSError, KeyError, TypeError, ValueError, pa.ArrowException) as exc:
         raise BufferFileError(f"{file}: not a part of a flexibuff_envs Parquet dataset ({exc!r})") from None

@@ -19,7 +19,7 @@ from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
-from flexibuff_envs.errors import MissingExtraError
+from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
@@ -115,7 +115,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True) -> None:
         if not isinstance(observation_space, spaces.Box):
-            raise TypeError(f"ReplayBuffer keeps Box observations; got {observation_space!r} "
+            raise ArgumentTypeError(f"ReplayBuffer keeps Box observations; got {observation_space!r} "
                             "(SB3 keeps Dict ones in DictReplayBuffer)")
         buffers.BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)

@@ -53,6 +53,7 @@ from flexibuff_envs.errors import (
     BufferFileError,
     BufferSaveError,
     EmptyBufferError,
+    InvalidArgumentError,
     MissingExtraError,
 )
 from flexibuff_envs.integrations.tables import (
@@ -145,7 +146,7 @@ def to_vault(source: Source, directory: str | os.PathLike[str], *, vault_name: s
         EmptyBufferError: ``source`` holds no whole episode.
     """
     if compression not in COMPRESSION:
-        raise ValueError(f"to_vault: compression {compression!r} is none of {list(COMPRESSION)}")
+        raise InvalidArgumentError(f"to_vault: compression {compression!r} is none of {list(COMPRESSION)}")
     buffer = open_source(source)
     spec = buffer.spec
     uid = vault_uid or time.strftime("%Y%m%d%H%M%S")

@@ -15,7 +15,12 @@ import numpy as np
 
 from flexibuff_envs.chunk import Chunk, check_layout
 from flexibuff_envs.episodes import Lane
-from flexibuff_envs.errors import BufferFileError, BufferSaveError, SpecMismatchError
+from flexibuff_envs.errors import (
+    BufferFileError,
+    BufferSaveError,
+    InvalidArgumentError,
+    SpecMismatchError,
+)
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.format import (
     CHAINS,
@@ -63,7 +68,7 @@ class LogWriter:
     def __init__(self, directory: str | os.PathLike[str], header: LogHeader, *, fsync: FsyncPolicy = "interval",
                  every: float = 5.0) -> None:
         if fsync not in ("interval", "always", "close"):
-            raise ValueError(f"fsync must be 'interval', 'always' or 'close', got {fsync!r}")
+            raise InvalidArgumentError(f"fsync must be 'interval', 'always' or 'close', got {fsync!r}")
         self.directory = os.fspath(directory)
         self.header = header
         self.fsync, self.every = fsync, float(every)
@@ -133,7 +138,7 @@ class LogWriter:
         given = {part.key: part.whole() for part in chunk.parts}
         for name, part in given:
             if part is not None and (name, "tail" if part == "index" else "index") not in given:
-                raise ValueError(f"the chunk's next-value field {name!r} needs both its index and tail parts")
+                raise InvalidArgumentError(f"the chunk's next-value field {name!r} needs both its index and tail parts")
         if given.keys() - self._files.keys():
             self._add([Column.of(part) for part in chunk.parts if part.key not in self._files])
         out = {EPISODE_LENGTHS.key: np.ascontiguousarray(chunk.lengths, dtype=EPISODE_LENGTHS.dtype)}
@@ -323,7 +328,7 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     """
     paths = [os.fspath(source) for source in sources]
     if not paths:
-        raise ValueError("merge: give at least one episode log to merge")
+        raise InvalidArgumentError("merge: give at least one episode log to merge")
     target = os.path.realpath(out)
     for path in paths:
         if os.path.realpath(path) == target:

@@ -14,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from flexibuff_envs.errors import ArgumentTypeError
+
 COMPACT = (np.dtype(bool), np.dtype(np.uint8), np.dtype(np.int8))
 
 
@@ -38,7 +40,7 @@ def split_action(space: spaces.Space, action: Any) -> tuple[list[int], list[floa
     if isinstance(space, spaces.Box):
         return [], list(np.asarray(action, dtype=np.float32).reshape(-1))
     if not isinstance(space, (spaces.Dict, spaces.Tuple)):
-        raise TypeError(f"the reference does not split actions of {space}")
+        raise ArgumentTypeError(f"the reference does not split actions of {space}")
     subs = list(space.spaces.items()) if isinstance(space, spaces.Dict) else list(enumerate(space.spaces))
     heads: list[int] = []
     conts: list[float] = []

@@ -10,7 +10,7 @@ import gymnasium as gym
 from gymnasium.vector import VectorEnv
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.errors import NotAnEnvError
+from flexibuff_envs.errors import ArgumentTypeError, NotAnEnvError, UnknownNameError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
 from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
@@ -86,7 +86,7 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
         extra = [name for name, value in (("global_reward", global_reward), ("record_state", record_state))
                  if value is not None]
         if extra:
-            raise TypeError(f"record(): {', '.join(extra)} apply to PettingZoo envs only, not to a "
+            raise ArgumentTypeError(f"record(): {', '.join(extra)} apply to PettingZoo envs only, not to a "
                             f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}")
         gymnasium = GymRecorder if kind == "gymnasium" else VectorRecorder
         return gymnasium(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
@@ -119,4 +119,4 @@ def __getattr__(name: str) -> Any:
         from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder
 
         return AECRecorder
-    raise AttributeError(name)
+    raise UnknownNameError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.writer import Writer
 
@@ -27,25 +28,25 @@ def checked(writer: Writer, name: str, value: Any, rows: int, who: str) -> np.nd
         shape, dtype = own[name]
         want = (rows, *shape) if rows > 1 else shape
         if np.shape(value) != want and not (rows == 1 and np.shape(value) == (1, *shape)):
-            raise ValueError(f"annotate: {name} of {who} must have shape {want} (extra_fields), "
+            raise InvalidArgumentError(f"annotate: {name} of {who} must have shape {want} (extra_fields), "
                              f"got {np.shape(value)}")
         return np.asarray(value).astype(dtype, copy=False).reshape(rows, *shape)
     if name not in ANNOTATIONS:
-        raise ValueError(f"annotate: unknown field {name!r} for {who}; known fields: "
+        raise InvalidArgumentError(f"annotate: unknown field {name!r} for {who}; known fields: "
                          + ", ".join([*(f"{k} ({v})" for k, v in ANNOTATIONS.items()),
                                       *(f"{k} (yours, {shape} {dtype})" for k, (shape, dtype) in own.items())]))
     if rows > 1 and np.shape(value)[:1] != (rows,):
-        raise ValueError(f"annotate: {name} needs a leading axis of {rows} sub-envs, got shape {np.shape(value)}")
+        raise InvalidArgumentError(f"annotate: {name} needs a leading axis of {rows} sub-envs, got shape {np.shape(value)}")
     values = np.asarray(value, dtype=np.float32).reshape(rows, -1)
     expected = {"discrete_log_probs": len(writer.buffer.spec.discrete_action_cardinalities),
                 "values": 1, "memory_weights": 1}.get(name)
     if name == "continuous_log_probs":  # any width, the same for every step once stored
         expected = writer.column(name).shape[-1] if writer.has(name) else values.shape[1]
     if values.shape[1] != expected or expected == 0:
-        raise ValueError(f"annotate: {name} of {who} must have {expected} value(s) ({ANNOTATIONS[name]}); "
+        raise InvalidArgumentError(f"annotate: {name} of {who} must have {expected} value(s) ({ANNOTATIONS[name]}); "
                          f"got shape {np.shape(value)}")
     if name == "memory_weights" and not (np.isfinite(values).all() and (values >= 0).all()):
-        raise ValueError(f"annotate: memory_weights must be finite and >= 0 ({who}), got {value!r}")
+        raise InvalidArgumentError(f"annotate: memory_weights must be finite and >= 0 ({who}), got {value!r}")
     return values
 
 
@@ -100,6 +101,6 @@ def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:
     """Add a human reward to agent ``index`` at ``row`` (individual and team auxiliary rewards)."""
     number = float(value)
     if not np.isfinite(number):
-        raise ValueError(f"add_feedback: value must be a finite number, got {value!r}")
+        raise InvalidArgumentError(f"add_feedback: value must be a finite number, got {value!r}")
     writer.column("individual_auxiliary_rewards")[index, row] += number
     writer.column("global_auxiliary_rewards")[row] += number

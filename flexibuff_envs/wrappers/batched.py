@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 from flexibuff_envs.chain import HeldBatch, as_rows
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
 from flexibuff_envs.episodes import Episode, Lane, span_rows
-from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
+from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.storage import pack_mask
 from flexibuff_envs.wrappers.annotations import add_feedback, checked
@@ -469,6 +469,6 @@ class BatchRecorder:
                    else ring.ended[-1] if ring.ended else None)
         steps = 0 if episode is None else episode.end - episode.start
         if not -steps <= step < steps:
-            raise ValueError(f"add_feedback: step={step} is not a recorded step of sub-env {lane} "
+            raise InvalidArgumentError(f"add_feedback: step={step} is not a recorded step of sub-env {lane} "
                              f"({steps} in its current episode)")
         add_feedback(self.writer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ActionCodec, ObsCodec
-from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
+from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
 from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.priorities import check_alpha
 from flexibuff_envs.returns import check_gamma
@@ -52,7 +52,7 @@ def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], f
     if global_reward == "none":
         return None
     if global_reward not in _REDUCERS:
-        raise ValueError(f"global_reward must be 'sum', 'mean', 'none' or a function, got {global_reward!r}")
+        raise InvalidArgumentError(f"global_reward must be 'sum', 'mean', 'none' or a function, got {global_reward!r}")
     return _REDUCERS[global_reward]
 
 
@@ -458,7 +458,7 @@ class LaneRecorder:
         if not len(rows):
             rows = self.own_rows(index, self.previous_rows)
         if not -len(rows) <= step < len(rows):
-            raise ValueError(f"add_feedback: step={step} is not a recorded step of agent "
+            raise InvalidArgumentError(f"add_feedback: step={step} is not a recorded step of agent "
                              f"{self.slots[index].name!r} ({len(rows)} in its current episode)")
         add_feedback(self.writer, int(rows[step]), index, value)
 

@@ -9,6 +9,7 @@ import gymnasium as gym
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
@@ -98,7 +99,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         shape raises ValueError naming it.
         """
         if agent is not None:
-            raise ValueError(f"annotate: a Gymnasium env has one agent; pass no agent (got {agent!r})")
+            raise InvalidArgumentError(f"annotate: a Gymnasium env has one agent; pass no agent (got {agent!r})")
         self._recorder.annotations.add(0, "agent_0", fields)
 
     def add_feedback(self, value: float, agent: None = None, step: int = -1) -> None:
@@ -108,5 +109,5 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         after a reset it refers to the episode that just ended. Repeated feedback adds up.
         """
         if agent is not None:
-            raise ValueError(f"add_feedback: a Gymnasium env has one agent; pass no agent (got {agent!r})")
+            raise InvalidArgumentError(f"add_feedback: a Gymnasium env has one agent; pass no agent (got {agent!r})")
         self._recorder.feedback(0, value, step)

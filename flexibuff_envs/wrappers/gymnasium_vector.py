@@ -10,6 +10,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.wrappers.core import LogPath, prepare_buffer
@@ -107,5 +108,5 @@ class VectorRecorder(Unpicklable, VectorWrapper):
     def add_feedback(self, value: float, agent: None = None, step: int = -1, *, lane: int = 0) -> None:
         """Add a human reward to sub-env ``lane``'s ``step``-th recorded step of its episode."""
         if not 0 <= lane < self.num_envs:
-            raise ValueError(f"add_feedback: lane must be in [0, {self.num_envs}), got {lane!r}")
+            raise InvalidArgumentError(f"add_feedback: lane must be in [0, {self.num_envs}), got {lane!r}")
         self._recorder.feedback(lane, value, step)

@@ -8,6 +8,7 @@ from typing import Any
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
 from flexibuff_envs.wrappers.core import (
     BootstrapFn,
@@ -88,7 +89,7 @@ class PettingZooRecorderMixin(Unpicklable):
 
     def _agent_index(self, what: str, agent: Any) -> int:
         if agent not in self._index:
-            raise ValueError(f"{what}: agent must be one of {list(self._index)}, got {agent!r}")
+            raise InvalidArgumentError(f"{what}: agent must be one of {list(self._index)}, got {agent!r}")
         return self._index[agent]
 
     def annotate(self, agent: Any = None, **fields: Any) -> None:
