@@ -1,23 +1,28 @@
-"""The README's import order is the package's: every import of a flexibuff_envs module, at the top
-or inside a function, points to a step left of (or at) the importer's own."""
+"""The import order of pyproject.toml's layers contract (import-linter's format) is the package's:
+every import of a flexibuff_envs module, at the top or inside a function, points to a layer below
+the importer's own or to its own; and every error the package raises is one of its own."""
 
 from __future__ import annotations
 
 import ast
 import builtins
-import re
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the test extra installs the backport
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "flexibuff_envs"
 
 
 def steps() -> dict[str, int]:
-    """Module (first part below the package) -> its step in the README's order."""
-    line = next(line for line in (ROOT / "README.md").read_text().splitlines()
-                if line.startswith("Imports point one way:"))
-    order = line.split(":", 1)[1].split("(", 1)[0].strip().rstrip(".")
-    return {name.strip(): k for k, step in enumerate(order.split("→")) for name in re.split(r"[/,]", step)}
+    """Module (first part below the package) -> its layer, 0 the lowest, from the contract."""
+    contract, = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layers = contract["layers"][::-1]  # import-linter lists them from the top
+    return {name.strip(): k for k, layer in enumerate(layers) for name in layer.split(":")}
 
 
 def module_of(path: Path) -> str:
@@ -43,10 +48,10 @@ def imports(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def test_imports_point_the_way_the_readme_says() -> None:
+def test_imports_point_the_way_the_layers_contract_says() -> None:
     order = steps()
     modules = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py" and p.name != "__main__.py"]
-    assert {module_of(p) for p in modules} <= order.keys(), "a module the README's order does not list"
+    assert {module_of(p) for p in modules} <= order.keys(), "a module the contract's layers do not list"
     wrong = [f"{p.relative_to(ROOT)}:{line} imports {name}"
              for p in modules for line, name in imports(p)
              if order[name] > order[module_of(p)]]
