@@ -54,8 +54,9 @@ class Replay:
 
 def frames_chunk(rows: int) -> fe.Chunk:
     """Episodes of 84x84x4 uint8 frames (Atari-sized rows), filled by hand."""
-    buffer = fe.FlexibleBuffer(rows + 1, obs_size=84 * 84 * 4, obs_dtype="uint8", discrete_action_cardinalities=[6],
-                               individual_reward=True)
+    buffer = fe.FlexibleBuffer(
+        rows + 1, obs_size=84 * 84 * 4, obs_dtype="uint8", discrete_action_cardinalities=[6], individual_reward=True
+    )
     frames = np.random.default_rng(0).integers(0, 256, (rows + 1, 84 * 84 * 4), dtype=np.uint8)
     for start in range(0, rows, 100):
         buffer.begin_episode()
@@ -70,8 +71,9 @@ def frames_chunk(rows: int) -> fe.Chunk:
 
 def ceiling(chunk: fe.Chunk, seconds: float = 3.0) -> tuple[float, float]:
     """Steps/s and MB/s the learner takes in (fetch + merge) from 2 workers that only send ``chunk``."""
-    learner = fe.FlexibleBuffer.from_spec(chunk.spec, num_steps=4 * chunk.rows, global_reward=False,
-                                          individual_reward=False)
+    learner = fe.FlexibleBuffer.from_spec(
+        chunk.spec, num_steps=4 * chunk.rows, global_reward=False, individual_reward=False
+    )
     workers = [Replay.remote(chunk) for _ in range(2)]
     pending = {w.collect.remote(0): w for w in workers for _ in range(2)}
     merged, start = 0, time.perf_counter()
@@ -95,8 +97,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=1000, help="env steps per chunk a worker sends")
     args = parser.parse_args()
     ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False)
-    collector = RayCollector(make_env, n_workers=args.workers, chunk_steps=args.chunk,
-                             num_steps=args.steps * (args.rounds + 1))
+    collector = RayCollector(
+        make_env, n_workers=args.workers, chunk_steps=args.chunk, num_steps=args.steps * (args.rounds + 1)
+    )
     collector.collect(args.steps)  # warm-up: workers import and reset their envs
     alone, spread, plain, merged, sizes = [], [], [], [], []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
@@ -120,18 +123,26 @@ def main() -> None:
     nbytes, rows = sum(b for b, _ in sizes), sum(r for _, r in sizes)
     print(f"simple_spread_v3, {args.workers} workers, chunks of {args.chunk} steps, {args.rounds} rounds (medians)")
     print(f"  one process:      {one:8,.0f} steps/s ({1e6 / one:.0f} us a step)")
-    print(f"  {args.workers} plain processes: {statistics.median(plain):8,.0f} steps/s = "
-          f"{statistics.median(p / a for p, a in zip(plain, alone)):.2f}x one process (what the machine gives)")
-    print(f"  {args.workers} Ray workers:     {many:8,.0f} steps/s = "
-          f"{statistics.median(s / a for s, a in zip(spread, alone)):.2f}x one process (target >= 1.6x), "
-          f"{statistics.median(s / p for s, p in zip(spread, plain)):.2f}x the plain processes")
+    print(
+        f"  {args.workers} plain processes: {statistics.median(plain):8,.0f} steps/s = "
+        f"{statistics.median(p / a for p, a in zip(plain, alone)):.2f}x one process (what the machine gives)"
+    )
+    print(
+        f"  {args.workers} Ray workers:     {many:8,.0f} steps/s = "
+        f"{statistics.median(s / a for s, a in zip(spread, alone)):.2f}x one process (target >= 1.6x), "
+        f"{statistics.median(s / p for s, p in zip(spread, plain)):.2f}x the plain processes"
+    )
     print(f"  merging:      {100 * statistics.median(merged):.2f}% of the collection time (target < 5%)")
-    print(f"  to the learner: {nbytes / rows:,.0f} bytes a step, {nbytes / len(sizes) / 1e6:.2f} MB a chunk, "
-          f"{many * nbytes / rows / 1e6:.2f} MB/s")
+    print(
+        f"  to the learner: {nbytes / rows:,.0f} bytes a step, {nbytes / len(sizes) / 1e6:.2f} MB a chunk, "
+        f"{many * nbytes / rows / 1e6:.2f} MB/s"
+    )
     print(f"learner intake ceiling (fetch + merge of chunks of {args.chunk} steps from workers that only send):")
     for name, (steps_per_s, mb_per_s) in intake.items():
-        print(f"  {name:17} {steps_per_s:10,.0f} steps/s, {mb_per_s:7,.0f} MB/s "
-              f"= {steps_per_s / (many / args.workers):,.0f} workers at the measured rate per worker")
+        print(
+            f"  {name:17} {steps_per_s:10,.0f} steps/s, {mb_per_s:7,.0f} MB/s "
+            f"= {steps_per_s / (many / args.workers):,.0f} workers at the measured rate per worker"
+        )
 
 
 if __name__ == "__main__":

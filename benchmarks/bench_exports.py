@@ -60,8 +60,9 @@ def record(directory: Path, steps: int) -> None:
 def record_frames(directory: Path, megabytes: int) -> None:
     from pettingzoo.butterfly import pistonball_v6
 
-    env = fe.record(pistonball_v6.parallel_env(n_pistons=3, continuous=False, max_cycles=125), num_steps=2_000,
-                    log=directory)
+    env = fe.record(
+        pistonball_v6.parallel_env(n_pistons=3, continuous=False, max_cycles=125), num_steps=2_000, log=directory
+    )
     env.reset(seed=0)
     t = 0
     while t % 100 or du(directory) < megabytes * 1e6:  # whole episodes of pistonball are long; check now and then
@@ -82,24 +83,35 @@ class Bare:
 
     def __init__(self, buffer: fe.FlexibleBuffer) -> None:
         spec = buffer.spec
-        (self.lengths, arrays), = list(blocks(buffer, 10**12, 1 << 62))
-        self.leaves = {vault._leaf_of(name, spec): vault._laid_out(name, values, spec)
-                       for name, values in arrays.items()}
+        ((self.lengths, arrays),) = list(blocks(buffer, 10**12, 1 << 62))
+        self.leaves = {
+            vault._leaf_of(name, spec): vault._laid_out(name, values, spec) for name, values in arrays.items()
+        }
         self.columns = parquet._tables((self.lengths, arrays), spec, 0)
 
     def write_vault(self, base: Path) -> None:
         os.makedirs(base)
-        stores = {leaf: ts.open({**vault._store_spec(str(base), leaf), "metadata": {
-            "compressor": vault.COMPRESSION["lz4"],
-            "chunks": [1, max(1, vault.CHUNK_BYTES // values[:1].nbytes), *values.shape[1:]]}},
-            shape=(1, vault.TIME_AXIS, *values.shape[1:]), dtype=values.dtype.name, create=True).result()
-            for leaf, values in self.leaves.items()}
-        for write in [stores[leaf][0, :len(values)].write(values) for leaf, values in self.leaves.items()]:
+        stores = {
+            leaf: ts.open(
+                {
+                    **vault._store_spec(str(base), leaf),
+                    "metadata": {
+                        "compressor": vault.COMPRESSION["lz4"],
+                        "chunks": [1, max(1, vault.CHUNK_BYTES // values[:1].nbytes), *values.shape[1:]],
+                    },
+                },
+                shape=(1, vault.TIME_AXIS, *values.shape[1:]),
+                dtype=values.dtype.name,
+                create=True,
+            ).result()
+            for leaf, values in self.leaves.items()
+        }
+        for write in [stores[leaf][0, : len(values)].write(values) for leaf, values in self.leaves.items()]:
             write.result()
 
     def read_vault(self, base: Path) -> None:
         for leaf in self.leaves:
-            ts.open(vault._store_spec(str(base), leaf)).result()[0, :int(self.lengths.sum())].read().result()
+            ts.open(vault._store_spec(str(base), leaf)).result()[0, : int(self.lengths.sum())].read().result()
 
     def write_parquet(self, base: Path) -> None:
         for table, cols in self.columns.items():
@@ -119,13 +131,20 @@ def frames(root: Path, megabytes: int, rounds: int) -> None:
     times: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     for k in range(rounds):
+
         def run(key: str, fn: Callable[..., object], *args: object, **kwargs: object) -> None:
             times.setdefault(key, []).append(timed(fn, *args, **kwargs))
 
         run("cp -r", subprocess.run, ["cp", "-r", str(log), str(root / f"copy{k}")], check=True)
         for compression in vault.COMPRESSION:
-            run(f"to_vault ({compression})", vault.to_vault, log, root / f"v{k}", vault_uid=compression,
-                compression=compression)
+            run(
+                f"to_vault ({compression})",
+                vault.to_vault,
+                log,
+                root / f"v{k}",
+                vault_uid=compression,
+                compression=compression,
+            )
             sizes[f"to_vault ({compression})"] = du(root / f"v{k}" / "recording.vlt" / compression)
         run("  TensorStore alone", bare.write_vault, root / f"bv{k}")
         run("from_vault (lz4)", vault.from_vault, root / f"v{k}" / "recording.vlt" / "lz4")
@@ -138,8 +157,10 @@ def frames(root: Path, megabytes: int, rounds: int) -> None:
         for path in (f"copy{k}", f"v{k}", f"bv{k}", f"p{k}", f"bp{k}"):
             shutil.rmtree(root / path)
     med = {key: statistics.median(value) for key, value in times.items()}
-    print(f"frames: pistonball x3 pistons, {int(bare.lengths.sum()):,} steps in {len(bare.lengths)} episodes, "
-          f"a log of {du(log) / 1e6:,.0f} MB; medians of {rounds} rounds; speed: cp -r's time over each one's")
+    print(
+        f"frames: pistonball x3 pistons, {int(bare.lengths.sum()):,} steps in {len(bare.lengths)} episodes, "
+        f"a log of {du(log) / 1e6:,.0f} MB; medians of {rounds} rounds; speed: cp -r's time over each one's"
+    )
     for key, value in med.items():
         size = f"   {sizes[key] / 1e6:8,.1f} MB written" if key in sizes else ""
         print(f"  {key:<20} {value * 1e3:8,.0f} ms   speed {med['cp -r'] / value:5.2f}{size}")
@@ -158,10 +179,13 @@ def main() -> None:
     parser.add_argument("--frames-mb", type=int, default=1024, help="the frames log's size (0: skip it)")
     parser.add_argument("--skip-spread", action="store_true", help="only the frames against cp")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    print(f"exports: {platform.node()} ({os.cpu_count()} cores, {platform.python_version()}), "
-          f"{datetime.date.today()}, commit {commit}")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    print(
+        f"exports: {platform.node()} ({os.cpu_count()} cores, {platform.python_version()}), "
+        f"{datetime.date.today()}, commit {commit}"
+    )
     root = Path(tempfile.mkdtemp(prefix="bench_exports."))
     try:
         if not args.skip_spread:
@@ -176,8 +200,19 @@ def spread(root: Path, steps: int, rounds: int) -> None:
     log = root / "spread.log"
     record(log, steps)
     bare = Bare(fe.FlexibleBuffer.open(log))
-    times: dict[str, list[float]] = {key: [] for key in ("to_vault", "tensorstore", "from_vault", "tensorstore read",
-                                                         "to_parquet", "pyarrow", "from_parquet", "pyarrow read")}
+    times: dict[str, list[float]] = {
+        key: []
+        for key in (
+            "to_vault",
+            "tensorstore",
+            "from_vault",
+            "tensorstore read",
+            "to_parquet",
+            "pyarrow",
+            "from_parquet",
+            "pyarrow read",
+        )
+    }
     for k in range(rounds):
         ours, theirs = root / f"v{k}", root / f"bv{k}"
         times["to_vault"].append(timed(vault.to_vault, log, ours, vault_uid="u"))
@@ -190,14 +225,24 @@ def spread(root: Path, steps: int, rounds: int) -> None:
         times["from_parquet"].append(timed(parquet.from_parquet, ours))
         times["pyarrow read"].append(timed(bare.read_parquet, theirs))
     med = {key: statistics.median(value) for key, value in times.items()}
-    print(f"simple_spread x3 agents, {int(bare.lengths.sum()):,} steps in {len(bare.lengths):,} episodes, "
-          f"medians of {rounds} rounds")
-    for ours, theirs in (("to_vault", "tensorstore"), ("from_vault", "tensorstore read"),
-                         ("to_parquet", "pyarrow"), ("from_parquet", "pyarrow read")):
-        print(f"  {ours:<13} {med[ours] * 1e3:8.1f} ms   {theirs:<17} {med[theirs] * 1e3:8.1f} ms   "
-              f"{med[ours] / med[theirs]:5.2f}x")
-    sizes = {compression: du(Path(vault.to_vault(log, root / "sizes", vault_uid=compression, compression=compression)))
-             for compression in vault.COMPRESSION}
+    print(
+        f"simple_spread x3 agents, {int(bare.lengths.sum()):,} steps in {len(bare.lengths):,} episodes, "
+        f"medians of {rounds} rounds"
+    )
+    for ours, theirs in (
+        ("to_vault", "tensorstore"),
+        ("from_vault", "tensorstore read"),
+        ("to_parquet", "pyarrow"),
+        ("from_parquet", "pyarrow read"),
+    ):
+        print(
+            f"  {ours:<13} {med[ours] * 1e3:8.1f} ms   {theirs:<17} {med[theirs] * 1e3:8.1f} ms   "
+            f"{med[ours] / med[theirs]:5.2f}x"
+        )
+    sizes = {
+        compression: du(Path(vault.to_vault(log, root / "sizes", vault_uid=compression, compression=compression)))
+        for compression in vault.COMPRESSION
+    }
     print("  vault sizes: " + ", ".join(f"{key} {value / 1e6:,.1f} MB" for key, value in sizes.items()))
 
 

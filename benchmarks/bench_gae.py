@@ -49,8 +49,9 @@ def plain_loop(rewards: np.ndarray, values: np.ndarray, ends: np.ndarray, bootst
     return advantages
 
 
-def peer_gaes(rewards: np.ndarray, values: np.ndarray, ends: np.ndarray,
-              bootstrap: np.ndarray) -> dict[str, Callable[[], np.ndarray]]:
+def peer_gaes(
+    rewards: np.ndarray, values: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray
+) -> dict[str, Callable[[], np.ndarray]]:
     """Each installed peer's GAE on the same rollout; each returns the advantages as numpy."""
     # the value after each step: the next step's, or at an episode end the bootstrap (0 if terminated)
     following = lambda: np.where(ends, bootstrap, np.roll(values, -1))
@@ -67,8 +68,9 @@ def peer_gaes(rewards: np.ndarray, values: np.ndarray, ends: np.ndarray,
         ended_for_good = ends & (bootstrap == 0)
 
         def torchrl() -> np.ndarray:
-            advantage, _ = generalized_advantage_estimate(GAMMA, LAM, column(values), column(following()),
-                                                          column(rewards), column(ends), column(ended_for_good))
+            advantage, _ = generalized_advantage_estimate(
+                GAMMA, LAM, column(values), column(following()), column(rewards), column(ends), column(ended_for_good)
+            )
             return advantage[:, 0].numpy()
 
         out["TorchRL (torch)"] = torchrl
@@ -96,8 +98,9 @@ def peer_gaes(rewards: np.ndarray, values: np.ndarray, ends: np.ndarray,
         term = torch.from_numpy(ends & (bootstrap == 0)).float()
         trunc = torch.from_numpy(ends & (bootstrap != 0)).float()
         boot = torch.from_numpy(bootstrap)
-        out["flexibuff 0.3.1 (loop)"] = lambda: FlexibleBuffer.GAE(r, v, term, 0.0, GAMMA, LAM, trunc,
-                                                                    boot)[1][:, 0].numpy()
+        out["flexibuff 0.3.1 (loop)"] = lambda: FlexibleBuffer.GAE(r, v, term, 0.0, GAMMA, LAM, trunc, boot)[1][
+            :, 0
+        ].numpy()
     return out
 
 

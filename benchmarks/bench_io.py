@@ -37,7 +37,7 @@ def filled_buffer(gib: float) -> fe.FlexibleBuffer:
     for name in ("obs", "obs_"):  # random bytes, so nothing about the data makes it easy
         array = buffer.field(name)
         for lo in range(0, rows, 1000):
-            array[0, lo:lo + 1000] = rng.integers(0, 256, (min(1000, rows - lo), FRAME), dtype=np.uint8)
+            array[0, lo : lo + 1000] = rng.integers(0, 256, (min(1000, rows - lo), FRAME), dtype=np.uint8)
     buffer.field("individual_rewards")[...] = rng.normal(size=(1, rows))
     buffer.field("active")[...] = True
     for _ in range(rows // 100):
@@ -57,7 +57,7 @@ def bare_read(path: str) -> np.ndarray:
     view = memoryview(data)
     with open(path, "rb", buffering=0) as handle:
         for start in range(0, len(view), CHUNK):
-            handle.readinto(view[start:start + CHUNK])
+            handle.readinto(view[start : start + CHUNK])
     return data
 
 
@@ -66,7 +66,7 @@ def bare_write(arrays: list[np.ndarray], path: str) -> None:
     with open(path, "wb", buffering=0) as handle:
         for array in arrays:
             view = array.data.cast("B")
-            handle.writelines(view[start:start + CHUNK] for start in range(0, len(view), CHUNK))
+            handle.writelines(view[start : start + CHUNK] for start in range(0, len(view), CHUNK))
         os.fsync(handle.fileno())
 
 
@@ -90,7 +90,9 @@ def many_episodes(n: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         path = buffer.save(os.path.join(directory, "episodes.fbuf"))
         for mmap in (False, True):
-            median = statistics.median(seconds(lambda mmap=mmap: fe.FlexibleBuffer.load(path, mmap=mmap)) for _ in range(rounds))
+            median = statistics.median(
+                seconds(lambda mmap=mmap: fe.FlexibleBuffer.load(path, mmap=mmap)) for _ in range(rounds)
+            )
             print(f"load(mmap={mmap}) of {n:,} episodes: {median:.2f} s, {median / n * 1e6:.2f} us an episode")
 
 
@@ -108,31 +110,36 @@ def main() -> None:
     buffer = filled_buffer(args.gib)
     with tempfile.TemporaryDirectory(dir=args.dir) as directory:
         path, copy = os.path.join(directory, "run.fbuf"), os.path.join(directory, "copy.fbuf")
-        runs: dict[str, list[float]] = {name: [] for name in
-                                        ("save", "bare write", "cp", "cp + sync", "load", "bare read",
-                                                 "load(mmap=True)")}
+        runs: dict[str, list[float]] = {
+            name: [] for name in ("save", "bare write", "cp", "cp + sync", "load", "bare read", "load(mmap=True)")
+        }
         for _ in range(args.rounds):
             runs["save"].append(seconds(lambda: buffer.save(path)))
             runs["bare write"].append(seconds(lambda: bare_write([buffer.field("obs"), buffer.field("obs_")], copy)))
             os.unlink(copy)
             runs["cp"].append(seconds(lambda: subprocess.run(["cp", path, copy], check=True)))
             os.unlink(copy)
-            runs["cp + sync"].append(seconds(lambda: subprocess.run(["sh", "-c", f'cp "{path}" "{copy}" && sync "{copy}"'],
-                                                                    check=True)))
+            runs["cp + sync"].append(
+                seconds(lambda: subprocess.run(["sh", "-c", f'cp "{path}" "{copy}" && sync "{copy}"'], check=True))
+            )
             os.unlink(copy)
             runs["load"].append(seconds(lambda: fe.FlexibleBuffer.load(path), args.cold))
             runs["bare read"].append(seconds(lambda: bare_read(path), args.cold))
             runs["load(mmap=True)"].append(seconds(lambda: fe.FlexibleBuffer.load(path, mmap=True), args.cold))
         size = os.path.getsize(path)
-    print(f"buffer file: {size / 2**30:.2f} GiB, {len(buffer)} rows of 2 x 84x84x4 uint8 observations, "
-          f"{args.rounds} rounds, medians, reads from {'disk' if args.cold else 'the page cache'}")
+    print(
+        f"buffer file: {size / 2**30:.2f} GiB, {len(buffer)} rows of 2 x 84x84x4 uint8 observations, "
+        f"{args.rounds} rounds, medians, reads from {'disk' if args.cold else 'the page cache'}"
+    )
     median = {name: statistics.median(times) for name, times in runs.items()}
     for name, value in median.items():
         print(f"  {name:<16} {value:7.3f} s  {size / value / 1e6:8.0f} MB/s")
-    print(f"save / bare write: {median['save'] / median['bare write']:.2f}x   "
-          f"save / (cp + sync): {median['save'] / median['cp + sync']:.2f}x   "
-          f"save / cp: {median['save'] / median['cp']:.2f}x   load / bare read: {median['load'] / median['bare read']:.2f}x   "
-          f"load(mmap=True): {median['load(mmap=True)'] * 1e3:.1f} ms")
+    print(
+        f"save / bare write: {median['save'] / median['bare write']:.2f}x   "
+        f"save / (cp + sync): {median['save'] / median['cp + sync']:.2f}x   "
+        f"save / cp: {median['save'] / median['cp']:.2f}x   load / bare read: {median['load'] / median['bare read']:.2f}x   "
+        f"load(mmap=True): {median['load(mmap=True)'] * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -83,9 +83,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds (medians)")
     cases: list[tuple[str, Callable[[Any, int], float], int]] = [
-        ("CartPole-v1", cartpole, args.steps), ("CartPole-v1 x64, native vector", vector, args.steps * 8),
+        ("CartPole-v1", cartpole, args.steps),
+        ("CartPole-v1 x64, native vector", vector, args.steps * 8),
         ("  the same, log_to(per_block=True)", lambda log, steps: vector(log, steps, per_block=True), args.steps * 8),
-        ("connect_four_v3 (AEC)", connect_four, args.steps // 5)]
+        ("connect_four_v3 (AEC)", connect_four, args.steps // 5),
+    ]
     for name, measure, steps in cases:
         compare(name, measure, steps, args.rounds)
 

@@ -53,16 +53,35 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=2.0)
     parser.add_argument("--dir", default=None, help="where the log goes (default: a temporary directory, removed)")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    print(f"resident memory of `flexibuff-envs record {args.env} --num-envs {args.num_envs} --steps {args.steps:,} "
-          f"--out DIR`: {platform.node()} ({os.cpu_count()} cores, {platform.python_version()}), "
-          f"{datetime.date.today()}, commit {commit}, seed 0", flush=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    print(
+        f"resident memory of `flexibuff-envs record {args.env} --num-envs {args.num_envs} --steps {args.steps:,} "
+        f"--out DIR`: {platform.node()} ({os.cpu_count()} cores, {platform.python_version()}), "
+        f"{datetime.date.today()}, commit {commit}, seed 0",
+        flush=True,
+    )
     root = Path(args.dir or tempfile.mkdtemp(prefix="flexibuff-bench-"))
     directory = root / "run.log"
-    child = subprocess.Popen([sys.executable, "-m", "flexibuff_envs", "record", args.env, "--num-envs",
-                              str(args.num_envs), "--steps", str(args.steps), "--out", str(directory)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "flexibuff_envs",
+            "record",
+            args.env,
+            "--num-envs",
+            str(args.num_envs),
+            "--steps",
+            str(args.steps),
+            "--out",
+            str(directory),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     readings: list[tuple[float, int, float, float]] = []
     start = time.monotonic()
     shown = 0
@@ -77,16 +96,20 @@ def main() -> None:
             readings.append((time.monotonic() - start, rows, rss, anon))
             if rows >= (shown + 1) * args.steps // 10:
                 shown = rows * 10 // args.steps
-                print(f"  {rows:>13,} rows  {readings[-1][0]:7.0f} s  resident {rss:7.1f} MiB (anonymous {anon:7.1f})",
-                      flush=True)
+                print(
+                    f"  {rows:>13,} rows  {readings[-1][0]:7.0f} s  resident {rss:7.1f} MiB (anonymous {anon:7.1f})",
+                    flush=True,
+                )
         out, _ = child.communicate()
         after = [r for r in readings if r[1] >= 1_000_000]
         if after:
             first, last = after[0], after[-1]
-            print(f"  from {first[1]:,} to {last[1]:,} rows: resident {first[2]:.1f} -> {last[2]:.1f} MiB "
-                  f"({last[2] / first[2]:.3f}x), anonymous {first[3]:.1f} -> {last[3]:.1f} MiB "
-                  f"({last[3] / first[3]:.3f}x); max {max(r[2] for r in after):.1f} MiB; "
-                  f"log {sum(p.stat().st_size for p in directory.iterdir()) / 2**30:.2f} GiB")
+            print(
+                f"  from {first[1]:,} to {last[1]:,} rows: resident {first[2]:.1f} -> {last[2]:.1f} MiB "
+                f"({last[2] / first[2]:.3f}x), anonymous {first[3]:.1f} -> {last[3]:.1f} MiB "
+                f"({last[3] / first[3]:.3f}x); max {max(r[2] for r in after):.1f} MiB; "
+                f"log {sum(p.stat().st_size for p in directory.iterdir()) / 2**30:.2f} GiB"
+            )
         print(out.strip().splitlines()[1] if out.strip() else "(no report)")
     finally:
         if child.poll() is None:

@@ -69,8 +69,10 @@ def cached(directory: Path, rounds: int) -> None:
         a.append(statistics.median(per_batch(ram, 200)))
         b.append(statistics.median(per_batch(mapped, 200)))
     ram_us, mapped_us = statistics.median(a) * 1e6, statistics.median(b) * 1e6
-    print(f"  cached, {len(ram):,} rows: RAM {ram_us:.1f} us, mapped {mapped_us:.1f} us per batch "
-          f"({mapped_us / ram_us:.2f}x; target <= 2x)")
+    print(
+        f"  cached, {len(ram):,} rows: RAM {ram_us:.1f} us, mapped {mapped_us:.1f} us per batch "
+        f"({mapped_us / ram_us:.2f}x; target <= 2x)"
+    )
 
 
 def child(directory: str, batches: int) -> None:
@@ -92,10 +94,18 @@ def child(directory: str, batches: int) -> None:
         cold.extend(per_batch(buffer, 1))
     warm = per_batch(buffer, batches)
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    print(json.dumps({"rows": len(buffer), "open_s": opened, "cold_us": statistics.median(cold) * 1e6,
-                      "warm_us": statistics.median(warm) * 1e6,
-                      "rss_anon_mib": int(status["RssAnon"].split()[0]) / 1024,
-                      "rss_file_mib": int(status["RssFile"].split()[0]) / 1024}))
+    print(
+        json.dumps(
+            {
+                "rows": len(buffer),
+                "open_s": opened,
+                "cold_us": statistics.median(cold) * 1e6,
+                "warm_us": statistics.median(warm) * 1e6,
+                "rss_anon_mib": int(status["RssAnon"].split()[0]) / 1024,
+                "rss_file_mib": int(status["RssFile"].split()[0]) / 1024,
+            }
+        )
+    )
 
 
 def confined(directory: Path, limit_mib: int, batches: int) -> None:
@@ -109,17 +119,23 @@ def confined(directory: Path, limit_mib: int, batches: int) -> None:
     except OSError as exc:
         group, where = None, f"no cgroup ({exc.strerror}): unconfined"  # type: ignore[assignment]
     try:
-        run = subprocess.run(command, capture_output=True, text=True, check=True,
-                             preexec_fn=None if group is None else
-                             lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        run = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            check=True,
+            preexec_fn=None if group is None else lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+        )
     finally:
         if group is not None:
             group.rmdir()
     result = json.loads(run.stdout)
-    print(f"  {size / 2**30:.2f} GiB log ({result['rows']:,} rows, {size / (limit_mib << 20):.1f}x the memory) in "
-          f"{where}: opened in {result['open_s']:.2f} s; per batch cold {result['cold_us']:,.0f} us, after "
-          f"{batches} batches {result['warm_us']:,.0f} us; resident {result['rss_anon_mib']:.0f} MiB anonymous + "
-          f"{result['rss_file_mib']:.0f} MiB of mapped log pages")
+    print(
+        f"  {size / 2**30:.2f} GiB log ({result['rows']:,} rows, {size / (limit_mib << 20):.1f}x the memory) in "
+        f"{where}: opened in {result['open_s']:.2f} s; per batch cold {result['cold_us']:,.0f} us, after "
+        f"{batches} batches {result['warm_us']:,.0f} us; resident {result['rss_anon_mib']:.0f} MiB anonymous + "
+        f"{result['rss_file_mib']:.0f} MiB of mapped log pages"
+    )
 
 
 def main() -> None:
@@ -135,10 +151,13 @@ def main() -> None:
     if args.child:
         child(args.child, args.batches)
         return
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    print(f"episode log sampled in place: {platform.node()} ({os.cpu_count()} cores, {platform.python_version()}), "
-          f"{datetime.date.today()}, commit {commit}, seed 0; sample_transitions(256, fields={list(FIELDS)})")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    print(
+        f"episode log sampled in place: {platform.node()} ({os.cpu_count()} cores, {platform.python_version()}), "
+        f"{datetime.date.today()}, commit {commit}, seed 0; sample_transitions(256, fields={list(FIELDS)})"
+    )
     root = Path(args.dir or tempfile.mkdtemp(prefix="flexibuff-bench-"))
     try:
         record(root / "one", args.rows)

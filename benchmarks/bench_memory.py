@@ -49,14 +49,20 @@ def main() -> None:
         child(args.child, args.steps)
         return
     raw = int(FrameEnv().observation_space.sample().nbytes)
-    print(f"bytes per stored transition, 84x84x4 uint8 frames ({raw:,} bytes raw), {args.steps:,} transitions "
-          f"in episodes of 500 steps")
+    print(
+        f"bytes per stored transition, 84x84x4 uint8 frames ({raw:,} bytes raw), {args.steps:,} transitions "
+        f"in episodes of 500 steps"
+    )
     for name in [OURS, *OURS_AS, *PEERS]:
         if not installed(name):
             print(f"  {name:<38} not installed (pip install -e '.[bench]')")
             continue
-        result = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
-                                capture_output=True, text=True, check=True)
+        result = subprocess.run(
+            [sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         per = json.loads(result.stdout.strip().splitlines()[-1])["bytes"] / args.steps
         print(f"  {name:<38} {per:10,.0f} bytes  {per / raw:5.2f}x raw")
 

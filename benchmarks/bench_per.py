@@ -37,9 +37,13 @@ FIELDS = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated")
 
 def transitions(rows: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    return {"obs": rng.random((rows, 4), dtype=np.float32), "act": rng.integers(0, 2, rows),
-            "rew": np.ones(rows, dtype=np.float32), "obs_next": rng.random((rows, 4), dtype=np.float32),
-            "done": np.zeros(rows, dtype=bool)}
+    return {
+        "obs": rng.random((rows, 4), dtype=np.float32),
+        "act": rng.integers(0, 2, rows),
+        "rew": np.ones(rows, dtype=np.float32),
+        "obs_next": rng.random((rows, 4), dtype=np.float32),
+        "done": np.zeros(rows, dtype=bool),
+    }
 
 
 def ours(rows: int, prioritized: bool, n_step: int | None = None) -> Cycle:
@@ -53,8 +57,9 @@ def ours(rows: int, prioritized: bool, n_step: int | None = None) -> Cycle:
 
     def cycle() -> tuple[float, float]:
         start = time.perf_counter()
-        batch = buffer.sample_transitions(256, prioritized=prioritized, weighted=not prioritized, fields=fields,
-                                          n_step=n_step)
+        batch = buffer.sample_transitions(
+            256, prioritized=prioritized, weighted=not prioritized, fields=fields, n_step=n_step
+        )
         drawn = time.perf_counter()
         if prioritized:
             buffer.update_priorities(batch.idx, rng.random(256) + 1e-6)
@@ -112,8 +117,18 @@ def tianshou_filled(rows: int) -> Any:
 
     data = transitions(rows)
     buffer = PrioritizedReplayBuffer(rows, alpha=0.6, beta=0.4)
-    buffer.set_batch(Batch(obs=data["obs"], act=data["act"], rew=data["rew"], terminated=data["done"],
-                           truncated=data["done"], done=data["done"], obs_next=data["obs_next"], info=Batch()))
+    buffer.set_batch(
+        Batch(
+            obs=data["obs"],
+            act=data["act"],
+            rew=data["rew"],
+            terminated=data["done"],
+            truncated=data["done"],
+            done=data["done"],
+            obs_next=data["obs_next"],
+            info=Batch(),
+        )
+    )
     buffer._size, buffer._insertion_idx = rows, 0  # filled whole, as add() would after `rows` calls
     buffer.init_weight(np.arange(rows))
     return buffer
@@ -137,8 +152,11 @@ def cpprb(rows: int) -> Cycle:
     from cpprb import PrioritizedReplayBuffer
 
     data = transitions(rows)
-    buffer = PrioritizedReplayBuffer(rows, {"obs": {"shape": 4}, "act": {"dtype": np.int64}, "rew": {},
-                                            "next_obs": {"shape": 4}, "done": {}}, alpha=0.6)
+    buffer = PrioritizedReplayBuffer(
+        rows,
+        {"obs": {"shape": 4}, "act": {"dtype": np.int64}, "rew": {}, "next_obs": {"shape": 4}, "done": {}},
+        alpha=0.6,
+    )
     buffer.add(obs=data["obs"], act=data["act"], rew=data["rew"], next_obs=data["obs_next"], done=data["done"])
     rng = np.random.default_rng(0)
 
@@ -159,9 +177,16 @@ def torchrl(rows: int) -> Cycle:
 
     data = transitions(rows)
     buffer = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(rows), batch_size=256)
-    buffer.extend(TensorDict({"observation": torch.from_numpy(data["obs"]), "action": torch.from_numpy(data["act"]),
-                              "next": {"observation": torch.from_numpy(data["obs_next"]),
-                                       "reward": torch.from_numpy(data["rew"])}}, batch_size=[rows]))
+    buffer.extend(
+        TensorDict(
+            {
+                "observation": torch.from_numpy(data["obs"]),
+                "action": torch.from_numpy(data["act"]),
+                "next": {"observation": torch.from_numpy(data["obs_next"]), "reward": torch.from_numpy(data["rew"])},
+            },
+            batch_size=[rows],
+        )
+    )
     rng = np.random.default_rng(0)
 
     def cycle() -> tuple[float, float]:
@@ -239,14 +264,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
-    cycles: dict[str, Cycle] = {"flexibuff_envs prioritized": ours(args.rows, True),
-                                "flexibuff_envs prioritized, n_step=3": ours(args.rows, True, 3),
-                                "flexibuff_envs prioritized, oldest row forgotten each cycle": ours_recording(args.rows),
-                                "flexibuff_envs prioritized, n_step=3, 20-row episodes, one more each cycle":
-                                    ours_episodes(args.rows),
-                                "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False)}
-    for name, make in (("Tianshou PrioritizedReplayBuffer", tianshou), ("cpprb PrioritizedReplayBuffer (C++)", cpprb),
-                       ("TorchRL TensorDictPrioritizedReplayBuffer", torchrl)):
+    cycles: dict[str, Cycle] = {
+        "flexibuff_envs prioritized": ours(args.rows, True),
+        "flexibuff_envs prioritized, n_step=3": ours(args.rows, True, 3),
+        "flexibuff_envs prioritized, oldest row forgotten each cycle": ours_recording(args.rows),
+        "flexibuff_envs prioritized, n_step=3, 20-row episodes, one more each cycle": ours_episodes(args.rows),
+        "flexibuff_envs memory_weights (a pass per batch)": ours(args.rows, False),
+    }
+    for name, make in (
+        ("Tianshou PrioritizedReplayBuffer", tianshou),
+        ("cpprb PrioritizedReplayBuffer (C++)", cpprb),
+        ("TorchRL TensorDictPrioritizedReplayBuffer", torchrl),
+    ):
         try:
             cycles[name] = make(args.rows)
         except (ImportError, RuntimeError) as exc:  # not installed, or TorchRL's compiled trees do not load
@@ -255,7 +284,9 @@ def main() -> None:
     for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all alike
         for name, cycle in cycles.items():
             times[name] += [cycle() for _ in range(20)]
-    print("importance weights against (N P(i)) ** -beta / max, after 200 updates at 10,000 rows (largest relative error)")
+    print(
+        "importance weights against (N P(i)) ** -beta / max, after 200 updates at 10,000 rows (largest relative error)"
+    )
     for name, make in (("flexibuff_envs", ours_weights), ("Tianshou", tianshou_weights), ("cpprb", cpprb_weights)):
         try:
             print(f"  {name:<16} {weights_error(make):.2e}")
@@ -267,8 +298,10 @@ def main() -> None:
         draw = statistics.median(t[0] for t in runs) * 1e6
         update = statistics.median(t[1] for t in runs) * 1e6
         floor = floor or draw + update
-        print(f"  {name:<75} sample {draw:8.1f}  update {update:8.1f}  total {draw + update:8.1f}  "
-              f"{(draw + update) / floor:5.2f}x")
+        print(
+            f"  {name:<75} sample {draw:8.1f}  update {update:8.1f}  total {draw + update:8.1f}  "
+            f"{(draw + update) / floor:5.2f}x"
+        )
 
 
 if __name__ == "__main__":

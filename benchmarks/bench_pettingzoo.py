@@ -82,20 +82,39 @@ def main() -> None:
     bare_p = simple_spread_v3.parallel_env()
     for record_state in (True, False):
         rec_p = fe.record(simple_spread_v3.parallel_env(), num_steps=args.steps, record_state=record_state)
-        compare(f"simple_spread_v3 parallel step, record_state={record_state}", "step",
-                lambda: parallel_run(bare_p, actions), lambda rec_p=rec_p: parallel_run(rec_p, actions),
-                args.rounds)
-    many: dict[str, Callable[[], Any]] = {"pursuit_v5 (8 pursuers)": lambda: pursuit_v5.parallel_env(max_cycles=200),
-                                          "multiwalker_v9 (10 walkers)": lambda: multiwalker_v9.parallel_env(
-                                              n_walkers=10, max_cycles=200)}
+        compare(
+            f"simple_spread_v3 parallel step, record_state={record_state}",
+            "step",
+            lambda: parallel_run(bare_p, actions),
+            lambda rec_p=rec_p: parallel_run(rec_p, actions),
+            args.rounds,
+        )
+    many: dict[str, Callable[[], Any]] = {
+        "pursuit_v5 (8 pursuers)": lambda: pursuit_v5.parallel_env(max_cycles=200),
+        "multiwalker_v9 (10 walkers)": lambda: multiwalker_v9.parallel_env(n_walkers=10, max_cycles=200),
+    }
     for name, make in many.items():
         steps = args.steps // 10  # these envs step about 10x slower
-        moves, bare, recorded = random_actions(make, steps), make(), fe.record(make(), num_steps=steps, record_state=False)
-        compare(f"{name} parallel step", "step", lambda bare=bare, moves=moves: parallel_run(bare, moves),
-                lambda recorded=recorded, moves=moves: parallel_run(recorded, moves), args.rounds)
+        moves, bare, recorded = (
+            random_actions(make, steps),
+            make(),
+            fe.record(make(), num_steps=steps, record_state=False),
+        )
+        compare(
+            f"{name} parallel step",
+            "step",
+            lambda bare=bare, moves=moves: parallel_run(bare, moves),
+            lambda recorded=recorded, moves=moves: parallel_run(recorded, moves),
+            args.rounds,
+        )
     bare_a, rec_a = connect_four_v3.env(), fe.record(connect_four_v3.env(), num_steps=args.steps)
-    compare("connect_four_v3 AEC turn", "turn", lambda: aec_run(bare_a, args.steps),
-            lambda: aec_run(rec_a, args.steps), args.rounds)
+    compare(
+        "connect_four_v3 AEC turn",
+        "turn",
+        lambda: aec_run(bare_a, args.steps),
+        lambda: aec_run(rec_a, args.steps),
+        args.rounds,
+    )
 
 
 if __name__ == "__main__":

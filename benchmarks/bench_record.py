@@ -84,8 +84,9 @@ def run_parallel(env: Any, actions: list[dict[str, int]], adds: dict[str, Add] |
         obs_, rewards, terminations, truncations, _ = env.step(step)
         if adds is not None:
             for agent, action in step.items():
-                adds[agent](obs[agent], action, float(rewards[agent]), obs_[agent], terminations[agent],
-                            truncations[agent])
+                adds[agent](
+                    obs[agent], action, float(rewards[agent]), obs_[agent], terminations[agent], truncations[agent]
+                )
         obs = obs_
         if not env.agents:
             obs, _ = env.reset()
@@ -122,9 +123,9 @@ def report(title: str, timings: dict[str, list[float]], target: str = "") -> Non
     print(title)
     for name, value in us.items():
         ratio = "" if name == "bare" else f"  {value / us['bare']:5.2f}x"
-        label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)", STATE: STATE,
-                 UNHELD: UNHELD}.get(
-            name, name + " (step + add)")
+        label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)", STATE: STATE, UNHELD: UNHELD}.get(
+            name, name + " (step + add)"
+        )
         print(f"  {label:<38} {value:8.2f} us{ratio}{target if name == 'recorded' else ''}")
 
 
@@ -132,8 +133,11 @@ def cartpole(steps: int, rounds: int) -> None:
     actions = np.random.default_rng(0).integers(0, 2, steps).tolist()
     bare = gym.make("CartPole-v1")
     recorded = fe.record(gym.make("CartPole-v1"), num_steps=steps)
-    peers = {name: make(bare.observation_space, steps)[0] for name, make in PEERS.items()
-             if installed(name) and name not in SKIP}
+    peers = {
+        name: make(bare.observation_space, steps)[0]
+        for name, make in PEERS.items()
+        if installed(name) and name not in SKIP
+    }
     timings: dict[str, list[float]] = {"bare": [], "recorded": [], UNHELD: [], **{name: [] for name in peers}}
     for _ in range(rounds):  # interleaved, so drift on a shared machine hits all alike
         timings["bare"].append(run(bare, actions))
@@ -141,8 +145,11 @@ def cartpole(steps: int, rounds: int) -> None:
         timings[UNHELD].append(run_unheld(recorded, actions))
         for name, add in peers.items():
             timings[name].append(run_peer(bare, add, actions))
-    report(f"CartPole-v1, {steps} steps x {rounds} rounds (median us/step; ratio to the bare loop)", timings,
-           "  (first target <= 1.30x)")
+    report(
+        f"CartPole-v1, {steps} steps x {rounds} rounds (median us/step; ratio to the bare loop)",
+        timings,
+        "  (first target <= 1.30x)",
+    )
     sb3 = "SB3 ReplayBuffer"
     if sb3 in timings:
         ratio = statistics.median(timings["recorded"]) / statistics.median(timings[sb3])
@@ -151,8 +158,11 @@ def cartpole(steps: int, rounds: int) -> None:
 
 def per_agent(env: Any, steps: int) -> dict[str, dict[str, Add]]:
     """Each installed peer: one buffer per agent, as single-agent buffers are used for many agents."""
-    return {name: {agent: make(env.observation_space(agent), steps)[0] for agent in env.possible_agents}
-            for name, make in PEERS.items() if installed(name) and name not in SKIP}
+    return {
+        name: {agent: make(env.observation_space(agent), steps)[0] for agent in env.possible_agents}
+        for name, make in PEERS.items()
+        if installed(name) and name not in SKIP
+    }
 
 
 def simple_spread(steps: int, rounds: int) -> None:
@@ -163,8 +173,10 @@ def simple_spread(steps: int, rounds: int) -> None:
 
     bare = make()
     rng = np.random.default_rng(0)
-    actions = [{agent: int(a) for agent, a in zip(bare.possible_agents, row)}
-               for row in rng.integers(0, 5, (steps, len(bare.possible_agents)))]
+    actions = [
+        {agent: int(a) for agent, a in zip(bare.possible_agents, row)}
+        for row in rng.integers(0, 5, (steps, len(bare.possible_agents)))
+    ]
     recorded = fe.record(make(), num_steps=steps, record_state=False)  # the peers keep no global state
     with_state = fe.record(make(), num_steps=steps)
     peers = per_agent(bare, steps)
@@ -185,9 +197,11 @@ def connect_four(steps: int, rounds: int) -> None:
     bare = connect_four_v3.env()
     recorded = fe.record(connect_four_v3.env(), num_steps=steps)
     bare.reset(seed=0)
-    peers = {name: {agent: make(bare.observation_space(agent)["observation"], steps)[0]
-                    for agent in bare.possible_agents}
-             for name, make in PEERS.items() if installed(name) and name not in SKIP}
+    peers = {
+        name: {agent: make(bare.observation_space(agent)["observation"], steps)[0] for agent in bare.possible_agents}
+        for name, make in PEERS.items()
+        if installed(name) and name not in SKIP
+    }
     timings: dict[str, list[float]] = {"bare": [], "recorded": [], **{name: [] for name in peers}}
     for _ in range(rounds):
         timings["bare"].append(run_aec(bare, draws))

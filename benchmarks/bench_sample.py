@@ -35,8 +35,13 @@ from peers import OURS, installed, loaded
 
 #: the floor holding observations as ours does (``--fields``)
 ONCE = "bare gather + torch, obs once"
-PEERS = ["flexibuff 0.3.1", "SB3 ReplayBuffer", "SB3 optimize_memory_usage", "Tianshou ReplayBuffer",
-         "TorchRL LazyTensorStorage"]
+PEERS = [
+    "flexibuff 0.3.1",
+    "SB3 ReplayBuffer",
+    "SB3 optimize_memory_usage",
+    "Tianshou ReplayBuffer",
+    "TorchRL LazyTensorStorage",
+]
 
 
 def time_it(fn: Callable[[], object], repeats: int) -> float:
@@ -51,6 +56,7 @@ def time_it(fn: Callable[[], object], repeats: int) -> float:
 
 def rollout(rng: np.random.Generator, n: int, frames: bool, episode: int = 200) -> dict[str, np.ndarray]:
     """``n`` transitions of one trajectory in episodes of ``episode`` steps (flat observations)."""
+
     def draw(rows: int) -> np.ndarray:
         if frames:
             return rng.integers(0, 256, (rows, 84 * 84 * 4), dtype=np.uint8)
@@ -61,8 +67,14 @@ def rollout(rng: np.random.Generator, n: int, frames: bool, episode: int = 200) 
     obs_ = trajectory[1:].copy()
     obs_[ends] = draw(int(ends.sum()))  # an episode's final observation is not the next one's first
     terminated = ends & (rng.random(n) < 0.5)
-    return {"obs": trajectory[:n], "obs_": obs_, "act": rng.integers(0, 2, n),
-            "rew": rng.normal(size=n).astype(np.float32), "terminated": terminated, "truncated": ends & ~terminated}
+    return {
+        "obs": trajectory[:n],
+        "obs_": obs_,
+        "act": rng.integers(0, 2, n),
+        "rew": rng.normal(size=n).astype(np.float32),
+        "terminated": terminated,
+        "truncated": ends & ~terminated,
+    }
 
 
 def main() -> None:
@@ -71,18 +83,29 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="default 1,000,000 (20,000 with --frames)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--fields", action="store_true",
-                        help="gather only obs, obs_, discrete_actions, individual_rewards, terminated")
-    parser.add_argument("--next-apart", action="store_true",
-                        help="also time ours holding obs_ row by row (filled by hand, not compacted)")
+    parser.add_argument(
+        "--fields", action="store_true", help="gather only obs, obs_, discrete_actions, individual_rewards, terminated"
+    )
+    parser.add_argument(
+        "--next-apart",
+        action="store_true",
+        help="also time ours holding obs_ row by row (filled by hand, not compacted)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     n = args.rows or (20_000 if args.frames else 1_000_000)
     data = rollout(rng, n, args.frames)
-    fields = {"obs": data["obs"], "obs_": data["obs_"], "act": data["act"][:, None], "rew": data["rew"],
-              "terminated": data["terminated"], "truncated": data["truncated"], "active": np.ones(n, dtype=bool),
-              "G": np.zeros(n, dtype=np.float32)}  # every field our batches carry
+    fields = {
+        "obs": data["obs"],
+        "obs_": data["obs_"],
+        "act": data["act"][:, None],
+        "rew": data["rew"],
+        "terminated": data["terminated"],
+        "truncated": data["truncated"],
+        "active": np.ones(n, dtype=bool),
+        "G": np.zeros(n, dtype=np.float32),
+    }  # every field our batches carry
     if args.fields:  # what a DQN reads
         fields = {name: fields[name] for name in ("obs", "obs_", "act", "rew", "terminated")}
     ours_fields = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated") if args.fields else None
@@ -119,8 +142,10 @@ def main() -> None:
 
     ours_numpy = loaded(OURS, data, as_torch=False, fields=ours_fields)
     samplers: dict[str, Callable[[], object]] = {
-        "bare numpy gather": bare, f"{OURS} (numpy)": lambda: ours_numpy(args.batch),
-        "bare gather + torch": bare_torch}
+        "bare numpy gather": bare,
+        f"{OURS} (numpy)": lambda: ours_numpy(args.batch),
+        "bare gather + torch": bare_torch,
+    }
     for name in [OURS, *PEERS]:
         if installed(name):
             sample = loaded(name, data, fields=ours_fields) if name == OURS else loaded(name, data)
@@ -136,8 +161,10 @@ def main() -> None:
             times[name].append(time_it(fn, args.repeats))
     medians = {name: statistics.median(t) for name, t in times.items()}
     rows = "84x84x4 uint8 frames" if args.frames else "CartPole-sized rows"
-    print(f"sample {args.batch} transitions from {n:,} {rows} (median us per batch; ratio to the bare "
-          f"gather with the same output; target: {OURS} <= 1.30x)")
+    print(
+        f"sample {args.batch} transitions from {n:,} {rows} (median us per batch; ratio to the bare "
+        f"gather with the same output; target: {OURS} <= 1.30x)"
+    )
     for name, us in medians.items():
         floor = medians["bare numpy gather" if "numpy" in name else "bare gather + torch"]
         print(f"  {name:<28} {us:10.1f} us   {us / floor:6.2f}x")

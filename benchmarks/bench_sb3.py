@@ -33,8 +33,14 @@ def filled(cls: type, n_envs: int, transitions: int) -> tuple[SB3ReplayBuffer, n
     obs = rng.random((n_envs, 4), dtype=np.float32)
     for step in range(transitions // n_envs):
         next_obs = rng.random((n_envs, 4), dtype=np.float32)
-        buffer.add(obs, next_obs, np.ones(n_envs, dtype=np.int64), np.ones(n_envs), np.full(n_envs, step % 25 == 24),
-                   [{}] * n_envs)
+        buffer.add(
+            obs,
+            next_obs,
+            np.ones(n_envs, dtype=np.int64),
+            np.ones(n_envs),
+            np.full(n_envs, step % 25 == 24),
+            [{}] * n_envs,
+        )
         obs = next_obs
     return buffer, obs
 
@@ -42,7 +48,12 @@ def filled(cls: type, n_envs: int, transitions: int) -> tuple[SB3ReplayBuffer, n
 def cycle(buffer: SB3ReplayBuffer, obs: np.ndarray, batch: int, n: int = 2000) -> float:
     """us per ``add`` of one transition per sub-env followed by ``sample(batch)``."""
     n_envs = obs.shape[0]
-    action, reward, done, infos = np.ones(n_envs, dtype=np.int64), np.ones(n_envs), np.zeros(n_envs, bool), [{}] * n_envs
+    action, reward, done, infos = (
+        np.ones(n_envs, dtype=np.int64),
+        np.ones(n_envs),
+        np.zeros(n_envs, bool),
+        [{}] * n_envs,
+    )
     start = time.perf_counter()
     for _ in range(n):
         buffer.add(obs, obs, action, reward, done, infos)
@@ -52,8 +63,16 @@ def cycle(buffer: SB3ReplayBuffer, obs: np.ndarray, batch: int, n: int = 2000) -
 
 def learn(cls: type, steps: int) -> float:
     """us per env step of ``DQN.learn`` on CartPole-v1 with ``cls`` as its replay buffer."""
-    model = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_starts=100, train_freq=1, batch_size=64, seed=0,
-                device="cpu", replay_buffer_class=cls)
+    model = DQN(
+        "MlpPolicy",
+        gym.make("CartPole-v1"),
+        learning_starts=100,
+        train_freq=1,
+        batch_size=64,
+        seed=0,
+        device="cpu",
+        replay_buffer_class=cls,
+    )
     start = time.perf_counter()
     model.learn(steps)
     return (time.perf_counter() - start) / steps * 1e6
@@ -80,14 +99,18 @@ def main() -> None:
         for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits both alike
             for name, (buffer, obs) in buffers.items():
                 timings[name].append(cycle(buffer, obs, args.batch))
-        report(f"add (n_envs={n_envs}) + sample({args.batch}), {args.rounds} rounds (median us; ratio to SB3's)",
-               timings)
+        report(
+            f"add (n_envs={n_envs}) + sample({args.batch}), {args.rounds} rounds (median us; ratio to SB3's)", timings
+        )
     timings = {name: [] for name in BUFFERS}
     for _ in range(args.rounds):
         for name, cls in BUFFERS.items():
             timings[name].append(learn(cls, args.learn_steps))
-    report(f"DQN.learn on CartPole-v1, train_freq=1, {args.learn_steps} steps x {args.rounds} rounds "
-           "(median us per env step)", timings)
+    report(
+        f"DQN.learn on CartPole-v1, train_freq=1, {args.learn_steps} steps x {args.rounds} rounds "
+        "(median us per env step)",
+        timings,
+    )
 
 
 if __name__ == "__main__":

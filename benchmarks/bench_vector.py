@@ -34,7 +34,10 @@ SAMPLING = "recorded + sample(256) each step"
 SB3 = "SB3 ReplayBuffer.add each step"
 CASES = {  # name: (make, vector steps per round, the first target: recorded / bare)
     "native CartPole x64 (vector_entry_point)": (
-        lambda: gym.make_vec("CartPole-v1", 64, vectorization_mode="vector_entry_point"), 2_000, 1.30),
+        lambda: gym.make_vec("CartPole-v1", 64, vectorization_mode="vector_entry_point"),
+        2_000,
+        1.30,
+    ),
     "SyncVectorEnv CartPole x8": (lambda: gym.make_vec("CartPole-v1", 8, vectorization_mode="sync"), 4_000, 1.15),
 }
 
@@ -47,8 +50,9 @@ class SB3Added(gym.vector.VectorWrapper):
         from stable_baselines3.common.buffers import ReplayBuffer
 
         super().__init__(env)
-        self.replay = ReplayBuffer(size, env.single_observation_space, env.single_action_space, device="cpu",
-                                   n_envs=env.num_envs)
+        self.replay = ReplayBuffer(
+            size, env.single_observation_space, env.single_action_space, device="cpu", n_envs=env.num_envs
+        )
         self.infos: list[dict[str, Any]] = [{} for _ in range(env.num_envs)]
 
     def reset(self, **kwargs: Any) -> Any:
@@ -81,17 +85,20 @@ def main() -> None:
     for name, (make, steps, target) in CASES.items():
         bare = make()
         actions = np.random.default_rng(0).integers(0, 2, (steps, bare.num_envs))
-        recorders = {"recorded": fe.record(make(), num_steps=steps * args.rounds),
-                     "recorded, ring wrapping": fe.record(make(), num_steps=steps),
-                     SAMPLING: fe.record(make(), num_steps=steps * args.rounds)}
+        recorders = {
+            "recorded": fe.record(make(), num_steps=steps * args.rounds),
+            "recorded, ring wrapping": fe.record(make(), num_steps=steps),
+            SAMPLING: fe.record(make(), num_steps=steps * args.rounds),
+        }
         if importlib.util.find_spec("stable_baselines3") is not None:  # the peer our users come from
             recorders[SB3] = SB3Added(make(), steps * bare.num_envs * args.rounds)
         timings: dict[str, list[float]] = {"bare": [], **{label: [] for label in recorders}}
         for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits all alike
             timings["bare"].append(run(bare, actions))
             for label, env in recorders.items():
-                timings[label].append(run(env, actions[: steps // 10] if label == SAMPLING else actions,
-                                          sample=label == SAMPLING))
+                timings[label].append(
+                    run(env, actions[: steps // 10] if label == SAMPLING else actions, sample=label == SAMPLING)
+                )
         us = {label: statistics.median(t) for label, t in timings.items()}
         print(f"{name}, {steps} steps x {args.rounds} rounds (median us per sub-env step; ratio to bare)")
         for label, value in us.items():

@@ -29,35 +29,61 @@ def flexibuff_031(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
     from flexibuff import FlexibleBuffer
 
     size = [int(np.prod(obs_space.shape))]
-    buffer = FlexibleBuffer(num_steps=capacity, n_agents=1, discrete_action_cardinalities=[2],
-                            global_registered_vars={},
-                            individual_registered_vars={"obs": (size, obs_space.dtype),
-                                                        "obs_": (size, obs_space.dtype),
-                                                        "individual_rewards": (None, np.float32),
-                                                        "discrete_actions": ([1], np.int32)})
+    buffer = FlexibleBuffer(
+        num_steps=capacity,
+        n_agents=1,
+        discrete_action_cardinalities=[2],
+        global_registered_vars={},
+        individual_registered_vars={
+            "obs": (size, obs_space.dtype),
+            "obs_": (size, obs_space.dtype),
+            "individual_rewards": (None, np.float32),
+            "discrete_actions": ([1], np.int32),
+        },
+    )
 
     def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
-        buffer.save_transition(terminated=terminated, truncated=truncated, registered_vals={
-            "obs": obs.reshape(1, -1), "obs_": obs_.reshape(1, -1), "individual_rewards": np.array([reward]),
-            "discrete_actions": np.array([[action]])}, bootstrap_values=np.zeros(1))
+        buffer.save_transition(
+            terminated=terminated,
+            truncated=truncated,
+            registered_vals={
+                "obs": obs.reshape(1, -1),
+                "obs_": obs_.reshape(1, -1),
+                "individual_rewards": np.array([reward]),
+                "discrete_actions": np.array([[action]]),
+            },
+            bootstrap_values=np.zeros(1),
+        )
 
     return add, lambda n: buffer.sample_transitions(n, as_torch=True, device="cpu")
 
 
-def sb3(obs_space: spaces.Box, capacity: int, optimize_memory_usage: bool = False,
-        kept_in_ours: bool = False) -> tuple[Add, Sample]:
+def sb3(
+    obs_space: spaces.Box, capacity: int, optimize_memory_usage: bool = False, kept_in_ours: bool = False
+) -> tuple[Add, Sample]:
     if kept_in_ours:  # SB3's replay buffer API, kept in a FlexibleBuffer
         from flexibuff_envs.integrations.sb3 import ReplayBuffer
     else:
         from stable_baselines3.common.buffers import ReplayBuffer
 
-    buffer = ReplayBuffer(capacity, obs_space, spaces.Discrete(2), device="cpu",
-                          optimize_memory_usage=optimize_memory_usage,
-                          handle_timeout_termination=not optimize_memory_usage)  # SB3 allows one or the other
+    buffer = ReplayBuffer(
+        capacity,
+        obs_space,
+        spaces.Discrete(2),
+        device="cpu",
+        optimize_memory_usage=optimize_memory_usage,
+        handle_timeout_termination=not optimize_memory_usage,
+    )  # SB3 allows one or the other
 
     def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
-        buffer.add(obs[None], obs_[None], np.array([action]), np.array([reward]),
-                   np.array([terminated or truncated]), [{"TimeLimit.truncated": truncated}])
+        buffer.add(
+            obs[None],
+            obs_[None],
+            np.array([action]),
+            np.array([reward]),
+            np.array([terminated or truncated]),
+            [{"TimeLimit.truncated": truncated}],
+        )
 
     return add, buffer.sample
 
@@ -76,8 +102,18 @@ def tianshou(obs_space: spaces.Box, capacity: int, ignore_obs_next: bool = False
     buffer = ReplayBuffer(capacity, ignore_obs_next=ignore_obs_next)
 
     def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
-        buffer.add(Batch(obs=obs, act=action, rew=reward, obs_next=obs_, terminated=terminated,
-                         truncated=truncated, done=terminated or truncated, info={}))
+        buffer.add(
+            Batch(
+                obs=obs,
+                act=action,
+                rew=reward,
+                obs_next=obs_,
+                terminated=terminated,
+                truncated=truncated,
+                done=terminated or truncated,
+                info={},
+            )
+        )
 
     def sample(n: int) -> Any:
         batch, _ = buffer.sample(n)
@@ -97,12 +133,25 @@ def torchrl(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
     buffer = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=256)
 
     def add(obs: np.ndarray, action: int, reward: float, obs_: np.ndarray, terminated: bool, truncated: bool) -> None:
-        buffer.add(TensorDict({
-            "observation": torch.from_numpy(obs), "action": torch.tensor(action),
-            "next": TensorDict({"observation": torch.from_numpy(obs_), "reward": torch.tensor([reward]),
-                                "terminated": torch.tensor([terminated]), "truncated": torch.tensor([truncated]),
-                                "done": torch.tensor([terminated or truncated])}, batch_size=[])},
-            batch_size=[]))
+        buffer.add(
+            TensorDict(
+                {
+                    "observation": torch.from_numpy(obs),
+                    "action": torch.tensor(action),
+                    "next": TensorDict(
+                        {
+                            "observation": torch.from_numpy(obs_),
+                            "reward": torch.tensor([reward]),
+                            "terminated": torch.tensor([terminated]),
+                            "truncated": torch.tensor([truncated]),
+                            "done": torch.tensor([terminated or truncated]),
+                        },
+                        batch_size=[],
+                    ),
+                },
+                batch_size=[],
+            )
+        )
 
     return add, buffer.sample
 
@@ -121,10 +170,15 @@ OURS = "flexibuff_envs"
 #: our buffers behind the peers' APIs (measured like the peers)
 OURS_AS = {"flexibuff_envs as SB3's ReplayBuffer": sb3_kept_in_ours}
 #: the module each peer needs
-REQUIRES = {"flexibuff 0.3.1": "flexibuff", "SB3 ReplayBuffer": "stable_baselines3",
-            "flexibuff_envs as SB3's ReplayBuffer": "stable_baselines3",
-            "SB3 optimize_memory_usage": "stable_baselines3", "Tianshou ReplayBuffer": "tianshou",
-            "Tianshou ignore_obs_next": "tianshou", "TorchRL LazyTensorStorage": "torchrl"}
+REQUIRES = {
+    "flexibuff 0.3.1": "flexibuff",
+    "SB3 ReplayBuffer": "stable_baselines3",
+    "flexibuff_envs as SB3's ReplayBuffer": "stable_baselines3",
+    "SB3 optimize_memory_usage": "stable_baselines3",
+    "Tianshou ReplayBuffer": "tianshou",
+    "Tianshou ignore_obs_next": "tianshou",
+    "TorchRL LazyTensorStorage": "torchrl",
+}
 
 
 def installed(name: str) -> bool:
@@ -133,8 +187,14 @@ def installed(name: str) -> bool:
     return name == OURS or importlib.util.find_spec(REQUIRES[name]) is not None
 
 
-def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch: bool = True,
-           fields: tuple[str, ...] | None = None, compact: bool = True) -> Sample:
+def loaded(
+    name: str,
+    data: dict[str, np.ndarray],
+    episode: int = 200,
+    as_torch: bool = True,
+    fields: tuple[str, ...] | None = None,
+    compact: bool = True,
+) -> Sample:
     """A buffer of ``name`` holding ``data`` (obs, act, rew, obs_, terminated, truncated; one row
     each) in episodes of ``episode`` steps, put in place in bulk: the state that many ``add`` calls
     would leave, without waiting for them. Returns its sampler (torch batches; ours can also give
@@ -146,8 +206,13 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
         import flexibuff_envs as fe
 
         buffer = fe.FlexibleBuffer(n, data["obs"].shape[1], [2], individual_reward=True, obs_dtype=dtype.name)
-        for field, key in (("obs", "obs"), ("obs_", "obs_"), ("individual_rewards", "rew"),
-                           ("terminated", "terminated"), ("truncated", "truncated")):
+        for field, key in (
+            ("obs", "obs"),
+            ("obs_", "obs_"),
+            ("individual_rewards", "rew"),
+            ("terminated", "terminated"),
+            ("truncated", "truncated"),
+        ):
             buffer.field(field)[0] = data[key]
         buffer.field("discrete_actions")[0, :, 0] = data["act"]
         buffer.field("active")[...] = True
@@ -163,10 +228,18 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
         from flexibuff import FlexibleBuffer
 
         size = [data["obs"].shape[1]]
-        old = FlexibleBuffer(num_steps=n, n_agents=1, discrete_action_cardinalities=[2], global_registered_vars={},
-                             individual_registered_vars={"obs": (size, dtype), "obs_": (size, dtype),
-                                                         "individual_rewards": (None, np.float32),
-                                                         "discrete_actions": ([1], np.int32)})
+        old = FlexibleBuffer(
+            num_steps=n,
+            n_agents=1,
+            discrete_action_cardinalities=[2],
+            global_registered_vars={},
+            individual_registered_vars={
+                "obs": (size, dtype),
+                "obs_": (size, dtype),
+                "individual_rewards": (None, np.float32),
+                "discrete_actions": ([1], np.int32),
+            },
+        )
         old._registered_vals["obs"][0], old._registered_vals["obs_"][0] = data["obs"], data["obs_"]
         old._registered_vals["individual_rewards"][0] = data["rew"]
         old._registered_vals["discrete_actions"][0, :, 0] = data["act"]
@@ -176,11 +249,20 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
     if name.startswith("SB3"):
         from stable_baselines3.common.buffers import ReplayBuffer
 
-        box = (spaces.Box(0, 255, data["obs"].shape[1:], np.uint8) if dtype == np.uint8
-               else spaces.Box(-np.inf, np.inf, data["obs"].shape[1:], np.float32))
+        box = (
+            spaces.Box(0, 255, data["obs"].shape[1:], np.uint8)
+            if dtype == np.uint8
+            else spaces.Box(-np.inf, np.inf, data["obs"].shape[1:], np.float32)
+        )
         optimize = name == "SB3 optimize_memory_usage"
-        sb = ReplayBuffer(n, box, spaces.Discrete(2), device="cpu", optimize_memory_usage=optimize,
-                          handle_timeout_termination=not optimize)
+        sb = ReplayBuffer(
+            n,
+            box,
+            spaces.Discrete(2),
+            device="cpu",
+            optimize_memory_usage=optimize,
+            handle_timeout_termination=not optimize,
+        )
         sb.observations[:, 0] = data["obs"]  # with optimize_memory_usage, next obs is the next row's
         if not optimize:
             sb.next_observations[:, 0] = data["obs_"]
@@ -192,8 +274,15 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
     if name.startswith("Tianshou"):
         from tianshou.data import ReplayBuffer
 
-        ts = ReplayBuffer.from_data(data["obs"], data["act"], data["rew"], data["terminated"], data["truncated"],
-                                    data["terminated"] | data["truncated"], data["obs_"])
+        ts = ReplayBuffer.from_data(
+            data["obs"],
+            data["act"],
+            data["rew"],
+            data["terminated"],
+            data["truncated"],
+            data["terminated"] | data["truncated"],
+            data["obs_"],
+        )
 
         def sample(b: int) -> Any:
             return ts.sample(b)[0].to_torch(device="cpu")
@@ -203,13 +292,24 @@ def loaded(name: str, data: dict[str, np.ndarray], episode: int = 200, as_torch:
     from torchrl.data import LazyTensorStorage, ReplayBuffer
 
     rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=256)
-    rb.extend(TensorDict({
-        "observation": torch.from_numpy(data["obs"]), "action": torch.from_numpy(data["act"]),
-        "next": TensorDict({"observation": torch.from_numpy(data["obs_"]),
-                            "reward": torch.from_numpy(data["rew"])[:, None],
-                            "terminated": torch.from_numpy(data["terminated"])[:, None],
-                            "truncated": torch.from_numpy(data["truncated"])[:, None]}, batch_size=[n])},
-        batch_size=[n]))
+    rb.extend(
+        TensorDict(
+            {
+                "observation": torch.from_numpy(data["obs"]),
+                "action": torch.from_numpy(data["act"]),
+                "next": TensorDict(
+                    {
+                        "observation": torch.from_numpy(data["obs_"]),
+                        "reward": torch.from_numpy(data["rew"])[:, None],
+                        "terminated": torch.from_numpy(data["terminated"])[:, None],
+                        "truncated": torch.from_numpy(data["truncated"])[:, None],
+                    },
+                    batch_size=[n],
+                ),
+            },
+            batch_size=[n],
+        )
+    )
     return rb.sample
 
 

@@ -41,17 +41,18 @@ def record(games: int, seed: int) -> fe.FlexibleBuffer:
 def board(obs: np.ndarray) -> str:
     """A flat 84-value observation as the 6x7 board: X the player to move, O the opponent."""
     planes = obs.reshape(6, 7, 2)
-    return "\n".join("    " + "".join("X" if me else "O" if them else "." for me, them in row)
-                     for row in planes)
+    return "\n".join("    " + "".join("X" if me else "O" if them else "." for me, them in row) for row in planes)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     buffer = record(args.games, args.seed)
     spec = buffer.spec
-    print(f"recorded {buffer.n_episodes} games in {len(buffer)} rows: agents {spec.agent_ids}, "
-          f"obs {spec.obs_size} x {spec.obs_dtype}, moves {spec.discrete_action_cardinalities}, "
-          f"masks {spec.action_mask}")
+    print(
+        f"recorded {buffer.n_episodes} games in {len(buffer)} rows: agents {spec.agent_ids}, "
+        f"obs {spec.obs_size} x {spec.obs_dtype}, moves {spec.discrete_action_cardinalities}, "
+        f"masks {spec.action_mask}"
+    )
 
     batch = buffer.sample_transitions(args.batch_size)
     print(f"\nsample_transitions({args.batch_size}): per-agent fields are [agent, row, ...]")
@@ -62,16 +63,21 @@ def main(argv: list[str] | None = None) -> None:
 
     agent, i = 0, 0
     move = batch.discrete_actions[agent, i, 0]
-    print(f"\n{spec.agent_ids[agent]} at buffer row {batch.idx[i]}: legal columns "
-          f"{np.flatnonzero(batch.action_mask[0][agent, i]).tolist()}, played {move}, "
-          f"reward {batch.individual_rewards[agent, i]:+.0f}")
+    print(
+        f"\n{spec.agent_ids[agent]} at buffer row {batch.idx[i]}: legal columns "
+        f"{np.flatnonzero(batch.action_mask[0][agent, i]).tolist()}, played {move}, "
+        f"reward {batch.individual_rewards[agent, i]:+.0f}"
+    )
     print(board(batch.obs[agent, i]))
     print("  its board at its next turn (or the final board):")
     print(board(batch.obs_[agent, i]))
 
     [episode] = buffer.sample_episodes(n_episodes=1)
-    winner = "draw" if not episode.individual_rewards.any() else \
-        spec.agent_ids[int(np.argmax(episode.individual_rewards.sum(axis=1)))]
+    winner = (
+        "draw"
+        if not episode.individual_rewards.any()
+        else spec.agent_ids[int(np.argmax(episode.individual_rewards.sum(axis=1)))]
+    )
     print(f"\none whole game ({len(episode)} rows, {winner} won): returns G per move, gamma 0.99")
     for agent, name in enumerate(spec.agent_ids):
         g = episode.G[agent][episode.active[agent]]

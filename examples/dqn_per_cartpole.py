@@ -35,17 +35,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=60_000, help="env steps per run at most (the budget)")
     parser.add_argument("--n-step", type=int, default=3, help="steps summed in each return")
     parser.add_argument("--alpha", type=float, default=0.6, help="prioritization exponent")
-    parser.add_argument("--beta", type=float, default=0.4, help="importance-sampling exponent at the start; "
-                        "it rises to 1 over the budget")
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=0.4,
+        help="importance-sampling exponent at the start; it rises to 1 over the budget",
+    )
     parser.add_argument("--gamma", type=float, default=0.99, help="discount")
     parser.add_argument("--lr", type=float, default=5e-4, help="Adam step size")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per update")
     parser.add_argument("--learning-starts", type=int, default=1_000, help="random steps before the first update")
     parser.add_argument("--target-every", type=int, default=500, help="steps between target network copies")
-    parser.add_argument("--explore-steps", type=int, default=10_000,
-                        help="steps over which epsilon falls from 1 to 0.01")
-    parser.add_argument("--target-return", type=float, default=475.0,
-                        help="solved once the mean return of the last 20 episodes reaches this")
+    parser.add_argument(
+        "--explore-steps", type=int, default=10_000, help="steps over which epsilon falls from 1 to 0.01"
+    )
+    parser.add_argument(
+        "--target-return",
+        type=float,
+        default=475.0,
+        help="solved once the mean return of the last 20 episodes reaches this",
+    )
     parser.add_argument("--plot", default="", help="write the learning curves to this PNG (needs matplotlib)")
     return parser.parse_args(argv)
 
@@ -82,8 +91,9 @@ def train(args: argparse.Namespace, seed: int) -> tuple[list[int], list[float], 
                 return ends, returns, step
         if step > args.learning_starts:
             beta = args.beta + (1.0 - args.beta) * step / args.steps
-            batch = env.buffer.sample_transitions(args.batch_size, prioritized=True, beta=beta, n_step=args.n_step,
-                                                  as_torch=True, fields=FIELDS)
+            batch = env.buffer.sample_transitions(
+                args.batch_size, prioritized=True, beta=beta, n_step=args.n_step, as_torch=True, fields=FIELDS
+            )
             with torch.no_grad():  # Double DQN: the online net picks the action, the target net values it
                 best = q(batch.obs_).argmax(dim=1, keepdim=True)
                 bootstrap = target(batch.obs_).gather(1, best).squeeze(1)
@@ -110,8 +120,10 @@ def main(argv: list[str] | None = None) -> None:
         runs[seed] = (ends, returns)
         last = np.mean(returns[-20:]) if returns else 0.0
         outcome = f"solved at step {solved}" if solved is not None else f"not solved in {args.steps} steps"
-        print(f"seed {seed}: {outcome}; {len(returns)} episodes, mean return of the last 20: {last:.1f} "
-              f"({time.perf_counter() - start:.0f} s)")
+        print(
+            f"seed {seed}: {outcome}; {len(returns)} episodes, mean return of the last 20: {last:.1f} "
+            f"({time.perf_counter() - start:.0f} s)"
+        )
     if args.plot:
         import matplotlib
 
@@ -122,8 +134,11 @@ def main(argv: list[str] | None = None) -> None:
         for seed, (ends, returns) in runs.items():
             ax.plot(ends, returns, label=f"seed {seed}", linewidth=0.8)
         ax.axhline(args.target_return, color="grey", linestyle="--", linewidth=0.8)
-        ax.set(xlabel="env step", ylabel="episode return",
-               title=f"Double DQN, prioritized replay, {args.n_step}-step returns: CartPole-v1")
+        ax.set(
+            xlabel="env step",
+            ylabel="episode return",
+            title=f"Double DQN, prioritized replay, {args.n_step}-step returns: CartPole-v1",
+        )
         ax.legend()
         fig.savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"wrote {args.plot}")

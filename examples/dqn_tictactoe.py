@@ -38,8 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def q_network() -> nn.Module:
-    return nn.Sequential(nn.Flatten(), nn.Linear(18, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
-                         nn.Linear(128, 9))
+    return nn.Sequential(nn.Flatten(), nn.Linear(18, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 9))
 
 
 def greedy(q: nn.Module, board: np.ndarray, mask: np.ndarray) -> int:
@@ -69,8 +68,9 @@ def win_rate(q: nn.Module, seat: int, games: int, seed: int) -> float:
     return wins / games
 
 
-def learn(q: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer, batch: fe.FlexiBatch,
-          seat: int, gamma: float) -> None:
+def learn(
+    q: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer, batch: fe.FlexiBatch, seat: int, gamma: float
+) -> None:
     """One DQN step on ``seat``'s slice of the rows (rows where that player did not move are skipped)."""
     active = batch.active[seat].bool()
     obs, obs_ = batch.obs[seat][active].view(-1, 18), batch.obs_[seat][active].view(-1, 18)
@@ -137,8 +137,12 @@ def plot(curve: list[tuple[int, float, float]], path: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(games, first, marker="o", label="moving first (player_1)")
     ax.plot(games, second, marker="o", label="moving second (player_2)")
-    ax.set(xlabel="training games", ylabel="win rate against random moves", ylim=(0, 1),
-           title="Independent DQN on tic-tac-toe, flexibuff_envs")
+    ax.set(
+        xlabel="training games",
+        ylabel="win rate against random moves",
+        ylim=(0, 1),
+        title="Independent DQN on tic-tac-toe, flexibuff_envs",
+    )
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -52,9 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     others = episode.infos["actions"]  # each other agent's actions, padded by one step as Minari pads actions
     joint = np.stack([episode.actions, *(others[name][:-1] for name in sorted(others))], axis=-1)
     critic_input = np.concatenate([episode.observations[:-1], episode.infos["state"][:-1], joint], axis=-1)
-    print(f"agent_0's first episode: observations {episode.observations.shape}, state "
-          f"{episode.infos['state'].shape}, the others' actions {sorted(others)}; a critic's input "
-          f"(obs, state, joint action) {critic_input.shape}")
+    print(
+        f"agent_0's first episode: observations {episode.observations.shape}, state "
+        f"{episode.infos['state'].shape}, the others' actions {sorted(others)}; a critic's input "
+        f"(obs, state, joint action) {critic_input.shape}"
+    )
 
 
 if __name__ == "__main__":

@@ -37,12 +37,16 @@ def main(argv: list[str] | None = None) -> None:
         warnings.simplefilter("ignore", UserWarning)
         dataset = to_minari(env.buffer, args.dataset, env=gym.make("CartPole-v1"))
     first = next(iter(minari.load_dataset(args.dataset).iterate_episodes()))
-    print(f"wrote {args.dataset}: {dataset.total_episodes} episodes, {dataset.total_steps} steps; its first "
-          f"episode has {len(first.rewards)} steps and {len(first.observations)} observations (the final one too)")
+    print(
+        f"wrote {args.dataset}: {dataset.total_episodes} episodes, {dataset.total_steps} steps; its first "
+        f"episode has {len(first.rewards)} steps and {len(first.observations)} observations (the final one too)"
+    )
     offline = from_minari(args.dataset, gamma=0.99)
     batch = offline.sample_transitions(4)
-    print(f"read back: {len(offline)} rows in {offline.n_episodes} whole episodes; G of 4 drawn rows: "
-          f"{[round(float(g), 2) for g in batch.G]}")
+    print(
+        f"read back: {len(offline)} rows in {offline.n_episodes} whole episodes; G of 4 drawn rows: "
+        f"{[round(float(g), 2) for g in batch.G]}"
+    )
 
 
 if __name__ == "__main__":

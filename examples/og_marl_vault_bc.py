@@ -35,13 +35,15 @@ Policy = Callable[[int, np.ndarray], int]
 def scripted(rng: np.random.Generator) -> Policy:
     """Agent i steps toward landmark i (its relative position is at obs[4 + 2i: 6 + 2i]); one
     move in five is random, so the dataset is not one policy's moves only."""
+
     def act(agent: int, obs: np.ndarray) -> int:
         if rng.random() < 0.2:
             return int(rng.integers(5))
-        dx, dy = obs[4 + 2 * agent: 6 + 2 * agent]
+        dx, dy = obs[4 + 2 * agent : 6 + 2 * agent]
         if abs(dx) > abs(dy):
             return 2 if dx > 0 else 1  # right, left
         return 4 if dy > 0 else 3  # up, down
+
     return act
 
 
@@ -78,6 +80,7 @@ def clone(buffer: fe.FlexibleBuffer, updates: int, seed: int) -> Policy:
     def act(agent: int, obs: np.ndarray) -> int:
         with torch.no_grad():
             return int(net(torch.cat([torch.as_tensor(obs), ids[agent]])).argmax())
+
     return act
 
 
@@ -97,8 +100,10 @@ def main(argv: list[str] | None = None) -> None:
             path = to_vault(env.buffer, directory, vault_name="simple_spread.vlt", vault_uid="Scripted")
             offline = from_vault(path, seed=seed)  # what an OG-MARL user does with a vault: no JAX
         if seed == args.seeds[0]:
-            print(f"vault {os.path.relpath(path, directory)}: {len(offline):,} steps of {AGENTS} agents in "
-                  f"{offline.n_episodes} episodes; recorded return {data_return:.1f}")
+            print(
+                f"vault {os.path.relpath(path, directory)}: {len(offline):,} steps of {AGENTS} agents in "
+                f"{offline.n_episodes} episodes; recorded return {data_return:.1f}"
+            )
         rows["behaviour clone"].append(play(clone(offline, args.updates, seed), args.evaluate, seed=10**6))
         rows["scripted (the data)"].append(play(scripted(rng), args.evaluate, seed=10**6))
         rows["random"].append(play(uniform(rng), args.evaluate, seed=10**6))

@@ -25,8 +25,7 @@ from flexibuff_envs.integrations.parquet import to_parquet
 
 
 def record(episodes: int, seed: int) -> fe.FlexibleBuffer:
-    env = fe.record(knights_archers_zombies_v11.parallel_env(max_cycles=300), num_steps=episodes * 300,
-                    seed=seed)
+    env = fe.record(knights_archers_zombies_v11.parallel_env(max_cycles=300), num_steps=episodes * 300, seed=seed)
     rng = np.random.default_rng(seed)
     for episode in range(episodes):
         env.reset(seed=seed + episode)
@@ -44,26 +43,39 @@ def main(argv: list[str] | None = None) -> None:
         path = to_parquet(record(args.episodes, args.seed), os.path.join(directory, "kaz"))
 
         # pandas: every agent's row at every step; `active` says whether it was there
-        agents = pd.read_parquet(os.path.join(path, "agents"), columns=["episode", "step", "agent", "active",
-                                                                         "individual_rewards", "terminated"])
+        agents = pd.read_parquet(
+            os.path.join(path, "agents"),
+            columns=["episode", "step", "agent", "active", "individual_rewards", "terminated"],
+        )
         here = agents[agents.active]
-        table = here.groupby("agent", observed=True).agg(episodes=("episode", "nunique"), steps=("step", "size"),
-                                          mean_reward=("individual_rewards", "mean"),
-                                          ended=("terminated", "sum"))
-        print(f"pandas: {len(agents):,} rows of {agents.agent.nunique()} agents in {agents.episode.nunique()} "
-              f"episodes, {len(here):,} of them active")
+        table = here.groupby("agent", observed=True).agg(
+            episodes=("episode", "nunique"),
+            steps=("step", "size"),
+            mean_reward=("individual_rewards", "mean"),
+            ended=("terminated", "sum"),
+        )
+        print(
+            f"pandas: {len(agents):,} rows of {agents.agent.nunique()} agents in {agents.episode.nunique()} "
+            f"episodes, {len(here):,} of them active"
+        )
         print(table.to_string())
 
         # Hugging Face datasets: the active rows as PyTorch batches
         from datasets import load_dataset
 
-        rows = load_dataset("parquet", data_files=os.path.join(path, "agents", "*.parquet"), split="train",
-                            cache_dir=os.path.join(directory, "hf"))
+        rows = load_dataset(
+            "parquet",
+            data_files=os.path.join(path, "agents", "*.parquet"),
+            split="train",
+            cache_dir=os.path.join(directory, "hf"),
+        )
         rows = rows.filter(lambda row: row["active"]).select_columns(["obs", "discrete_actions", "G"])
         batch = next(iter(rows.with_format("torch").iter(batch_size=64)))
-        print(f"datasets: {rows.num_rows:,} active rows; a batch of {len(batch['obs'])}: obs "
-              f"{tuple(batch['obs'].shape)} {batch['obs'].dtype}, actions {tuple(batch['discrete_actions'].shape)}, "
-              f"G {tuple(batch['G'].shape)}")
+        print(
+            f"datasets: {rows.num_rows:,} active rows; a batch of {len(batch['obs'])}: obs "
+            f"{tuple(batch['obs'].shape)} {batch['obs'].dtype}, actions {tuple(batch['discrete_actions'].shape)}, "
+            f"G {tuple(batch['G'].shape)}"
+        )
 
 
 if __name__ == "__main__":

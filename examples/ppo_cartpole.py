@@ -47,8 +47,9 @@ def parse_args() -> Args:
     source = Path(__file__).read_text()
     for field in dataclasses.fields(Args):
         comment = source.split(f"    {field.name}: ", 1)[1].split("\n", 1)[0].split("# ", 1)[-1]
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
-                            default=field.default, help=comment)
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default, help=comment
+        )
     return Args(**vars(parser.parse_args()))
 
 
@@ -63,8 +64,7 @@ class Agent(nn.Module):
     def __init__(self, n_obs: int, n_actions: int) -> None:
         super().__init__()
         self.critic = nn.Sequential(layer(n_obs, 64), nn.Tanh(), layer(64, 64), nn.Tanh(), layer(64, 1, 1.0))
-        self.actor = nn.Sequential(layer(n_obs, 64), nn.Tanh(), layer(64, 64), nn.Tanh(),
-                                   layer(64, n_actions, 0.01))
+        self.actor = nn.Sequential(layer(n_obs, 64), nn.Tanh(), layer(64, 64), nn.Tanh(), layer(64, n_actions, 0.01))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
@@ -84,8 +84,9 @@ def train(args: Args) -> list[tuple[int, float]]:
         with torch.no_grad():
             return float(agent.value(torch.as_tensor(obs)))
 
-    envs = fe.record(vec, num_steps=args.num_steps, gamma=args.gamma, gae_lambda=args.gae_lambda,
-                     bootstrap_fn=critic, seed=args.seed)  # seed: minibatch shuffling
+    envs = fe.record(
+        vec, num_steps=args.num_steps, gamma=args.gamma, gae_lambda=args.gae_lambda, bootstrap_fn=critic, seed=args.seed
+    )  # seed: minibatch shuffling
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     batch_size = args.num_envs * args.num_steps
     rollouts = args.total_timesteps // batch_size
@@ -107,8 +108,9 @@ def train(args: Args) -> list[tuple[int, float]]:
         with torch.no_grad():
             envs.buffer.finish_path(agent.value(torch.as_tensor(obs)).numpy())
         for _ in range(args.update_epochs):
-            for mb in envs.buffer.minibatches(batch_size // args.num_minibatches, as_torch=True,
-                                              normalize_advantages=True):
+            for mb in envs.buffer.minibatches(
+                batch_size // args.num_minibatches, as_torch=True, normalize_advantages=True
+            ):
                 dist = agent.policy(mb.obs)
                 log_ratio = dist.log_prob(mb.discrete_actions[:, 0]) - mb.discrete_log_probs[:, 0]
                 ratio = log_ratio.exp()
@@ -147,9 +149,11 @@ def main() -> None:
     curve = train(args)
     best = max(curve, key=lambda point: point[1]) if curve else (0, float("nan"))
     first_400 = next((step for step, mean in curve if mean >= 400), None)
-    print(f"{args.total_timesteps} steps in {time.perf_counter() - start:.0f} s; final mean return "
-          f"{curve[-1][1] if curve else float('nan'):.1f}, best {best[1]:.1f} at step {best[0]}, "
-          f"first >= 400 at step {first_400}")
+    print(
+        f"{args.total_timesteps} steps in {time.perf_counter() - start:.0f} s; final mean return "
+        f"{curve[-1][1] if curve else float('nan'):.1f}, best {best[1]:.1f} at step {best[0]}, "
+        f"first >= 400 at step {first_400}"
+    )
     if args.plot:
         plot(curve, args.plot)
         print(f"learning curve: {args.plot}")

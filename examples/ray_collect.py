@@ -54,17 +54,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    ray.init(address=args.address, **({} if args.address else {"num_cpus": 2}), include_dashboard=False,
-             log_to_driver=False)
+    ray.init(
+        address=args.address, **({} if args.address else {"num_cpus": 2}), include_dashboard=False, log_to_driver=False
+    )
     actor = Actor()
     optimizer = torch.optim.Adam(actor.parameters(), lr=1e-3)
-    collector = RayCollector(make_env, actor, n_workers=2, seed=0, chunk_steps=args.chunk_steps,
-                             num_steps=200_000)
+    collector = RayCollector(make_env, actor, n_workers=2, seed=0, chunk_steps=args.chunk_steps, num_steps=200_000)
     try:
         run = collector.collect(args.steps)
-        print(f"collected {run.steps:,} steps ({run.episodes:,} episodes) in {run.seconds:.2f} s on 2 workers: "
-              f"{run.steps / run.seconds:,.0f} steps/s, {run.nbytes / run.steps:,.0f} bytes a step to the learner, "
-              f"merging took {1000 * run.merge_seconds:.1f} ms")
+        print(
+            f"collected {run.steps:,} steps ({run.episodes:,} episodes) in {run.seconds:.2f} s on 2 workers: "
+            f"{run.steps / run.seconds:,.0f} steps/s, {run.nbytes / run.steps:,.0f} bytes a step to the learner, "
+            f"merging took {1000 * run.merge_seconds:.1f} ms"
+        )
         start, trained = time.perf_counter(), 0
         for info in collector.stream():
             batch = collector.buffer.sample_transitions(args.batch_size, as_torch=True)
@@ -80,10 +82,14 @@ def main(argv: list[str] | None = None) -> None:
             if trained == args.chunks:
                 break
         buffer = collector.buffer
-        print(f"streamed and trained on {trained} chunks in {time.perf_counter() - start:.2f} s; the last chunk "
-              f"came from worker {info.worker} acting with weights version {info.weights_version} of {version}")
-        print(f"buffer: {len(buffer):,} rows, {buffer.n_episodes:,} whole episodes, "
-              f"mean return {buffer.episode_stats()['returns'].mean():.1f} per agent")
+        print(
+            f"streamed and trained on {trained} chunks in {time.perf_counter() - start:.2f} s; the last chunk "
+            f"came from worker {info.worker} acting with weights version {info.weights_version} of {version}"
+        )
+        print(
+            f"buffer: {len(buffer):,} rows, {buffer.n_episodes:,} whole episodes, "
+            f"mean return {buffer.episode_stats()['returns'].mean():.1f} per agent"
+        )
     finally:
         collector.close()
         ray.shutdown()

@@ -26,8 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-episodes", type=int, default=8, help="episodes per policy update")
     parser.add_argument("--lr", type=float, default=5e-3, help="Adam step size")
     parser.add_argument("--gamma", type=float, default=0.99, help="discount of the recorded G")
-    parser.add_argument("--target", type=float, default=475.0,
-                        help="stop once the mean return of the last 50 episodes reaches this")
+    parser.add_argument(
+        "--target", type=float, default=475.0, help="stop once the mean return of the last 50 episodes reaches this"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the env, the actions and torch")
     parser.add_argument("--plot", default="", help="write the learning curve to this PNG (needs matplotlib)")
     return parser.parse_args(argv)
@@ -40,8 +41,7 @@ def train(args: argparse.Namespace) -> list[float]:
     policy = nn.Sequential(nn.Linear(4, 64), nn.Tanh(), nn.Linear(64, 2))
     optimizer = torch.optim.Adam(policy.parameters(), lr=args.lr)
     # one batch of episodes at a time: 8 episodes of at most 500 steps
-    env = fe.record(gym.make("CartPole-v1"), num_steps=args.batch_episodes * 500, gamma=args.gamma,
-                    seed=args.seed)
+    env = fe.record(gym.make("CartPole-v1"), num_steps=args.batch_episodes * 500, gamma=args.gamma, seed=args.seed)
     obs, _ = env.reset(seed=args.seed)
     returns: list[float] = []
     while len(returns) < args.episodes and not np.mean(returns[-50:] or [0]) >= args.target:
@@ -80,7 +80,7 @@ def plot(returns: list[float], path: str, target: float) -> None:
     smooth = np.convolve(returns, np.ones(window) / window, mode="valid")
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(episodes, returns, alpha=0.3, linewidth=0.8, label="episode return")
-    ax.plot(episodes[window - 1:], smooth, label=f"mean of last {window}")
+    ax.plot(episodes[window - 1 :], smooth, label=f"mean of last {window}")
     ax.axhline(target, color="grey", linestyle="--", linewidth=0.8)
     ax.set(xlabel="episode", ylabel="return", title="REINFORCE on CartPole-v1 from recorded G")
     ax.legend(loc="lower right", fontsize="small")
@@ -92,8 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     start = time.perf_counter()
     returns = train(args)
-    print(f"{len(returns)} episodes in {time.perf_counter() - start:.0f} s; mean return of the last 50: "
-          f"{np.mean(returns[-50:]):.1f} (first 50: {np.mean(returns[:50]):.1f})")
+    print(
+        f"{len(returns)} episodes in {time.perf_counter() - start:.0f} s; mean return of the last 50: "
+        f"{np.mean(returns[-50:]):.1f} (first 50: {np.mean(returns[:50]):.1f})"
+    )
     if args.plot:
         plot(returns, args.plot, args.target)
         print(f"learning curve: {args.plot}")

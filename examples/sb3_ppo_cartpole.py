@@ -24,8 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     n_steps = min(2048, args.timesteps // args.envs)  # SB3 rolls out whole rollouts: it may go past timesteps
-    venv = RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=args.envs, seed=args.seed),
-                           num_steps=args.timesteps // args.envs + n_steps)  # every step kept
+    venv = RecordingVecEnv(
+        make_vec_env("CartPole-v1", n_envs=args.envs, seed=args.seed), num_steps=args.timesteps // args.envs + n_steps
+    )  # every step kept
     model = PPO("MlpPolicy", venv, seed=args.seed, device="cpu", n_steps=n_steps)
     start = time.perf_counter()
     model.learn(total_timesteps=args.timesteps)
@@ -33,12 +34,16 @@ def main(argv: list[str] | None = None) -> None:
     buffer = venv.buffer
     stats = buffer.episode_stats()
     returns = stats["returns"][:, 0]
-    print(f"{model.num_timesteps} SB3 steps in {seconds:.0f} s, {len(buffer)} recorded in {buffer.n_episodes} "
-          f"whole episodes; mean return of the first 20: {returns[:20].mean():.1f}, of the last 20: "
-          f"{returns[-20:].mean():.1f}")
+    print(
+        f"{model.num_timesteps} SB3 steps in {seconds:.0f} s, {len(buffer)} recorded in {buffer.n_episodes} "
+        f"whole episodes; mean return of the first 20: {returns[:20].mean():.1f}, of the last 20: "
+        f"{returns[-20:].mean():.1f}"
+    )
     batch = buffer.sample_transitions(256, fields=("obs", "discrete_actions", "G"))
-    print(f"a batch of 256 transitions: obs {batch.obs.shape}, G from {np.nanmin(batch.G):.1f} "
-          f"to {np.nanmax(batch.G):.1f}")
+    print(
+        f"a batch of 256 transitions: obs {batch.obs.shape}, G from {np.nanmin(batch.G):.1f} "
+        f"to {np.nanmax(batch.G):.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,16 +26,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--copies", type=int, default=2, help="copies of the env SuperSuit steps together")
     args = parser.parse_args(argv)
     env = simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=False)
-    vec = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(env), args.copies, num_cpus=0,
-                                base_class="stable_baselines3")
+    vec = ss.concat_vec_envs_v1(
+        ss.pettingzoo_env_to_vec_env_v1(env), args.copies, num_cpus=0, base_class="stable_baselines3"
+    )
     venv = RecordingVecEnv(vec, num_steps=args.timesteps // vec.num_envs + 256)
     model = PPO("MlpPolicy", venv, n_steps=min(256, args.timesteps // vec.num_envs), device="cpu")
     start = time.perf_counter()
     model.learn(total_timesteps=args.timesteps)
     stats = venv.buffer.episode_stats()
-    print(f"{model.num_timesteps} SB3 steps ({venv.num_envs} agent lanes) in {time.perf_counter() - start:.0f} s; "
-          f"{len(venv.buffer)} recorded in {venv.buffer.n_episodes} whole agent-episodes of "
-          f"{sorted(set(stats['lengths'].tolist()))} steps, mean return {stats['returns'].mean():.1f}")
+    print(
+        f"{model.num_timesteps} SB3 steps ({venv.num_envs} agent lanes) in {time.perf_counter() - start:.0f} s; "
+        f"{len(venv.buffer)} recorded in {venv.buffer.n_episodes} whole agent-episodes of "
+        f"{sorted(set(stats['lengths'].tolist()))} steps, mean return {stats['returns'].mean():.1f}"
+    )
 
 
 if __name__ == "__main__":

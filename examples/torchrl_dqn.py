@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         _, _, terminated, truncated, _ = env.step(env.action_space.sample())
         if terminated or truncated:
             env.reset()
-    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[64, 64]), in_keys=["observation"],
-                        spec=Categorical(2))
+    actor = QValueActor(
+        MLP(in_features=4, out_features=2, num_cells=[64, 64]), in_keys=["observation"], spec=Categorical(2)
+    )
     loss_module = DQNLoss(actor, action_space="categorical", delay_value=True)
     loss_module.make_value_estimator(gamma=0.99)
     target = SoftUpdate(loss_module, eps=0.99)
@@ -64,9 +65,11 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.step()
         target.step()
         losses.append(float(loss.detach()))
-    print(f"{args.steps} random steps recorded; {args.updates} DQNLoss updates on TensorDict batches: "
-          f"loss {np.mean(losses[:50]):.3f} -> {np.mean(losses[-50:]):.3f}; greedy return {before:.1f} -> "
-          f"{greedy_return(actor):.1f}")
+    print(
+        f"{args.steps} random steps recorded; {args.updates} DQNLoss updates on TensorDict batches: "
+        f"loss {np.mean(losses[:50]):.3f} -> {np.mean(losses[-50:]):.3f}; greedy return {before:.1f} -> "
+        f"{greedy_return(actor):.1f}"
+    )
 
 
 if __name__ == "__main__":

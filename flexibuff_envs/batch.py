@@ -69,8 +69,9 @@ class FlexiBatch:
         extra = self.__dict__.get("extra")
         if extra is not None and name in extra:
             return extra[name]
-        raise UnknownNameError(f"FlexiBatch has no field {name!r}" + (
-            f"; the buffer's own fields are {sorted(extra)}" if extra else ""))
+        raise UnknownNameError(
+            f"FlexiBatch has no field {name!r}" + (f"; the buffer's own fields are {sorted(extra)}" if extra else "")
+        )
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""
@@ -101,8 +102,9 @@ class FlexiBatch:
             import torch
             from tensordict import TensorDict
         except ImportError as exc:
-            raise MissingExtraError("to_tensordict needs TorchRL's tensordict: "
-                                    "pip install 'flexibuff-envs[torchrl]'") from exc
+            raise MissingExtraError(
+                "to_tensordict needs TorchRL's tensordict: pip install 'flexibuff-envs[torchrl]'"
+            ) from exc
         dims = tuple(self.idx.shape)
         multi = np.ndim(self.obs) == len(dims) + 2  # per-agent fields lead with the agent axis
 
@@ -149,8 +151,9 @@ class FlexiBatch:
                 mine[key] = own(value)
         # as TorchRL's modules give them: the action's log prob [...] (the joint one: its heads' and
         # dims' summed, as a composite distribution's), values [..., 1] (ValueOperator, GAE)
-        log_probs = [own(value).sum(-1) for value in (self.discrete_log_probs, self.continuous_log_probs)
-                     if value is not None]
+        log_probs = [
+            own(value).sum(-1) for value in (self.discrete_log_probs, self.continuous_log_probs) if value is not None
+        ]
         if log_probs:
             mine["action_log_prob"] = sum(log_probs[1:], log_probs[0])
         for name, key in (("values", "state_value"), ("advantages", "advantage"), ("returns", "value_target")):
@@ -165,8 +168,11 @@ class FlexiBatch:
             mine[name] = own(value, "keep")
         if multi:
             agent_axis = len(dims)
-            after.update(done=agents_after["done"].all(agent_axis), terminated=agents_after["terminated"].all(agent_axis),
-                         truncated=agents_after["truncated"].any(agent_axis))
+            after.update(
+                done=agents_after["done"].all(agent_axis),
+                terminated=agents_after["terminated"].all(agent_axis),
+                truncated=agents_after["truncated"].any(agent_axis),
+            )
             if self.global_rewards is not None:
                 after["reward"] = tensor(self.global_rewards).unsqueeze(-1)
             data["agents"] = agents

@@ -135,8 +135,7 @@ class FlexibleBuffer(Sampling):
         extra_fields: Mapping[str, Any] | None = None,
     ) -> None:
         self.num_steps = positive_int("num_steps", num_steps)
-        cards = tuple(positive_int("discrete_action_cardinalities", c)
-                      for c in (discrete_action_cardinalities or ()))
+        cards = tuple(positive_int("discrete_action_cardinalities", c) for c in (discrete_action_cardinalities or ()))
         n_agents = positive_int("n_agents", n_agents)
         ids = tuple(agent_ids) if agent_ids is not None else tuple(f"agent_{i}" for i in range(n_agents))
         if len(ids) != n_agents:
@@ -158,8 +157,10 @@ class FlexibleBuffer(Sampling):
             extra_fields=extra_fields_of(extra_fields),
         )
         if self.spec.obs_categories and sum(self.spec.obs_categories) != self.spec.obs_size:
-            raise InvalidArgumentError(f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
-                             f"but obs_size is {self.spec.obs_size}")
+            raise InvalidArgumentError(
+                f"obs_categories {self.spec.obs_categories} sum to {sum(self.spec.obs_categories)}, "
+                f"but obs_size is {self.spec.obs_size}"
+            )
         self.alpha = check_alpha(alpha)
         self._priorities: PriorityTree | None = None  # made on the first prioritized use
         self._log: Follower | None = None  # the episode log ended episodes go to (`log_to`)
@@ -167,33 +168,47 @@ class FlexibleBuffer(Sampling):
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
         self.rng = np.random.default_rng(seed)
-        self._store = Storage(self.spec, self.num_steps * self.spec.n_envs, lanes=self.spec.n_envs,
-                              log_prob_continuous=int(log_prob_continuous))
+        self._store = Storage(
+            self.spec,
+            self.num_steps * self.spec.n_envs,
+            lanes=self.spec.n_envs,
+            log_prob_continuous=int(log_prob_continuous),
+        )
         self._index = EpisodeIndex(self.spec.n_envs, self.num_steps, n_agents, self._forget, self._open)
         self._ring = self._index.ring  # the lanes as they stand (recorders' own lanes; commits skipped)
         wanted = {
-            "obs": True, "terminated": True, "truncated": True, "active": True,
-            "G": True, "state": state_size is not None,
-            "discrete_actions": bool(cards), "continuous_actions": self.spec.continuous_action_dimension > 0,
+            "obs": True,
+            "terminated": True,
+            "truncated": True,
+            "active": True,
+            "G": True,
+            "state": state_size is not None,
+            "discrete_actions": bool(cards),
+            "continuous_actions": self.spec.continuous_action_dimension > 0,
             "action_mask": self.spec.action_mask,
-            "individual_rewards": individual_reward, "global_rewards": global_reward,
+            "individual_rewards": individual_reward,
+            "global_rewards": global_reward,
             "individual_auxiliary_rewards": individual_auxiliary_reward,
             "global_auxiliary_rewards": global_auxiliary_reward,
             "discrete_log_probs": log_prob_discrete and bool(cards),
             "continuous_log_probs": log_prob_continuous > 0,
-            "memory_weights": memory_weights, "values": values,
+            "memory_weights": memory_weights,
+            "values": values,
             **{name: True for name, _, _ in self.spec.extra_fields},
         }
         try:
             _allocate(self._store, wanted)
         except MemoryError:
-            probe = Storage(self.spec, self.spec.n_envs, lanes=self.spec.n_envs, log_prob_continuous=int(log_prob_continuous))
+            probe = Storage(
+                self.spec, self.spec.n_envs, lanes=self.spec.n_envs, log_prob_continuous=int(log_prob_continuous)
+            )
             _allocate(probe, wanted)
             raise BufferMemoryError(
                 f"num_steps={self.num_steps:,} rows x {self.spec.n_envs} lane(s) of {probe.row_nbytes:,} bytes "
                 f"({self.num_steps * probe.row_nbytes * self.spec.n_envs / 2**30:,.1f} GiB) cannot be reserved here; "
                 f"{rows_that_fit(probe.row_nbytes * self.spec.n_envs, available_memory()):,} rows per lane fit in the "
-                f"{available_memory() / 2**30:,.1f} GiB of memory available: pass a smaller num_steps") from None
+                f"{available_memory() / 2**30:,.1f} GiB of memory available: pass a smaller num_steps"
+            ) from None
 
     @property
     def _storage(self) -> Storage:
@@ -247,8 +262,9 @@ class FlexibleBuffer(Sampling):
             if name == "action_mask" and mine and not theirs and spec.discrete_action_cardinalities:
                 continue  # masks may still arrive through info["action_mask"]
             if mine != theirs:
-                raise SpecMismatchError(f"buffer does not match the env: {name} is {mine!r} in the "
-                                        f"buffer but the env needs {theirs!r}")
+                raise SpecMismatchError(
+                    f"buffer does not match the env: {name} is {mine!r} in the buffer but the env needs {theirs!r}"
+                )
 
     # ------------------------------------------------------------------ filling (by hand; recorders use `Writer`)
 
@@ -271,8 +287,10 @@ class FlexibleBuffer(Sampling):
         chain = self._storage.chains.get(name)
         if chain is not None:
             if len(chain.holders):
-                raise InvalidArgumentError(f"{name} is stored once, in the next row of {NEXT[name]}, while a "
-                                 f"recorder writes this buffer; read it from a sampled batch")
+                raise InvalidArgumentError(
+                    f"{name} is stored once, in the next row of {NEXT[name]}, while a "
+                    f"recorder writes this buffer; read it from a sampled batch"
+                )
             rows = np.arange(self._storage.rows)
             explicit = chain.gather(rows, *self._storage.successors(rows))
             del self._storage.chains[name]
@@ -393,9 +411,12 @@ class FlexibleBuffer(Sampling):
             last_values: ``V`` of each lane's current observation: a scalar, ``[n_agents]``,
                 ``[n_envs]`` or ``[n_envs, n_agents]``.
         """
-        values = np.broadcast_to(np.asarray(last_values, dtype=np.float64).reshape(
-            (-1, 1) if np.ndim(last_values) == 1 and self.spec.n_envs > 1 else np.shape(last_values)
-        ), (self.spec.n_envs, self.spec.n_agents))
+        values = np.broadcast_to(
+            np.asarray(last_values, dtype=np.float64).reshape(
+                (-1, 1) if np.ndim(last_values) == 1 and self.spec.n_envs > 1 else np.shape(last_values)
+            ),
+            (self.spec.n_envs, self.spec.n_agents),
+        )
         for i, lane in enumerate(self._lanes):
             if lane.running is not None and lane.running.end > lane.running.start:
                 self._storage.write_episode_returns(lane, lane.running, values[i], self.gamma, self.gae_lambda)
@@ -442,8 +463,14 @@ class FlexibleBuffer(Sampling):
     # ------------------------------------------------------------------ the episode log
 
     @holding
-    def log_to(self, directory: str | os.PathLike[str], *, fsync: FsyncPolicy = "interval", every: float = 5.0,
-               per_block: bool = False) -> None:
+    def log_to(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: FsyncPolicy = "interval",
+        every: float = 5.0,
+        per_block: bool = False,
+    ) -> None:
         """Append every whole episode that ends in this buffer from now on (recorded, or added by
         `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
 
@@ -479,9 +506,15 @@ class FlexibleBuffer(Sampling):
         logged = load_log(directory, mmap=mmap)
         probs = logged.arrays.get(("continuous_log_probs", None))
         width = probs.shape[-1] if probs is not None and probs.ndim == 3 else 0
-        buffer = cls.from_spec(dataclasses.replace(logged.header.spec, n_envs=1), num_steps=1,
-                               gamma=logged.header.gamma, gae_lambda=logged.header.gae_lambda,
-                               log_prob_continuous=width, global_reward=False, individual_reward=False)
+        buffer = cls.from_spec(
+            dataclasses.replace(logged.header.spec, n_envs=1),
+            num_steps=1,
+            gamma=logged.header.gamma,
+            gae_lambda=logged.header.gae_lambda,
+            log_prob_continuous=width,
+            global_reward=False,
+            individual_reward=False,
+        )
         rows = logged.rows
         if rows:  # one lane, as long as the log, holding its episodes back to back
             buffer.num_steps = rows
@@ -618,9 +651,16 @@ class FlexibleBuffer(Sampling):
                 disk); a file already at ``path`` is intact.
         """
         target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
-        settings = {"spec": self.spec.to_dict(), "num_steps": self.num_steps, "gamma": self.gamma,
-                    "gae_lambda": self.gae_lambda, "path": self.path, "name": self.name,
-                    "rng": self.rng.bit_generator.state, "alpha": self.alpha}
+        settings = {
+            "spec": self.spec.to_dict(),
+            "num_steps": self.num_steps,
+            "gamma": self.gamma,
+            "gae_lambda": self.gae_lambda,
+            "path": self.path,
+            "name": self.name,
+            "rng": self.rng.bit_generator.state,
+            "alpha": self.alpha,
+        }
         io.save(target, settings, self._storage, self._read_lanes, self._priorities)
         return target
 
@@ -637,12 +677,21 @@ class FlexibleBuffer(Sampling):
         with io.BufferFile(os.fspath(path)) as file:
             header = file.header
             try:
-                buffer = cls.from_spec(header.spec, num_steps=header.num_steps, gamma=header.gamma,
-                                       gae_lambda=header.gae_lambda, log_prob_continuous=header.log_prob_width,
-                                       alpha=header.alpha, global_reward=False, individual_reward=False)
+                buffer = cls.from_spec(
+                    header.spec,
+                    num_steps=header.num_steps,
+                    gamma=header.gamma,
+                    gae_lambda=header.gae_lambda,
+                    log_prob_continuous=header.log_prob_width,
+                    alpha=header.alpha,
+                    global_reward=False,
+                    individual_reward=False,
+                )
             except MemoryError:
-                file.fail(f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
-                          "on this machine")
+                file.fail(
+                    f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
+                    "on this machine"
+                )
             buffer.path, buffer.name = header.path, header.name
             buffer.rng.bit_generator.state = header.rng
             leaves = io.fill(file, buffer._storage, buffer._lanes, mmap=mmap)
@@ -653,6 +702,8 @@ class FlexibleBuffer(Sampling):
         return buffer
 
     def __repr__(self) -> str:
-        return (f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "
-                f"episodes={self.n_episodes}, agents={self.spec.n_agents}, "
-                f"fields={list(self.fields)})")
+        return (
+            f"FlexibleBuffer(rows={len(self)}/{self.num_steps * self.spec.n_envs}, "
+            f"episodes={self.n_episodes}, agents={self.spec.n_agents}, "
+            f"fields={list(self.fields)})"
+        )

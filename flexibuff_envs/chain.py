@@ -88,8 +88,9 @@ class Holders:
 class Chain:
     """The next-values of one base field (``obs``, ``state`` or ``action_mask``)."""
 
-    def __init__(self, base: np.ndarray, per_agent: bool, *, index: np.ndarray | None = None,
-                 tail: np.ndarray | None = None) -> None:
+    def __init__(
+        self, base: np.ndarray, per_agent: bool, *, index: np.ndarray | None = None, tail: np.ndarray | None = None
+    ) -> None:
         """A chain on ``base``; ``index`` and ``tail`` are given when read from a file."""
         self.base = base  # [n_agents, rows, width] or [rows, width]
         self.per_agent = per_agent
@@ -108,7 +109,7 @@ class Chain:
     def alloc(self, n: int = 1) -> np.ndarray:
         """``n`` free slots (the tail store grows when none are left)."""
         take = min(n, self._n_free)
-        slots = self._free[self._n_free - take:self._n_free].copy()
+        slots = self._free[self._n_free - take : self._n_free].copy()
         self._n_free -= take
         if take < n:
             need = self.fresh + n - take
@@ -121,7 +122,7 @@ class Chain:
     def _grow(self, need: int) -> None:
         size = max(need, 2 * len(self.tail))
         tail = np.zeros((size, self.tail.shape[1]), dtype=self.tail.dtype)
-        tail[:len(self.tail)] = self.tail
+        tail[: len(self.tail)] = self.tail
         self.tail = tail
         self.reserved = np.concatenate([self.reserved, np.zeros(size - len(self.reserved), dtype=bool)])
         self._free = np.concatenate([self._free, np.empty(size - len(self._free), dtype=np.int32)])
@@ -132,7 +133,7 @@ class Chain:
         """Give ``slots`` back (slot 0 and reserved slots are never given back)."""
         slots = slots[slots > 0]
         slots = slots[~self.reserved[slots]]
-        self._free[self._n_free:self._n_free + slots.size] = slots
+        self._free[self._n_free : self._n_free + slots.size] = slots
         self._n_free += slots.size
 
     def reserve(self, n: int = 2) -> np.ndarray:
@@ -157,13 +158,15 @@ class Chain:
         for holder in self.holders:
             holder.release()
         self.index[..., rows] = 0
-        free = np.flatnonzero(~self.reserved[1:self.fresh]).astype(np.int32) + 1
-        self._free[:free.size] = free
+        free = np.flatnonzero(~self.reserved[1 : self.fresh]).astype(np.int32) + 1
+        self._free[: free.size] = free
         self._n_free = free.size
 
     # ----------------------------------------------------------------- reading
 
-    def gather(self, idx: np.ndarray, succ: np.ndarray, mode: TakeMode = "raise", agent: int | None = None) -> np.ndarray:
+    def gather(
+        self, idx: np.ndarray, succ: np.ndarray, mode: TakeMode = "raise", agent: int | None = None
+    ) -> np.ndarray:
         """The next values of rows ``idx`` whose lane successors are ``succ`` (same shape; ``mode``
         is how ``take`` brings them into range)."""
         if agent is not None:
@@ -189,8 +192,9 @@ class Chain:
 
     # ----------------------------------------------------------------- conversion
 
-    def extract(self, rows: np.ndarray, cut: np.ndarray | None = None,
-                cut_succ: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def extract(
+        self, rows: np.ndarray, cut: np.ndarray | None = None, cut_succ: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The next values of ``rows`` as a chain of their own: ``(index, tail)``.
 
         A chained row reads the next of ``rows``; the slots the rows name are renumbered
@@ -257,8 +261,10 @@ def renumbered(index: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndar
     """``index`` naming slots ``1, 2, ...`` of a new tail that holds only the slots of ``tail`` it
     named (slot 0, zeros, first); chained rows stay chained."""
     used = np.unique(index[index > 0])
-    return (np.where(index > 0, np.searchsorted(used, index) + 1, index).astype(np.int32),
-            np.concatenate([tail[:1], tail[used]]))
+    return (
+        np.where(index > 0, np.searchsorted(used, index) + 1, index).astype(np.int32),
+        np.concatenate([tail[:1], tail[used]]),
+    )
 
 
 def as_rows(array: np.ndarray) -> np.ndarray:
@@ -278,8 +284,14 @@ class Held:
     a slot of its own when it stops being held (`hold`, or a next transition elsewhere).
     """
 
-    def __init__(self, chain: Chain, agent: int | None, writer: Callable[[np.ndarray], Callable[[int, Any], None]],
-                 size: int, lane: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        chain: Chain,
+        agent: int | None,
+        writer: Callable[[np.ndarray], Callable[[int, Any], None]],
+        size: int,
+        lane: tuple[int, int],
+    ) -> None:
         self.chain = chain
         self.base = chain.base[agent] if agent is not None else chain.base
         self.index = chain.index[agent] if agent is not None else chain.index
@@ -294,14 +306,15 @@ class Held:
     def bind(self) -> None:
         """Point the writers at the chain's current tail store (it moves when it grows)."""
         self.tail = self.chain.tail
-        self._write = self._make_writer(self.tail[:, :self._size])
+        self._write = self._make_writer(self.tail[:, : self._size])
         self._views = {self.held: self.tail[self.held], self.spare: self.tail[self.spare]}
 
     def release(self, rows: np.ndarray | slice | None = None) -> None:
         """The pending row was forgotten (``rows`` holds it; None: every row): hold without it."""
         pending = self.pending
-        if pending >= 0 and (rows is None or (rows.start <= pending < rows.stop if isinstance(rows, slice)
-                                              else (rows == pending).any())):
+        if pending >= 0 and (
+            rows is None or (rows.start <= pending < rows.stop if isinstance(rows, slice) else (rows == pending).any())
+        ):
             self.pending = -1
 
     def _settle(self) -> None:
@@ -322,7 +335,7 @@ class Held:
         then the last row and the next chain as usual; else the last row keeps its next value
         in a slot of its own (transitions added that do not follow one another)."""
         self._write(self.spare, value)  # may raise: then nothing has changed
-        new, held = self._views[self.spare][:self._size], self._views[self.held][:self._size]
+        new, held = self._views[self.spare][: self._size], self._views[self.held][: self._size]
         if not np.array_equal(new.view(np.uint8), held.view(np.uint8)):
             self._settle()
             self.held, self.spare, self.pending = self.spare, self.held, -1
@@ -428,9 +441,18 @@ class HeldBatch:
         self._settle(lanes)
         self.chain.tail[self.held[lanes]] = values
 
-    def write(self, rows: np.ndarray, lanes: np.ndarray, before: np.ndarray, ends: np.ndarray,
-              end_values: np.ndarray, newest: np.ndarray, chained: np.ndarray, touched: np.ndarray,
-              latest: np.ndarray) -> None:
+    def write(
+        self,
+        rows: np.ndarray,
+        lanes: np.ndarray,
+        before: np.ndarray,
+        ends: np.ndarray,
+        end_values: np.ndarray,
+        newest: np.ndarray,
+        chained: np.ndarray,
+        touched: np.ndarray,
+        latest: np.ndarray,
+    ) -> None:
         """Rows ``rows`` of lanes ``lanes`` (``[T]``, each lane's in step order) get base values ``before``.
 
         Args:

@@ -82,14 +82,14 @@ class Chunk:
                 parts += [dataclasses.replace(part, pieces=(index,)), Part(part.name, "tail", False, (tail,))]
             elif part.part is None:
                 parts.append(dataclasses.replace(part, pieces=(part.rows(lo, hi),)))
-        return dataclasses.replace(self, lengths=self.lengths[first:max(first, stop)], parts=tuple(parts))
+        return dataclasses.replace(self, lengths=self.lengths[first : max(first, stop)], parts=tuple(parts))
 
     def newest(self, rows: int) -> Chunk:
         """Its newest episodes that fit in ``rows`` rows."""
         if self.rows <= rows:
             return self
         fits = np.cumsum(self.lengths[::-1])[::-1] <= rows  # the episodes from here on fit
-        return self[int(np.argmax(fits)) if fits.any() else self.n_episodes:]
+        return self[int(np.argmax(fits)) if fits.any() else self.n_episodes :]
 
     def __repr__(self) -> str:
         return f"Chunk(episodes={self.n_episodes}, rows={self.rows}, nbytes={self.nbytes})"
@@ -116,23 +116,29 @@ def check_layout(mine: BufferSpec, theirs: BufferSpec, what: str) -> None:
     (any number of lanes; masks are switched on when they come)."""
     for name in BufferSpec.LAYOUT_FIELDS:
         if name not in ("n_envs", "action_mask") and getattr(mine, name) != getattr(theirs, name):
-            raise SpecMismatchError(f"{what} does not match the buffer: {name} is {getattr(theirs, name)!r} "
-                                    f"there but {getattr(mine, name)!r} in the buffer")
+            raise SpecMismatchError(
+                f"{what} does not match the buffer: {name} is {getattr(theirs, name)!r} "
+                f"there but {getattr(mine, name)!r} in the buffer"
+            )
 
 
 def check(chunk: Chunk, storage: Storage, lanes: Sequence[Lane], lane: int, gamma: float, gae_lambda: float) -> None:
     """Raise, naming what differs, unless ``chunk`` can be appended as it is to lane ``lane`` of
     a buffer of ``storage``, ``lanes`` and those discounts."""
     if not isinstance(chunk, Chunk):
-        raise ArgumentTypeError(f"extend: expected a Chunk (from FlexibleBuffer.take_episodes), got {type(chunk).__name__}")
+        raise ArgumentTypeError(
+            f"extend: expected a Chunk (from FlexibleBuffer.take_episodes), got {type(chunk).__name__}"
+        )
     if not 0 <= lane < len(lanes):
         raise InvalidArgumentError(f"extend: lane must be in [0, {len(lanes)}), got {lane!r}")
     check_layout(storage.spec, chunk.spec, "extend: the chunk")
     names = {part.name for part in chunk.parts}
     for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
         if getattr(chunk, name) != value and (name == "gamma" or "advantages" in names):
-            raise SpecMismatchError(f"extend: the chunk's returns were computed with {name}="
-                                    f"{getattr(chunk, name)!r} but the buffer's {name} is {value!r}")
+            raise SpecMismatchError(
+                f"extend: the chunk's returns were computed with {name}="
+                f"{getattr(chunk, name)!r} but the buffer's {name} is {value!r}"
+            )
     lengths = chunk.lengths
     if lengths.ndim != 1 or lengths.dtype.kind not in "iu" or (lengths < 1).any():
         raise InvalidArgumentError("extend: the chunk's lengths must be positive episode lengths")
@@ -145,23 +151,37 @@ def check(chunk: Chunk, storage: Storage, lanes: Sequence[Lane], lane: int, gamm
         if kind is None:
             lead = (agents, rows) if field.per_agent else (rows,)  # type: ignore[union-attr]
             mine = storage.arrays.get(name)
-            if part.shape[:len(lead)] != lead or (mine is not None and (
-                    part.shape[len(lead):] != mine.shape[len(lead):] or part.dtype != mine.dtype)):
-                raise InvalidArgumentError(f"extend: field {name!r} of the chunk has shape {part.shape} and dtype "
-                                 f"{part.dtype}; the buffer needs {lead} rows"
-                                 + ("" if mine is None else f" of {mine.shape[len(lead):]} {mine.dtype}"))
+            if part.shape[: len(lead)] != lead or (
+                mine is not None and (part.shape[len(lead) :] != mine.shape[len(lead) :] or part.dtype != mine.dtype)
+            ):
+                raise InvalidArgumentError(
+                    f"extend: field {name!r} of the chunk has shape {part.shape} and dtype "
+                    f"{part.dtype}; the buffer needs {lead} rows"
+                    + ("" if mine is None else f" of {mine.shape[len(lead) :]} {mine.dtype}")
+                )
         elif name not in NEXT or kind not in ("index", "tail"):
             raise InvalidArgumentError(f"extend: the chunk has an unknown part {kind!r} of {name!r}")
         elif {(name, "index"), (name, "tail")} - parts.keys():
-            raise InvalidArgumentError(f"extend: next-value field {name!r} of the chunk needs both its index and tail parts")
+            raise InvalidArgumentError(
+                f"extend: next-value field {name!r} of the chunk needs both its index and tail parts"
+            )
         elif kind == "index":
             index, tail = part.whole(), parts[name, "tail"]
-            if (index.shape[-1] != rows or index.dtype.kind not in "iu" or tail.shape[1:] != storage.shape(NEXT[name])[-1:]
-                    or index.min(initial=0) < CHAINED or index.max(initial=0) >= tail.shape[0]):
-                raise InvalidArgumentError(f"extend: next-value field {name!r} of the chunk does not fit the buffer "
-                                 f"(index {index.shape} for {rows} rows naming slots up to "
-                                 f"{index.max(initial=0)} of {tail.shape[0]}, values {tail.shape[1:]})")
+            if (
+                index.shape[-1] != rows
+                or index.dtype.kind not in "iu"
+                or tail.shape[1:] != storage.shape(NEXT[name])[-1:]
+                or index.min(initial=0) < CHAINED
+                or index.max(initial=0) >= tail.shape[0]
+            ):
+                raise InvalidArgumentError(
+                    f"extend: next-value field {name!r} of the chunk does not fit the buffer "
+                    f"(index {index.shape} for {rows} rows naming slots up to "
+                    f"{index.max(initial=0)} of {tail.shape[0]}, values {tail.shape[1:]})"
+                )
     running = lanes[lane].running
     if running is not None and running.end > running.start:
-        raise InvalidArgumentError(f"extend: lane {lane} has a running episode (a recorder is writing it); "
-                         "append chunks to a lane no recorder writes")
+        raise InvalidArgumentError(
+            f"extend: lane {lane} has a running episode (a recorder is writing it); "
+            "append chunks to a lane no recorder writes"
+        )

@@ -56,11 +56,19 @@ class ObsCodec:
 
     def compact(self) -> ObsCodec:
         """The codec storing this space's category indices instead of its one-hot flattening."""
-        assert self.indices is not None and self.batch_indices is not None, \
+        assert self.indices is not None and self.batch_indices is not None, (
             "compact() is only asked of codecs with categories"
+        )
         k = len(self.categories)
-        return dataclasses.replace(self, size=k, dtype=index_dtype(self.categories), shape=(k,),
-                                   flatten=self.indices, direct=False, batch=self.batch_indices)
+        return dataclasses.replace(
+            self,
+            size=k,
+            dtype=index_dtype(self.categories),
+            shape=(k,),
+            flatten=self.indices,
+            direct=False,
+            batch=self.batch_indices,
+        )
 
     def row_view(self, store: np.ndarray) -> np.ndarray | None:
         """``store`` (``[rows, size]``) seen as ``[rows, *shape]`` for direct assignment of Box
@@ -99,9 +107,7 @@ class ObsCodec:
 
 @functools.singledispatch
 def _obs_codec(space: Any, where: str) -> ObsCodec:
-    raise UnsupportedSpaceError(
-        f"{where}: {space!r} is not supported; supported observation spaces: {OBS_SPACES}"
-    )
+    raise UnsupportedSpaceError(f"{where}: {space!r} is not supported; supported observation spaces: {OBS_SPACES}")
 
 
 def box_value(value: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -155,8 +161,10 @@ def one_hot_problem(categories: Sequence[int], what: str = "obs_categories add u
     width = sum(categories)
     if width <= MAX_ONE_HOT:
         return None
-    return (f"{what} {width:,} one-hot values per agent and row ({width * 4 / 2**30:,.1f} GiB as float32), more "
-            f"than the {MAX_ONE_HOT:,} a batch presents; record such observations as a Box of indices instead")
+    return (
+        f"{what} {width:,} one-hot values per agent and row ({width * 4 / 2**30:,.1f} GiB as float32), more "
+        f"than the {MAX_ONE_HOT:,} a batch presents; record such observations as a Box of indices instead"
+    )
 
 
 def _flattened(space: spaces.Space, where: str, batch: Callable[[Any], np.ndarray]) -> ObsCodec:
@@ -183,15 +191,19 @@ def _of_parts(space: spaces.Tuple | spaces.Dict, where: str, parts: list[ObsCode
 
     codec = _flattened(space, where, batch)
     if all(part.categories for part in parts):
+
         def indices(value: Any) -> np.ndarray:
             return np.concatenate([part.indices(v) for part, v in zip(parts, pick(value))])  # type: ignore[misc]
 
         def batch_indices(values: Any) -> np.ndarray:
-            return np.concatenate([part.batch_indices(v) for part, v in zip(parts, pick(values))],  # type: ignore[misc]
-                                  axis=1)
+            return np.concatenate(
+                [part.batch_indices(v) for part, v in zip(parts, pick(values))],  # type: ignore[misc]
+                axis=1,
+            )
 
-        codec = dataclasses.replace(codec, categories=sum((p.categories for p in parts), ()), indices=indices,
-                                    batch_indices=batch_indices)
+        codec = dataclasses.replace(
+            codec, categories=sum((p.categories for p in parts), ()), indices=indices, batch_indices=batch_indices
+        )
     return codec
 
 
@@ -214,8 +226,12 @@ def _(space: spaces.Discrete, where: str) -> ObsCodec:
         return (numbers_batch(values, (), "iu", where) - shift).reshape(-1, 1)
 
     categories = (int(space.n),)
-    return dataclasses.replace(_flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
-                               categories=categories, indices=indices, batch_indices=batch_indices)
+    return dataclasses.replace(
+        _flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
+        categories=categories,
+        indices=indices,
+        batch_indices=batch_indices,
+    )
 
 
 @_obs_codec.register
@@ -229,8 +245,12 @@ def _(space: spaces.MultiDiscrete, where: str) -> ObsCodec:
         return numbers_batch(values, tuple(space.shape), "iu", where).reshape(-1, shift.size) - shift
 
     categories = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
-    return dataclasses.replace(_flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
-                               categories=categories, indices=indices, batch_indices=batch_indices)
+    return dataclasses.replace(
+        _flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
+        categories=categories,
+        indices=indices,
+        batch_indices=batch_indices,
+    )
 
 
 @_obs_codec.register
@@ -301,9 +321,7 @@ _NO_FLOATS = np.zeros(0, dtype=np.float32)
 
 @functools.singledispatch
 def _action_codec(space: Any, where: str) -> ActionCodec:
-    raise UnsupportedSpaceError(
-        f"{where}: {space!r} is not supported; supported action spaces: {ACTION_SPACES}"
-    )
+    raise UnsupportedSpaceError(f"{where}: {space!r} is not supported; supported action spaces: {ACTION_SPACES}")
 
 
 @_action_codec.register
@@ -385,8 +403,11 @@ def _composite(children: list[ActionCodec], pick: Callable[[Any], list[Any]]) ->
     def write_batch(discrete: np.ndarray, continuous: np.ndarray, actions: Any) -> None:
         heads = width = 0  # each child's columns, in order
         for child, values in zip(children, pick(actions)):
-            child.write_batch(discrete[:, heads:heads + len(child.cardinalities)],
-                              continuous[:, width:width + child.continuous_dim], values)
+            child.write_batch(
+                discrete[:, heads : heads + len(child.cardinalities)],
+                continuous[:, width : width + child.continuous_dim],
+                values,
+            )
             heads, width = heads + len(child.cardinalities), width + child.continuous_dim
 
     return ActionCodec(

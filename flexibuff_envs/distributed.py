@@ -91,8 +91,9 @@ class Collected:
 class _Worker:
     """A Ray actor: one recorded env, stepped by the policy chunk by chunk."""
 
-    def __init__(self, env_fn: Callable[[], Any], policy: Policy | None, seed: int,
-                 recorder_options: Mapping[str, Any]) -> None:
+    def __init__(
+        self, env_fn: Callable[[], Any], policy: Policy | None, seed: int, recorder_options: Mapping[str, Any]
+    ) -> None:
         from flexibuff_envs.wrappers import record
 
         bare = env_fn()
@@ -186,9 +187,19 @@ class RayCollector:
         except BaseException:
             self.close()
             raise
-        self.buffer = buffer if buffer is not None else FlexibleBuffer.from_spec(
-            dataclasses.replace(spec, n_envs=1), num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-            seed=seed, global_reward=False, individual_reward=False)
+        self.buffer = (
+            buffer
+            if buffer is not None
+            else FlexibleBuffer.from_spec(
+                dataclasses.replace(spec, n_envs=1),
+                num_steps=num_steps,
+                gamma=gamma,
+                gae_lambda=gae_lambda,
+                seed=seed,
+                global_reward=False,
+                individual_reward=False,
+            )
+        )
 
     def _describe(self, timeout: float, cpus: float) -> tuple[BufferSpec, float, float]:
         """Worker 0's layout and discounts, once every worker has started."""
@@ -200,7 +211,8 @@ class RayCollector:
                 f"RayCollector: {self.n_workers} workers did not start within start_timeout={timeout:g} s; "
                 f"each asks for {cpus:g} CPU, the cluster has {ray.cluster_resources().get('CPU', 0):g} "
                 "in all and other actors may hold some (pass fewer n_workers, close other collectors, or "
-                "set worker_options={'num_cpus': ...})") from exc
+                "set worker_options={'num_cpus': ...})"
+            ) from exc
 
     def _start(self, i: int) -> Any:
         seed = self.seed + i + self.n_workers * self._incarnations[i]
@@ -211,8 +223,9 @@ class RayCollector:
 
     def _restart(self, i: int, cause: Exception) -> None:
         if self.restarts >= self.max_restarts:
-            raise WorkerError(f"worker {i} died and the {self.max_restarts} restarts allowed "
-                               f"(max_restarts) are used up: {cause}") from cause
+            raise WorkerError(
+                f"worker {i} died and the {self.max_restarts} restarts allowed (max_restarts) are used up: {cause}"
+            ) from cause
         self._ray.kill(self.workers[i], no_restart=True)
         self.restarts += 1
         self._incarnations[i] += 1
@@ -232,10 +245,15 @@ class RayCollector:
             if info is not None:
                 chunks.append(info)
         return Collected(
-            steps=sum(c.steps for c in chunks), episodes=sum(c.episodes for c in chunks),
-            rows=sum(c.rows for c in chunks), nbytes=sum(c.nbytes for c in chunks),
-            seconds=time.perf_counter() - start, merge_seconds=sum(c.merge_seconds for c in chunks),
-            restarts=self.restarts - restarts, chunks=chunks)
+            steps=sum(c.steps for c in chunks),
+            episodes=sum(c.episodes for c in chunks),
+            rows=sum(c.rows for c in chunks),
+            nbytes=sum(c.nbytes for c in chunks),
+            seconds=time.perf_counter() - start,
+            merge_seconds=sum(c.merge_seconds for c in chunks),
+            restarts=self.restarts - restarts,
+            chunks=chunks,
+        )
 
     def stream(self) -> Iterator[ChunkInfo]:
         """Keep every worker collecting chunk after chunk while the caller trains: each chunk is
@@ -259,8 +277,10 @@ class RayCollector:
         store; returns the new weights version. Each worker loads them after the chunks it has
         queued (at most 2 while streaming); `ChunkInfo.weights_version` says what a chunk used."""
         if not callable(getattr(self._policy, "load_state_dict", None)):
-            raise ArgumentTypeError(f"set_weights: the policy ({type(self._policy).__name__}) has no "
-                            "load_state_dict; pass a torch.nn.Module as the policy")
+            raise ArgumentTypeError(
+                f"set_weights: the policy ({type(self._policy).__name__}) has no "
+                "load_state_dict; pass a torch.nn.Module as the policy"
+            )
         self.weights_version += 1
         self._weights = self._ray.put(weights)
         for worker in self.workers:
@@ -271,8 +291,16 @@ class RayCollector:
         chunk, stepped, version, seconds = result
         start = time.perf_counter()
         appended = self.buffer.extend(chunk, lane=i % len(self.buffer._lanes))
-        return ChunkInfo(worker=i, steps=stepped, episodes=appended, rows=chunk.rows, nbytes=chunk.nbytes,
-                         weights_version=version, seconds=seconds, merge_seconds=time.perf_counter() - start)
+        return ChunkInfo(
+            worker=i,
+            steps=stepped,
+            episodes=appended,
+            rows=chunk.rows,
+            nbytes=chunk.nbytes,
+            weights_version=version,
+            seconds=seconds,
+            merge_seconds=time.perf_counter() - start,
+        )
 
     def close(self) -> None:
         """Stop the workers (their unsent episodes are dropped)."""

@@ -59,15 +59,15 @@ class Ended:
 
     @property
     def starts(self) -> np.ndarray:
-        return self._start[self._first:self._stop]
+        return self._start[self._first : self._stop]
 
     @property
     def ends(self) -> np.ndarray:
-        return self._end[self._first:self._stop]
+        return self._end[self._first : self._stop]
 
     @property
     def whole(self) -> np.ndarray:
-        return self._whole[self._first:self._stop]
+        return self._whole[self._first : self._stop]
 
     def with_running(self, running: Episode | None) -> tuple[np.ndarray, np.ndarray]:
         """``starts`` and ``ends`` followed by ``running`` (if any): views of the arrays, whose
@@ -76,7 +76,7 @@ class Ended:
             return self.starts, self.ends
         self._room(1)
         self._start[self._stop], self._end[self._stop] = running.start, running.end
-        return self._start[self._first:self._stop + 1], self._end[self._first:self._stop + 1]
+        return self._start[self._first : self._stop + 1], self._end[self._first : self._stop + 1]
 
     def append(self, episode: Episode) -> None:
         self._room(1)
@@ -108,7 +108,7 @@ class Ended:
         for name in ("_start", "_end", "_whole"):
             old = getattr(self, name)
             new = old if size == old.size else np.zeros(size, dtype=old.dtype)
-            new[:held] = old[self._first:self._stop]  # the held ones to the front (a copy where they overlap)
+            new[:held] = old[self._first : self._stop]  # the held ones to the front (a copy where they overlap)
             setattr(self, name, new)
         self._first, self._stop = 0, held
 
@@ -116,11 +116,29 @@ class Ended:
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
-    __slots__ = ("agent_start", "capacity", "dirty", "ended", "live_start", "offset", "on_forget",
-                 "on_open", "open_limit", "opened", "running", "written")
+    __slots__ = (
+        "agent_start",
+        "capacity",
+        "dirty",
+        "ended",
+        "live_start",
+        "offset",
+        "on_forget",
+        "on_open",
+        "open_limit",
+        "opened",
+        "running",
+        "written",
+    )
 
-    def __init__(self, offset: int, capacity: int, on_forget: Callable[[Lane, Episode], None],
-                 n_agents: int = 1, on_open: Callable[[Lane, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        offset: int,
+        capacity: int,
+        on_forget: Callable[[Lane, Episode], None],
+        n_agents: int = 1,
+        on_open: Callable[[Lane, int], None] | None = None,
+    ) -> None:
         self.on_forget = on_forget
         # rows of positions below ``opened`` hold their fields' allocated values or recorded ones;
         # claiming past it calls ``on_open(lane, position)``, until ``open_limit`` (the ring's
@@ -270,8 +288,14 @@ class Lane:
         """Rows below position ``upto`` hold their fields' allocated values (or recorded ones)."""
         self.opened = upto if upto < self.open_limit else ALL
 
-    def restore(self, written: int, live_start: int, ended: np.ndarray, running: tuple[int, int, bool] | None,
-                agent_start: list[int]) -> None:
+    def restore(
+        self,
+        written: int,
+        live_start: int,
+        ended: np.ndarray,
+        running: tuple[int, int, bool] | None,
+        agent_start: list[int],
+    ) -> None:
         """Take the positions and episodes a file gives (``ended``: ``[start, end, whole]`` rows),
         into this lane as made. The live rows hold the file's values; the others (the file does
         not hold them, or holds what was forgotten) are opened as recording reaches them, as on
@@ -307,8 +331,14 @@ class EpisodeIndex:
     which tells a batch recorder to read them again.
     """
 
-    def __init__(self, n_lanes: int, capacity: int, n_agents: int, on_forget: Callable[[Lane, Episode], None],
-                 on_open: Callable[[Lane, int], None]) -> None:
+    def __init__(
+        self,
+        n_lanes: int,
+        capacity: int,
+        n_agents: int,
+        on_forget: Callable[[Lane, Episode], None],
+        on_open: Callable[[Lane, int], None],
+    ) -> None:
         self.ring = [Lane(i * capacity, capacity, on_forget, n_agents, on_open) for i in range(n_lanes)]
         # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
         self.writers: list[weakref.ref[Any] | None] = [None] * n_lanes
@@ -417,8 +447,9 @@ def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
         starts.append(first[keep])
         ends.append(last[keep])
         which.append(np.full(starts[-1].size, i))
-    return EpisodeTable(np.concatenate(starts), np.concatenate(ends), lane_offsets(lanes)[np.concatenate(which)],
-                        lanes[0].capacity)
+    return EpisodeTable(
+        np.concatenate(starts), np.concatenate(ends), lane_offsets(lanes)[np.concatenate(which)], lanes[0].capacity
+    )
 
 
 def newest_rows(lanes: Sequence[Lane]) -> np.ndarray:

@@ -86,7 +86,7 @@ def short_repr(value: object, limit: int = 80) -> str:
         text = repr(value)
     except RecursionError:  # nested deeper than repr goes (a crafted file's JSON)
         return f"a {type(value).__name__} nested too deep to show"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def plain_dtype(name: str, value: object) -> np.dtype:
@@ -96,10 +96,17 @@ def plain_dtype(name: str, value: object) -> np.dtype:
         dtype = np.dtype(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         dtype = None
-    if dtype is None or dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None \
-            or dtype.itemsize > 8:
-        raise InvalidArgumentError(f"{name} must be a bool, integer or float dtype (bool, int8-int64, uint8-uint64, "
-                         f"float16-float64), got {value!r}")
+    if (
+        dtype is None
+        or dtype.kind not in "biuf"
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.itemsize > 8
+    ):
+        raise InvalidArgumentError(
+            f"{name} must be a bool, integer or float dtype (bool, int8-int64, uint8-uint64, "
+            f"float16-float64), got {value!r}"
+        )
     return dtype
 
 
@@ -108,7 +115,5 @@ def require_torch():
     try:
         import torch
     except ImportError as exc:
-        raise MissingExtraError(
-            "as_torch=True needs PyTorch: pip install 'flexibuff-envs[torch]'"
-        ) from exc
+        raise MissingExtraError("as_torch=True needs PyTorch: pip install 'flexibuff-envs[torch]'") from exc
     return torch

@@ -115,8 +115,12 @@ def _keys(value: Any, what: str, required: set[str], optional: frozenset[str] = 
     data = _of(value, dict, what)
     missing, unknown = required - data.keys(), data.keys() - required - optional
     if missing or unknown:
-        raise BadHeader(f"{what} " + "; ".join(
-            [f"lacks {sorted(missing)}"] * bool(missing) + [f"has unknown keys {sorted(unknown)}"] * bool(unknown)))
+        raise BadHeader(
+            f"{what} "
+            + "; ".join(
+                [f"lacks {sorted(missing)}"] * bool(missing) + [f"has unknown keys {sorted(unknown)}"] * bool(unknown)
+            )
+        )
     return data
 
 
@@ -146,8 +150,12 @@ _SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(BufferSpec))
 
 def parse_spec(value: Any) -> BufferSpec:
     """A `BufferSpec` from its JSON form (a file's or a log's header), or `BadHeader` saying what is wrong."""
-    data = _keys(value, "spec", {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
-                 _SPEC_KEYS - {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"})
+    data = _keys(
+        value,
+        "spec",
+        {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
+        _SPEC_KEYS - {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
+    )
     n_agents = _int(data["n_agents"], "spec n_agents", 1, MAX_AGENTS)
     ids = _of(data["agent_ids"], list, "spec agent_ids")
     if len(ids) != n_agents or not all(isinstance(a, str) for a in ids):
@@ -160,31 +168,39 @@ def parse_spec(value: Any) -> BufferSpec:
         raise BadHeader(f"spec obs_categories add up to {sum(categories)}, not obs_size {obs_size}")
     if one_hot_problem(categories):
         raise BadHeader(f"spec {one_hot_problem(categories)}")
-    per_agent = _of(data.get("agent_discrete_action_cardinalities", []), list,
-                    "spec agent_discrete_action_cardinalities")
+    per_agent = _of(
+        data.get("agent_discrete_action_cardinalities", []), list, "spec agent_discrete_action_cardinalities"
+    )
     if len(per_agent) not in (0, n_agents):
         raise BadHeader(f"spec agent_discrete_action_cardinalities must have {n_agents} entries")
     spec = BufferSpec(
         obs_size=obs_size,
         obs_dtype=_dtype(data["obs_dtype"], "spec obs_dtype"),
         discrete_action_cardinalities=cards,
-        continuous_action_dimension=_int(data.get("continuous_action_dimension", 0),
-                                         "spec continuous_action_dimension", 0, MAX_WIDTH),
+        continuous_action_dimension=_int(
+            data.get("continuous_action_dimension", 0), "spec continuous_action_dimension", 0, MAX_WIDTH
+        ),
         action_mask=_of(data.get("action_mask", False), bool, "spec action_mask") and bool(cards),
         n_agents=n_agents,
         agent_ids=tuple(ids),
         state_size=None if state is None else _int(state, "spec state_size", 1, MAX_WIDTH),
         n_envs=_int(data["n_envs"], "spec n_envs", 1, MAX_AGENTS),
-        discrete_action_starts=_ints(data.get("discrete_action_starts", [0] * len(cards)),
-                                     "spec discrete_action_starts", -MAX_POSITION, MAX_POSITION, len(cards)),
+        discrete_action_starts=_ints(
+            data.get("discrete_action_starts", [0] * len(cards)),
+            "spec discrete_action_starts",
+            -MAX_POSITION,
+            MAX_POSITION,
+            len(cards),
+        ),
         obs_shape=_ints(data.get("obs_shape", [obs_size]), "spec obs_shape", 0, MAX_WIDTH),
         state_dtype=_dtype(data.get("state_dtype", "float32"), "spec state_dtype"),
         agent_obs_sizes=_ints(data.get("agent_obs_sizes", []), "spec agent_obs_sizes", 1, obs_size),
         agent_discrete_action_cardinalities=tuple(
-            _ints(c, f"spec agent_discrete_action_cardinalities[{i}]", 1, MAX_WIDTH)
-            for i, c in enumerate(per_agent)),
-        agent_continuous_action_dimensions=_ints(data.get("agent_continuous_action_dimensions", []),
-                                                 "spec agent_continuous_action_dimensions", 0, MAX_WIDTH),
+            _ints(c, f"spec agent_discrete_action_cardinalities[{i}]", 1, MAX_WIDTH) for i, c in enumerate(per_agent)
+        ),
+        agent_continuous_action_dimensions=_ints(
+            data.get("agent_continuous_action_dimensions", []), "spec agent_continuous_action_dimensions", 0, MAX_WIDTH
+        ),
         obs_categories=categories,
         extra_fields=_extra_fields(data.get("extra_fields", [])),
     )
@@ -246,9 +262,11 @@ def _ended(value: Any, what: str, live_start: int, written: int) -> tuple[list[t
     bad = (starts != previous) | (starts >= ends) | (ends > written) | (whole < 0) | (whole > 1)
     if bad.any():
         k = int(np.argmax(bad))
-        raise BadHeader(f"{what} episode {k} starts at {starts[k]} and ends at {ends[k]}: it is empty, does not "
-                        f"start where the one before ended ({previous[k]}), lies past the recorded positions "
-                        f"[{live_start}, {written}) or is not marked whole or not")
+        raise BadHeader(
+            f"{what} episode {k} starts at {starts[k]} and ends at {ends[k]}: it is empty, does not "
+            f"start where the one before ended ({previous[k]}), lies past the recorded positions "
+            f"[{live_start}, {written}) or is not marked whole or not"
+        )
     return list(zip(starts.tolist(), ends.tolist(), whole.astype(bool).tolist())), int(ends[-1])
 
 
@@ -260,8 +278,9 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
         live_start = _int(data["live_start"], f"{what} live_start", max(0, written - capacity), written)
         lo, hi = _ints(data["rows"], f"{what} rows", 0, capacity, 2)
         if (lo, hi) != stored_range(live_start, written, capacity):
-            raise BadHeader(f"{what} rows [{lo}, {hi}) are not where positions {live_start}-{written} of a "
-                            f"{capacity}-row lane lie")
+            raise BadHeader(
+                f"{what} rows [{lo}, {hi}) are not where positions {live_start}-{written} of a {capacity}-row lane lie"
+            )
         starts = data["agent_start"]
         agent_start = None if starts is None else list(_ints(starts, f"{what} agent_start", -1, written, n_agents))
     else:
@@ -272,8 +291,10 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
     ended, previous = _ended(data["ended"], what, live_start, written)
     running = None if data["running"] is None else _episode(data["running"], f"{what} running episode")
     if running is not None and not previous == running[0] <= running[1] == written:
-        raise BadHeader(f"{what} running episode [{running[0]}, {running[1]}) does not run from the last "
-                        f"ended one ({previous}) to the newest position {written}")
+        raise BadHeader(
+            f"{what} running episode [{running[0]}, {running[1]}) does not run from the last "
+            f"ended one ({previous}) to the newest position {written}"
+        )
     if running is None and previous != written:
         raise BadHeader(f"{what} episodes end at position {previous}, not at the newest one {written}")
     return LaneInfo(written, live_start, lo, hi, ended, running, agent_start)
@@ -322,8 +343,9 @@ def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: i
     width = 0 if log_prob is None else _int(log_prob.get("width"), "continuous_log_probs width", 1, MAX_WIDTH)
     storage = Storage(spec, rows, log_prob_continuous=width)
     end = 0
-    metas.sort(key=lambda m: m["offset"] if isinstance(m["offset"], int) and not isinstance(m["offset"], bool)
-               else -1)  # file order
+    metas.sort(
+        key=lambda m: m["offset"] if isinstance(m["offset"], int) and not isinstance(m["offset"], bool) else -1
+    )  # file order
     for meta in metas:
         what = f"field {meta['name']!r}" + (f" ({meta['part']})" if meta.get("part") else "")
         dtype, shape = _expected(storage, meta, version)
@@ -354,17 +376,22 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         data = json.loads(blob)
     except (ValueError, RecursionError) as exc:
         raise BadHeader(f"not JSON ({type(exc).__name__})") from None
-    data = _keys(data, "the header", _TOP | ({"data_bytes"} if version >= 2 else set()),
-                 frozenset({"gae_lambda", "alpha", "max_priority"}))
+    data = _keys(
+        data,
+        "the header",
+        _TOP | ({"data_bytes"} if version >= 2 else set()),
+        frozenset({"gae_lambda", "alpha", "max_priority"}),
+    )
     if version >= 2 and data["data_bytes"] != data_bytes:
-        raise Truncated(f"truncated: the header describes {short_repr(data['data_bytes'])} bytes of arrays but the file "
-                        f"holds {data_bytes}")
+        raise Truncated(
+            f"truncated: the header describes {short_repr(data['data_bytes'])} bytes of arrays but the file "
+            f"holds {data_bytes}"
+        )
     if data["format"] != "flexibuff_envs buffer":
         raise BadHeader(f"format is {short_repr(data['format'])}, not 'flexibuff_envs buffer'")
     spec = parse_spec(data["spec"])
     num_steps = _int(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
-    lanes = [_lane(v, i, version, num_steps, spec.n_agents) for i, v in
-             enumerate(_of(data["lanes"], list, "lanes"))]
+    lanes = [_lane(v, i, version, num_steps, spec.n_agents) for i, v in enumerate(_of(data["lanes"], list, "lanes"))]
     if len(lanes) != spec.n_envs:
         raise BadHeader(f"lanes lists {len(lanes)} lanes but the spec has n_envs {spec.n_envs}")
     rows = sum(lane.hi - lane.lo for lane in lanes)
@@ -372,9 +399,17 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
     holds_priorities = any(meta["name"] == PRIORITY for meta in fields)
     if holds_priorities != ("max_priority" in data):
         raise BadHeader("the header must give max_priority exactly when the fields hold priority")
-    return Header(spec=spec, num_steps=num_steps, gamma=_fraction(data["gamma"], "gamma"),
-                  gae_lambda=_fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
-                  path=_of(data["path"], str, "path"), name=_of(data["name"], str, "name"),
-                  rng=_rng(data["rng"]), lanes=lanes, fields=fields, log_prob_width=width,
-                  alpha=_finite(data.get("alpha", ALPHA), "alpha", 0.0),
-                  max_priority=_finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None)
+    return Header(
+        spec=spec,
+        num_steps=num_steps,
+        gamma=_fraction(data["gamma"], "gamma"),
+        gae_lambda=_fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
+        path=_of(data["path"], str, "path"),
+        name=_of(data["name"], str, "name"),
+        rng=_rng(data["rng"]),
+        lanes=lanes,
+        fields=fields,
+        log_prob_width=width,
+        alpha=_finite(data.get("alpha", ALPHA), "alpha", 0.0),
+        max_priority=_finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None,
+    )

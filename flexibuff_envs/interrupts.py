@@ -52,8 +52,11 @@ class _Hold:
         if _get_ident() == _MAIN:
             if not self.depth:
                 seen = self.seen
-                if _getsignal(_INT) is not seen[0] or _getsignal(_TERM) is not seen[1] \
-                        or _getsignal(_HUP) is not seen[2]:
+                if (
+                    _getsignal(_INT) is not seen[0]
+                    or _getsignal(_TERM) is not seen[1]
+                    or _getsignal(_HUP) is not seen[2]
+                ):
                     self._watch()
             self.depth += 1
 

@@ -63,7 +63,7 @@ class _Checksum:
     def pieces(self, data: memoryview) -> Iterator[memoryview]:
         """``data`` in pieces; each is checksummed (in order) once the caller has handled it."""
         for start in range(0, len(data), self.PIECE):
-            piece = data[start:start + self.PIECE]
+            piece = data[start : start + self.PIECE]
             yield piece
             self._worker.submit(self._update, piece)
 
@@ -81,18 +81,24 @@ class _Checksum:
 
 def _lanes(lanes: Sequence[Lane], ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:
     """Each lane's positions, stored rows ``[lo, hi)`` and episodes, as the header holds them."""
-    return [{
-        "written": lane.written,
-        "live_start": lane.live_start,
-        "rows": [lo, hi],
-        "ended": [list(e) for e in zip(lane.ended.starts.tolist(), lane.ended.ends.tolist(), lane.ended.whole.tolist())],
-        "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
-        "agent_start": list(lane.agent_start),
-    } for lane, (lo, hi) in zip(lanes, ranges)]
+    return [
+        {
+            "written": lane.written,
+            "live_start": lane.live_start,
+            "rows": [lo, hi],
+            "ended": [
+                list(e) for e in zip(lane.ended.starts.tolist(), lane.ended.ends.tolist(), lane.ended.whole.tolist())
+            ],
+            "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
+            "agent_start": list(lane.agent_start),
+        }
+        for lane, (lo, hi) in zip(lanes, ranges)
+    ]
 
 
-def save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane],
-         tree: PriorityTree | None) -> None:
+def save(
+    path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane], tree: PriorityTree | None
+) -> None:
     """Write a buffer (its ``settings``, the JSON-ready values its header keeps, and its parts)
     to ``path`` atomically: the old file stays intact until the new is whole.
 
@@ -109,12 +115,14 @@ def save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[
         raise
     except OSError as exc:
         what = exc.strerror or str(exc)
-        raise BufferSaveError(exc.errno, f"cannot save the buffer ({what}; a file already there is intact)",
-                              path) from exc
+        raise BufferSaveError(
+            exc.errno, f"cannot save the buffer ({what}; a file already there is intact)", path
+        ) from exc
 
 
-def _save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane],
-          tree: PriorityTree | None) -> None:
+def _save(
+    path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane], tree: PriorityTree | None
+) -> None:
     if os.path.isdir(path):
         raise BufferSaveError(errno.EISDIR, "cannot save the buffer: it is a directory; give a file name", path)
     ranges = [stored_range(lane.live_start, lane.written, lane.capacity) for lane in lanes]
@@ -188,7 +196,7 @@ def _remove_stale(directory: str, target: str) -> None:
     except OSError:
         return
     for name in entries:
-        pid = name[len(prefix):].split(".", 1)[0]
+        pid = name[len(prefix) :].split(".", 1)[0]
         if pid.isdigit() and len(pid) < 10 and not _alive(int(pid)):
             try:
                 os.unlink(os.path.join(directory, name))
@@ -255,8 +263,10 @@ class BufferFile:
         if magic != MAGIC:
             self.fail("not a flexibuff_envs buffer file (bad magic bytes)")
         if self.version > VERSION:
-            self.fail(f"written by a newer flexibuff_envs (format {self.version}, this one reads up to "
-                      f"{VERSION}); upgrade flexibuff-envs")
+            self.fail(
+                f"written by a newer flexibuff_envs (format {self.version}, this one reads up to "
+                f"{VERSION}); upgrade flexibuff-envs"
+            )
         if self.version < 1:
             self.fail(f"corrupt header (format {self.version} does not exist)")
         suffix = _SUFFIX[self.version]
@@ -296,8 +306,15 @@ class BufferFile:
     def mapped(self, meta: dict[str, Any]) -> np.ndarray:
         """The array field ``meta`` of the header describes, mapped copy-on-write from the file
         that was opened and checked (not the path again: it may name another file by now)."""
-        return np.asarray(np.memmap(self.handle, dtype=np.dtype(meta["dtype"]), mode="c",
-                                    offset=self.data_start + meta["offset"], shape=tuple(meta["shape"])))
+        return np.asarray(
+            np.memmap(
+                self.handle,
+                dtype=np.dtype(meta["dtype"]),
+                mode="c",
+                offset=self.data_start + meta["offset"],
+                shape=tuple(meta["shape"]),
+            )
+        )
 
     def read_into(self, storage: Storage, segments: Segments, leaves: np.ndarray | None) -> None:
         """Read each part straight into where ``storage`` holds the ring rows ``segments`` (the
@@ -309,11 +326,16 @@ class BufferFile:
             for meta in self.header.fields:
                 checksum.add(handle.read(self.data_start + meta["offset"] - handle.tell()))  # padding
                 dtype = np.dtype(meta["dtype"])
-                part = (Part.of(PRIORITY, None, leaves, False, segments) if meta["name"] == PRIORITY  # type: ignore[arg-type]
-                        else storage.receive(meta["name"], meta.get("part"), tuple(meta["shape"]), dtype, segments))
+                part = (
+                    Part.of(PRIORITY, None, leaves, False, segments)  # type: ignore[arg-type]
+                    if meta["name"] == PRIORITY
+                    else storage.receive(meta["name"], meta.get("part"), tuple(meta["shape"]), dtype, segments)
+                )
                 if part.dtype != dtype:
-                    self.fail(f"corrupt: field {meta['name']!r} has dtype {meta['dtype']} in the header, "
-                              f"{part.dtype.str} in its spec")
+                    self.fail(
+                        f"corrupt: field {meta['name']!r} has dtype {meta['dtype']} in the header, "
+                        f"{part.dtype.str} in its spec"
+                    )
                 for block in part.blocks():
                     for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
                         if handle.readinto(piece) != len(piece):  # type: ignore[attr-defined]
@@ -355,8 +377,13 @@ def fill(file: BufferFile, storage: Storage, lanes: Sequence[Lane], *, mmap: boo
         # reaches them (`Lane.restore`); a field allocated later fills the whole lane
         storage.open(k, [(lane.offset, lane.offset + lane.capacity)], fill=False)
         running = info.running[0] if info.running else 0
-        lane.restore(info.written, info.live_start, np.array(info.ended, dtype=np.int64).reshape(-1, 3),
-                     info.running, info.agent_start if info.agent_start is not None else [running] * len(lane.agent_start))
+        lane.restore(
+            info.written,
+            info.live_start,
+            np.array(info.ended, dtype=np.int64).reshape(-1, 3),
+            info.running,
+            info.agent_start if info.agent_start is not None else [running] * len(lane.agent_start),
+        )
     live = live_rows(lanes)
     problem = storage.problem(segments, live, newest_rows(lanes))
     if not problem and leaves is not None and not (np.isfinite(leaves[live]).all() and (leaves[live] >= 0).all()):

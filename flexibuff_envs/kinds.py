@@ -25,7 +25,7 @@ def pettingzoo_env_module() -> Any:
 
 
 def env_kind(env: Any) -> Kind | None:
-    """"gymnasium", "vector", "parallel", "aec", or None for anything else."""
+    """ "gymnasium", "vector", "parallel", "aec", or None for anything else."""
     if isinstance(env, gym.Env):
         return "gymnasium"
     if isinstance(env, gym.vector.VectorEnv):

@@ -68,14 +68,17 @@ def episode_ends(lanes: Sequence[Lane], rows: np.ndarray) -> tuple[np.ndarray, n
 def _ends(lane: Lane, lane_index: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     position = lane.live_start + (rows - lane.offset - lane.live_start) % lane.capacity
     if (position >= lane.written).any():
-        raise InvalidArgumentError(f"n_step: idx holds rows of lane {lane_index} that are not recorded; "
-                         "give rows of a batch drawn from this buffer")
+        raise InvalidArgumentError(
+            f"n_step: idx holds rows of lane {lane_index} that are not recorded; "
+            "give rows of a batch drawn from this buffer"
+        )
     starts, ends = lane.bounds()
     return position, ends[np.searchsorted(starts, position, side="right") - 1]
 
 
-def windows(lanes: Sequence[Lane], rows: np.ndarray, n: int, active: np.ndarray, terminated: np.ndarray,
-            truncated: np.ndarray) -> Windows:
+def windows(
+    lanes: Sequence[Lane], rows: np.ndarray, n: int, active: np.ndarray, terminated: np.ndarray, truncated: np.ndarray
+) -> Windows:
     """The n-step windows of live ``rows`` (``[B]``); ``active``, ``terminated`` and
     ``truncated`` are the buffer's ``[A, rows]`` flags."""
     capacity = lanes[0].capacity

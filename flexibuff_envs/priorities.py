@@ -82,7 +82,7 @@ class PriorityTree:
     @property
     def total(self) -> float:
         """The sum of every leaf."""
-        return float(self.sums[1 << self.top:2 << self.top].sum())
+        return float(self.sums[1 << self.top : 2 << self.top].sum())
 
     @classmethod
     def restore(cls, leaves: np.ndarray, lanes: Sequence[Lane], alpha: float, max_priority: float) -> PriorityTree:
@@ -106,20 +106,20 @@ class PriorityTree:
 
     def leaf_values(self, rows: int) -> np.ndarray:
         """``priority ** alpha`` of each of the first ``rows`` rows (0 where not recorded)."""
-        return self.sums[self.leaves:self.leaves + rows]
+        return self.sums[self.leaves : self.leaves + rows]
 
     def _rebuild(self) -> None:
         """Every kept sum from the leaves up, exactly."""
         level = self.leaves
         while level > 1 << self.top:
-            self.sums[level // 2:level] = self.sums[level:2 * level:2] + self.sums[level + 1:2 * level:2]
+            self.sums[level // 2 : level] = self.sums[level : 2 * level : 2] + self.sums[level + 1 : 2 * level : 2]
             level //= 2
         self._changed = 0
 
     def minimum(self) -> float:
         """The smallest positive leaf (inf when none is): rows not recorded hold 0."""
         if self._at_min == 0:
-            leaves = self.sums[self.leaves:].reshape(-1, self._block)
+            leaves = self.sums[self.leaves :].reshape(-1, self._block)
             changed = np.flatnonzero(self._dirty)
             if changed.size:
                 block = leaves[changed]
@@ -176,7 +176,7 @@ class PriorityTree:
             self._set(gone, np.zeros(gone.size), live=False)
         new = span_rows(offsets, capacity, np.maximum(kept_to, live_from), written)
         if new.size:
-            self._set(new, np.full(new.size, self.max_priority ** self.alpha), live=True)
+            self._set(new, np.full(new.size, self.max_priority**self.alpha), live=True)
         self._known = now
 
     def update(self, rows: np.ndarray, priorities: np.ndarray) -> None:
@@ -189,7 +189,7 @@ class PriorityTree:
         rows, priorities = rows[keep], priorities[keep]
         if rows.size:
             self.max_priority = max(self.max_priority, float(priorities.max()))
-            self._set(rows, priorities ** self.alpha, live=True)
+            self._set(rows, priorities**self.alpha, live=True)
 
     def draw(self, rng: np.random.Generator, n: int, beta: float) -> tuple[np.ndarray, np.ndarray]:
         """``n`` rows drawn with replacement in proportion to their leaves (one descent of the sum
@@ -207,7 +207,7 @@ class PriorityTree:
         return rows, ((leaf / self.minimum()) ** -beta).astype(np.float32)
 
     def _descend(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        level = self.sums[1 << self.top:2 << self.top]
+        level = self.sums[1 << self.top : 2 << self.top]
         below = np.cumsum(level)  # each node's prefix sum, its own included
         total = below[-1]
         target = rng.random(n)

@@ -133,7 +133,7 @@ def segmented_scan(x: np.ndarray, c: float, ends: np.ndarray, out: np.ndarray | 
     X, C, Y, reach = work("x"), work("links"), work("y"), work("reach")
     X.T[:whole] = x[: whole * _BLOCK].reshape(whole, _BLOCK)  # X[j, b] = x[b * 64 + j]
     if rest:
-        X.T[whole, :rest] = x[whole * _BLOCK:]
+        X.T[whole, :rest] = x[whole * _BLOCK :]
         X.T[whole, rest:] = 0.0
     C.fill(c)  # c where step t continues into t+1; 0 at a cut and past the end
     cuts = np.concatenate([np.flatnonzero(ends), np.arange(n, blocks * _BLOCK)])
@@ -153,13 +153,19 @@ def segmented_scan(x: np.ndarray, c: float, ends: np.ndarray, out: np.ndarray | 
         out = np.empty(n)
     out[: whole * _BLOCK].reshape(whole, _BLOCK)[...] = Y.T[:whole]
     if rest:
-        out[whole * _BLOCK:] = Y.T[whole, :rest]
+        out[whole * _BLOCK :] = Y.T[whole, :rest]
     return out
 
 
-def gae(rewards: np.ndarray, values: np.ndarray, ends: np.ndarray, gamma: float, lam: float,
-        bootstrap: np.ndarray | float = 0.0,
-        out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    ends: np.ndarray,
+    gamma: float,
+    lam: float,
+    bootstrap: np.ndarray | float = 0.0,
+    out: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """GAE(lambda) over a whole rollout of back-to-back episodes, in a fixed number of numpy passes.
 
     Args:
@@ -247,17 +253,19 @@ def episode_returns(rewards: np.ndarray, gamma: float, bootstrap: np.ndarray | f
         cut = np.zeros(rewards.shape, dtype=bool)
         cut[..., -1] = True
         solved = np.array(episode_returns(np.where(finite, rewards, 0.0), gamma, bootstrap), dtype=np.float64)
-        _carry_non_finite(np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1), cut.reshape(-1),
-                          solved.reshape(-1))
+        _carry_non_finite(
+            np.ascontiguousarray(rewards, dtype=np.float64).reshape(-1), cut.reshape(-1), solved.reshape(-1)
+        )
         return solved
-    suffix = (rewards[..., ::-1] * powers[steps - 1::-1]).cumsum(axis=-1)[..., ::-1]
+    suffix = (rewards[..., ::-1] * powers[steps - 1 :: -1]).cumsum(axis=-1)[..., ::-1]
     if bootstrap is not None:
         suffix += np.multiply.outer(bootstrap, powers[steps:])
     return suffix / powers[:steps]
 
 
-def episode_gae(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float,
-                bootstrap: np.ndarray | float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def episode_gae(
+    rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float, bootstrap: np.ndarray | float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """GAE(lambda) of one episode per row of ``rewards``/``values`` ``[..., L]``.
 
     ``delta_t = r_t + gamma V_{t+1} - V_t``, with ``V_L = bootstrap`` (0 after a termination),

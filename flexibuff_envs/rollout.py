@@ -117,8 +117,9 @@ def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -
             if budget.spent(*counts):
                 break
     except KeyboardInterrupt as stop:
-        return Rollout(counts[0], counts[1], time.perf_counter() - start,
-                       interrupted=getattr(stop, "signum", signal.SIGINT))
+        return Rollout(
+            counts[0], counts[1], time.perf_counter() - start, interrupted=getattr(stop, "signum", signal.SIGINT)
+        )
     return Rollout(counts[0], counts[1], time.perf_counter() - start)
 
 
@@ -175,8 +176,11 @@ def _parallel(env: Any, seed: int, policy: Policy | None) -> Iterator[tuple[int,
         env.action_space(agent).seed(seed + i)
     obs, infos = env.reset(seed=seed)
     while True:
-        actions = ({a: legal_sample(env.action_space(a), obs[a], infos.get(a, {})) for a in env.agents}
-                   if policy is None else _action(policy(obs, infos), env, _EVERY))
+        actions = (
+            {a: legal_sample(env.action_space(a), obs[a], infos.get(a, {})) for a in env.agents}
+            if policy is None
+            else _action(policy(obs, infos), env, _EVERY)
+        )
         obs, _, terminated, truncated, infos = env.step(actions)
         ended = not env.agents or all(terminated[a] or truncated[a] for a in terminated)
         yield 1, int(ended)

@@ -56,9 +56,11 @@ def checked_rows(caller: str, idx: Any, rows: int) -> np.ndarray:
     """``idx`` as an integer array of buffer rows, or ValueError naming ``caller``."""
     array = as_array(idx)
     if array.dtype.kind not in "iu" or (array.size and not (0 <= array.min() and array.max() < rows)):
-        raise InvalidArgumentError(f"{caller}: idx must be integer buffer rows in [0, {rows}) (a batch's idx), "
-                         f"got {array.dtype} values" + (f" from {array.min()} to {array.max()}" if array.size
-                                                        and array.dtype.kind in "iuf" else ""))
+        raise InvalidArgumentError(
+            f"{caller}: idx must be integer buffer rows in [0, {rows}) (a batch's idx), "
+            f"got {array.dtype} values"
+            + (f" from {array.min()} to {array.max()}" if array.size and array.dtype.kind in "iuf" else "")
+        )
     return array
 
 
@@ -69,7 +71,9 @@ def _draw(rng: np.random.Generator, size: int, n: int) -> np.ndarray:
     return np.minimum((rng.random(n) * size).astype(np.int64), size - 1)
 
 
-def uniform_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int, what: str = "sample_transitions") -> np.ndarray:
+def uniform_rows(
+    lanes: Sequence[Lane], rng: np.random.Generator, n: int, what: str = "sample_transitions"
+) -> np.ndarray:
     """``n`` live rows drawn uniformly with replacement over all lanes (`EmptyBufferError`
     naming ``what`` if there are none)."""
     if len(lanes) == 1:
@@ -99,14 +103,17 @@ def weighted_rows(lanes: Sequence[Lane], weights: np.ndarray, rng: np.random.Gen
     w = weights[live].astype(np.float64)
     total = w.sum()
     if not np.isfinite(total) or total <= 0 or (w < 0).any():
-        raise InvalidArgumentError("weighted sampling needs finite, non-negative memory_weights with a "
-                         f"positive sum; the live rows sum to {total!r}")
+        raise InvalidArgumentError(
+            "weighted sampling needs finite, non-negative memory_weights with a "
+            f"positive sum; the live rows sum to {total!r}"
+        )
     cdf = np.cumsum(w)
     return live[np.searchsorted(cdf, rng.random(n) * cdf[-1], side="right").clip(max=live.size - 1)]
 
 
-def sequence_rows(lanes: Sequence[Lane], rng: np.random.Generator, n: int,
-                  seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def sequence_rows(
+    lanes: Sequence[Lane], rng: np.random.Generator, n: int, seq_len: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` windows of ``seq_len`` steps, each inside one episode, starting at uniform live rows.
 
     Returns:
@@ -191,7 +198,9 @@ class Prioritized:
         _require(lanes, "sample_transitions")
         self.tree.sync(lanes)
         if not self.tree.total > 0:
-            raise InvalidArgumentError("prioritized sampling needs a positive priority somewhere; every recorded row has 0")
+            raise InvalidArgumentError(
+                "prioritized sampling needs a positive priority somewhere; every recorded row has 0"
+            )
         rows, weights = self.tree.draw(rng, self.n, self.beta)
         return (Draw(rows, weights=weights),)
 
@@ -233,8 +242,9 @@ class Episodes:
         else:
             want = 1 if self.n is None else self.n
             if want > len(pool):
-                raise EmptyBufferError(f"sample_episodes: asked for {want} whole episodes but the "
-                                       f"buffer holds {len(pool)}")
+                raise EmptyBufferError(
+                    f"sample_episodes: asked for {want} whole episodes but the buffer holds {len(pool)}"
+                )
             order = rng.permutation(len(pool))
             if self.n is None:
                 fits = np.cumsum(pool.lengths[order]) <= self.max_rows
@@ -260,7 +270,7 @@ class Minibatches:
             rows = rng.permutation(rows)
         stop = len(rows) - (len(rows) % self.size if self.drop_last else 0)
         for first in range(0, stop, self.size):
-            yield Draw(rows[first: first + self.size])
+            yield Draw(rows[first : first + self.size])
 
 
 _CHECKED: dict[tuple[tuple[str, ...], frozenset[str]], frozenset[str]] = {}
@@ -291,6 +301,7 @@ class Sampling:
     gamma: float
 
     if TYPE_CHECKING:  # given by `FlexibleBuffer`, with what batch writers hold committed
+
         @property
         def _storage(self) -> Storage: ...
 
@@ -299,10 +310,18 @@ class Sampling:
 
         def _priority_tree(self) -> PriorityTree: ...
 
-    def gather(self, idx: np.ndarray, *, as_torch: bool = False, device: Any = None,
-               normalize_advantages: bool = False, valid: np.ndarray | None = None,
-               fields: Collection[str] | None = None, weights: np.ndarray | None = None,
-               n_step: int | None = None) -> FlexiBatch:
+    def gather(
+        self,
+        idx: np.ndarray,
+        *,
+        as_torch: bool = False,
+        device: Any = None,
+        normalize_advantages: bool = False,
+        valid: np.ndarray | None = None,
+        fields: Collection[str] | None = None,
+        weights: np.ndarray | None = None,
+        n_step: int | None = None,
+    ) -> FlexiBatch:
         """The rows ``idx`` (any integer shape) of every allocated field as a `FlexiBatch`.
 
         ``normalize_advantages`` shifts and scales this batch's advantages to mean 0, std 1;
@@ -318,7 +337,9 @@ class Sampling:
         else:
             n = positive_int("n_step", n_step)
             if np.ndim(idx) != 1:
-                raise InvalidArgumentError(f"n_step: idx must be one-dimensional buffer rows, got shape {np.shape(idx)}")
+                raise InvalidArgumentError(
+                    f"n_step: idx must be one-dimensional buffer rows, got shape {np.shape(idx)}"
+                )
             arrays = storage.arrays
             w = windows(self._read_lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
             rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
@@ -332,8 +353,10 @@ class Sampling:
             if wanted is not None and "advantages" not in wanted:
                 raise InvalidArgumentError("normalize_advantages=True but fields leaves out 'advantages'")
             if advantages is None:
-                raise InvalidArgumentError("normalize_advantages=True but no advantages were recorded: "
-                                 "annotate values (env.annotate(values=...)) to get GAE")
+                raise InvalidArgumentError(
+                    "normalize_advantages=True but no advantages were recorded: "
+                    "annotate values (env.annotate(values=...)) to get GAE"
+                )
             # NaN marks steps without GAE yet (no value given, episode still running): skip them
             out["advantages"] = (advantages - np.nanmean(advantages)) / (np.nanstd(advantages) + 1e-8)
         if self.spec.extra_fields:
@@ -343,14 +366,28 @@ class Sampling:
             out = {name: convert(name, value) for name, value in out.items()}
         return FlexiBatch(**out)
 
-    def draw(self, sampler: Sampler, *, as_torch: bool = False, device: Any = None,
-             normalize_advantages: bool = False, fields: Collection[str] | None = None) -> Iterator[FlexiBatch]:
+    def draw(
+        self,
+        sampler: Sampler,
+        *,
+        as_torch: bool = False,
+        device: Any = None,
+        normalize_advantages: bool = False,
+        fields: Collection[str] | None = None,
+    ) -> Iterator[FlexiBatch]:
         """The batches ``sampler`` (`Uniform`, `Weighted`, `Given`, `Sequences`, `Episodes`,
         `Minibatches`, or one of your own) picks, gathered one at a time; the sampling methods
         below are this with their sampler."""
         for draw in sampler.draws(self._read_lanes, self.rng, self._storage):
-            yield self.gather(draw.rows, as_torch=as_torch, device=device, valid=draw.valid, weights=draw.weights,
-                              normalize_advantages=normalize_advantages, fields=fields)
+            yield self.gather(
+                draw.rows,
+                as_torch=as_torch,
+                device=device,
+                valid=draw.valid,
+                weights=draw.weights,
+                normalize_advantages=normalize_advantages,
+                fields=fields,
+            )
 
     def sample_transitions(
         self,
@@ -389,12 +426,15 @@ class Sampling:
         else:
             n = positive_int("batch_size", batch_size)
             if prioritized and weighted:
-                raise InvalidArgumentError("sample_transitions: choose weighted=True (memory_weights) or prioritized=True "
-                                 "(update_priorities), not both")
+                raise InvalidArgumentError(
+                    "sample_transitions: choose weighted=True (memory_weights) or prioritized=True "
+                    "(update_priorities), not both"
+                )
             if prioritized and not (isinstance(beta, numbers.Real) and 0 <= beta < np.inf):
                 raise InvalidArgumentError(f"beta must be a finite number >= 0 (1 corrects fully), got {beta!r}")
-            sampler = Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted \
-                else Uniform(n)
+            sampler = (
+                Prioritized(n, beta, self._priority_tree()) if prioritized else Weighted(n) if weighted else Uniform(n)
+            )
         return self._one(sampler, as_torch=as_torch, device=device, fields=fields, n_step=n_step)
 
     def _one(self, sampler: Sampler, **options: Any) -> FlexiBatch:
@@ -460,5 +500,6 @@ class Sampling:
         ``fields``: gather only these, as `sample_transitions`.
         """
         sampler = Minibatches(positive_int("batch_size", batch_size), shuffle, drop_last)
-        return self.draw(sampler, as_torch=as_torch, device=device, normalize_advantages=normalize_advantages,
-                         fields=fields)
+        return self.draw(
+            sampler, as_torch=as_torch, device=device, normalize_advantages=normalize_advantages, fields=fields
+        )

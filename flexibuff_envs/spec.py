@@ -15,6 +15,7 @@ from flexibuff_envs.errors import NotAnEnvError, SpecMismatchError, UnsupportedS
 
 ENV_KINDS = "gymnasium.Env, gymnasium.vector.VectorEnv, pettingzoo ParallelEnv or pettingzoo AECEnv"
 
+
 @dataclass(frozen=True)
 class BufferSpec:
     """What one row of the buffer holds; inferred from an env or given by hand.
@@ -87,6 +88,7 @@ class BufferSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> BufferSpec:
         """Rebuild a spec from `to_dict` output (lists become tuples)."""
         known = {f.name for f in dataclasses.fields(cls)}
+
         def frozen(value: Any) -> Any:
             return tuple(frozen(v) for v in value) if isinstance(value, list) else value
 
@@ -97,9 +99,7 @@ class BufferSpec:
 # ----------------------------------------------------------------------------- inference
 
 
-def spec_from_codecs(
-    obs: ObsCodec, action: ActionCodec, *, action_mask: bool = False, **extra: Any
-) -> BufferSpec:
+def spec_from_codecs(obs: ObsCodec, action: ActionCodec, *, action_mask: bool = False, **extra: Any) -> BufferSpec:
     """The spec one agent's codecs describe (``extra`` sets n_agents, agent_ids, ...)."""
     return BufferSpec(
         obs_size=obs.size,
@@ -136,11 +136,15 @@ def combine_agents(
     first = actions[0]
     for agent, action in zip(agent_ids, actions):
         if (len(action.cardinalities), bool(action.continuous_dim), action.starts) != (
-                len(first.cardinalities), bool(first.continuous_dim), first.starts):
+            len(first.cardinalities),
+            bool(first.continuous_dim),
+            first.starts,
+        ):
             raise SpecMismatchError(
                 f"agents {agent_ids[0]!r} ({_structure(first)}, starts {first.starts}) and {agent!r} "
                 f"({_structure(action)}, starts {action.starts}) have differently structured action "
-                "spaces and cannot share one buffer; record each group of alike agents with its own recorder")
+                "spaces and cannot share one buffer; record each group of alike agents with its own recorder"
+            )
     cards = tuple(max(c) for c in zip(*(a.cardinalities for a in actions)))
     dtypes = {o.dtype for o in obs}
     padded = any(a.cardinalities != cards for a in actions)
@@ -181,11 +185,14 @@ def infer_spec(env: Any, *, info: Mapping[str, Any] | None = None) -> BufferSpec
     """
     masked = info is not None and "action_mask" in info
     if isinstance(env, gym.Env):
-        return spec_from_codecs(obs_codec(env.observation_space), action_codec(env.action_space),
-                                action_mask=masked)
+        return spec_from_codecs(obs_codec(env.observation_space), action_codec(env.action_space), action_mask=masked)
     if isinstance(env, gym.vector.VectorEnv):
-        return spec_from_codecs(obs_codec(env.single_observation_space), action_codec(env.single_action_space),
-                                action_mask=masked, n_envs=env.num_envs)
+        return spec_from_codecs(
+            obs_codec(env.single_observation_space),
+            action_codec(env.single_action_space),
+            action_mask=masked,
+            n_envs=env.num_envs,
+        )
     if kinds.env_kind(env) is None:
         raise NotAnEnvError(f"infer_spec(env): expected one of {ENV_KINDS}, got {type(env).__name__}")
     ids = list(env.possible_agents)

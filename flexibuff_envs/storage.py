@@ -88,17 +88,26 @@ def extra_fields(fields: Mapping[str, object] | None) -> tuple[tuple[str, tuple[
     out = []
     for name, given in fields.items():
         if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED:
-            raise InvalidArgumentError(f"extra_fields: {name!r} must be a Python name that is not a batch field "
-                             f"already ({', '.join(sorted(RESERVED))})")
-        shape, dtype = given if (isinstance(given, (tuple, list)) and len(given) == 2
-                                 and isinstance(given[1], (str, type, np.dtype))) else (given, "float32")
+            raise InvalidArgumentError(
+                f"extra_fields: {name!r} must be a Python name that is not a batch field "
+                f"already ({', '.join(sorted(RESERVED))})"
+            )
+        shape, dtype = (
+            given
+            if (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[1], (str, type, np.dtype)))
+            else (given, "float32")
+        )
         shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
         if not isinstance(shape, (tuple, list)) or not all(
-                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape):
-            raise InvalidArgumentError(f"extra_fields: {name!r} needs a shape of positive sizes such as (64,), got {given!r}")
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape
+        ):
+            raise InvalidArgumentError(
+                f"extra_fields: {name!r} needs a shape of positive sizes such as (64,), got {given!r}"
+            )
         if int(np.prod(shape)) > MAX_EXTRA_SIZE:
-            raise InvalidArgumentError(f"extra_fields: {name!r} holds {int(np.prod(shape)):,} values a row, more than "
-                             f"{MAX_EXTRA_SIZE:,}")
+            raise InvalidArgumentError(
+                f"extra_fields: {name!r} holds {int(np.prod(shape)):,} values a row, more than {MAX_EXTRA_SIZE:,}"
+            )
         out.append((name, tuple(int(d) for d in shape), plain_dtype(f"extra_fields {name!r} dtype", dtype).name))
     return tuple(out)
 
@@ -106,8 +115,13 @@ def extra_fields(fields: Mapping[str, object] | None) -> tuple[tuple[str, tuple[
 def field_table(spec: BufferSpec) -> dict[str, Field]:
     """Every field a buffer of ``spec`` can hold: the built-ins and the spec's own (NaN, or 0 for
     integers, until given)."""
-    return {**FIELDS, **{name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
-                         for name, shape, dtype in spec.extra_fields}}
+    return {
+        **FIELDS,
+        **{
+            name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
+            for name, shape, dtype in spec.extra_fields
+        },
+    }
 
 
 #: the legal-action mask fields
@@ -212,7 +226,7 @@ class Part:
     @functools.cached_property
     def shape(self) -> tuple[int, ...]:
         first, axis = self.pieces[0], self.axis
-        return (*first.shape[:axis], sum(piece.shape[axis] for piece in self.pieces), *first.shape[axis + 1:])
+        return (*first.shape[:axis], sum(piece.shape[axis] for piece in self.pieces), *first.shape[axis + 1 :])
 
     @property
     def dtype(self) -> np.dtype:
@@ -362,16 +376,24 @@ class Storage:
 
     # ----------------------------------------------------------------- returns
 
-    def write_episode_returns(self, lane: Lane, episode: Episode, bootstrap: np.ndarray | float | None,
-                              gamma: float, lam: float, only: int | None = None) -> None:
+    def write_episode_returns(
+        self,
+        lane: Lane,
+        episode: Episode,
+        bootstrap: np.ndarray | float | None,
+        gamma: float,
+        lam: float,
+        only: int | None = None,
+    ) -> None:
         """``G`` (and GAE) of the agents still in ``episode`` of ``lane`` (or of agent ``only``),
         each over its own rows: those since it joined where it is active, discounted transition by
         transition; ``bootstrap`` is V after each agent's last step (None: 0)."""
         first = lane.offset + episode.start % lane.capacity
         steps = episode.end - episode.start
         # an episode that does not wrap is a slice: no index array on the per-episode path
-        rows: slice | np.ndarray = (slice(first, first + steps) if first + steps <= lane.offset + lane.capacity
-                                    else lane.rows(episode))
+        rows: slice | np.ndarray = (
+            slice(first, first + steps) if first + steps <= lane.offset + lane.capacity else lane.rows(episode)
+        )
         n_agents = self.spec.n_agents
         boot = None if bootstrap is None else np.broadcast_to(np.asarray(bootstrap, dtype=np.float64), (n_agents,))
         if n_agents == 1:
@@ -387,10 +409,10 @@ class Storage:
             return
         all_rows = None
         for agent in agents:
-            mine = active[agent, max(starts[agent] - episode.start, 0):]
+            mine = active[agent, max(starts[agent] - episode.start, 0) :]
             skipped = steps - mine.size
             acted = int(np.count_nonzero(mine))
-            boot_ = None if boot is None else boot[agent:agent + 1]
+            boot_ = None if boot is None else boot[agent : agent + 1]
             if isinstance(rows, slice) and mine[:acted].all():  # its rows are one run (AEC turns): a slice
                 own: slice | np.ndarray = slice(first + skipped, first + skipped + acted)
             else:
@@ -399,8 +421,9 @@ class Storage:
             if acted:
                 self.write_returns(slice(agent, agent + 1), own, boot_, gamma, lam)
 
-    def write_run_returns(self, rows: np.ndarray, last: np.ndarray, bootstrap: np.ndarray, gamma: float,
-                          lam: float) -> None:
+    def write_run_returns(
+        self, rows: np.ndarray, last: np.ndarray, bootstrap: np.ndarray, gamma: float, lam: float
+    ) -> None:
         """``G`` (and GAE where values were annotated) of many single-agent episodes in one pass:
         ``rows`` hold them back to back, ``last`` is the position there of each one's last row
         and ``bootstrap`` the value after it."""
@@ -417,8 +440,9 @@ class Storage:
         rewards[last] += gamma * bootstrap
         arrays["G"][0, rows] = segmented_scan(rewards, gamma, ends)
 
-    def write_returns(self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float,
-                       lam: float) -> None:
+    def write_returns(
+        self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float, lam: float
+    ) -> None:
         """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition
         after the other."""
         arrays = self.arrays
@@ -496,15 +520,16 @@ class Storage:
             out["individual_rewards"] = own(discounted_sum(rewards, w.mine, w.step, gamma).astype(np.float32))
         if want("global_rewards"):
             steps = np.broadcast_to(np.arange(w.rows.shape[0])[:, None], w.rows.shape)
-            out["global_rewards"] = discounted_sum(arrays["global_rewards"].take(w.rows), w.team(), steps,
-                                                   gamma).astype(np.float32)
+            out["global_rewards"] = discounted_sum(
+                arrays["global_rewards"].take(w.rows), w.team(), steps, gamma
+            ).astype(np.float32)
         agents = np.arange(self.spec.n_agents)[:, None]
         for name in ("terminated", "truncated"):
             if want(name):  # indexed, not flattened: a mapped log's columns are not contiguous
                 out[name] = own(arrays[name][agents, agent_last])
         steps = w.mine.sum(axis=1)
         if wanted is None or "discounts" in wanted:
-            out["discounts"] = own((gamma ** steps).astype(np.float32))
+            out["discounts"] = own((gamma**steps).astype(np.float32))
         if wanted is None or "n_steps" in wanted:
             out["n_steps"] = own(steps.astype(np.int64))
         for name, chain in self.chains.items():
@@ -516,8 +541,9 @@ class Storage:
             elif single or (agent_last == agent_last[0]).all():  # every agent's window ends alike
                 out[name] = chain.gather(agent_last[0], *self.successors(agent_last[0]), 0 if single else None)
             else:
-                out[name] = np.stack([chain.gather(last, *self.successors(last), agent)
-                                      for agent, last in enumerate(agent_last)])
+                out[name] = np.stack(
+                    [chain.gather(last, *self.successors(last), agent) for agent, last in enumerate(agent_last)]
+                )
             if name in DECODED:
                 out[name] = self.decode(name, out[name])
         return out
@@ -545,8 +571,12 @@ class Storage:
         renumbered ``1, 2, ...``; a chained row at a position in ``last`` (an episode's end,
         whose successor does not follow it in ``rows``) gets a slot with its value."""
         if isinstance(rows, np.ndarray):
-            parts = [Part(name, None, self.fields[name].per_agent,
-                          (array.take(rows, axis=int(self.fields[name].per_agent)),)) for name, array in self]
+            parts = [
+                Part(
+                    name, None, self.fields[name].per_agent, (array.take(rows, axis=int(self.fields[name].per_agent)),)
+                )
+                for name, array in self
+            ]
             numbers = rows
         else:
             parts = [Part.of(name, None, array, self.fields[name].per_agent, rows) for name, array in self]
@@ -577,8 +607,7 @@ class Storage:
             else:
                 chain.fill(rows, ends, self.fill(NEXT[name]))
 
-    def receive(self, name: str, part: str | None, shape: tuple[int, ...], dtype: np.dtype,
-                segments: Segments) -> Part:
+    def receive(self, name: str, part: str | None, shape: tuple[int, ...], dtype: np.dtype, segments: Segments) -> Part:
         """Where a file's part ``(name, part)`` of ``shape`` and ``dtype`` is read to, for the ring
         rows ``segments``: views of the arrays it is held in (`settle` finishes what is read in
         an older form)."""
@@ -592,7 +621,7 @@ class Storage:
         if part == "index":
             return Part.of(name, part, chain.index, chain.per_agent, segments)
         chain.alloc(shape[0] - chain.fresh)
-        return Part(name, part, False, (chain.tail[:shape[0]],))
+        return Part(name, part, False, (chain.tail[: shape[0]],))
 
     def settle(self, parts: Sequence[Part], segments: Segments) -> None:
         """Store what `receive` read in an older form: masks as bits."""
@@ -604,11 +633,18 @@ class Storage:
 
     def adopt(self, arrays: Mapping[tuple[str, str | None], np.ndarray]) -> None:
         """Hold a mapped file's parts, every ring row of every lane, instead of any array."""
-        self.replace({name: pack_mask(array) if name in MASKS and array.dtype == bool else array
-                      for (name, part), array in arrays.items() if part is None})  # formats 1-2: a bool per action
-        self.chains = {name: Chain(self.arrays[NEXT[name]], self.fields[name].per_agent,
-                                   index=index, tail=arrays[name, "tail"])
-                       for (name, part), index in arrays.items() if part == "index"}
+        self.replace(
+            {
+                name: pack_mask(array) if name in MASKS and array.dtype == bool else array
+                for (name, part), array in arrays.items()
+                if part is None
+            }
+        )  # formats 1-2: a bool per action
+        self.chains = {
+            name: Chain(self.arrays[NEXT[name]], self.fields[name].per_agent, index=index, tail=arrays[name, "tail"])
+            for (name, part), index in arrays.items()
+            if part == "index"
+        }
 
     def problem(self, segments: Segments, live: np.ndarray, newest: np.ndarray) -> str | None:
         """What is wrong with the values of rows ``segments`` given from outside (a file) that
@@ -644,8 +680,9 @@ class Storage:
         ``newest`` row: its successor is not recorded), else in a slot of its own."""
         for name in [name for name in NEXT if name in self.arrays]:
             explicit = self.pop(name)
-            self.chain(name).absorb(explicit.take(live, axis=-2), live, self.successor_rows(live),
-                                    ~np.isin(live, newest))
+            self.chain(name).absorb(
+                explicit.take(live, axis=-2), live, self.successor_rows(live), ~np.isin(live, newest)
+            )
 
     def __iter__(self) -> Iterator[tuple[str, np.ndarray]]:
         return iter(self.arrays.items())
@@ -658,5 +695,6 @@ class Storage:
     @property
     def row_nbytes(self) -> int:
         """Bytes one row takes (a chain's tail store is not per row)."""
-        return (sum(a.nbytes for a in self.arrays.values())
-                + sum(c.index.nbytes for c in self.chains.values())) // self.rows
+        return (
+            sum(a.nbytes for a in self.arrays.values()) + sum(c.index.nbytes for c in self.chains.values())
+        ) // self.rows

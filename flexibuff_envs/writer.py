@@ -28,10 +28,12 @@ class Unpicklable:
     would record into a copy nobody reads."""
 
     def __reduce__(self) -> Any:
-        raise ArgumentTypeError(f"{type(self).__name__} cannot be pickled or copied: it writes its buffer in this process, "
-                        "and a copy would record into a copy. SuperSuit's concat_vec_envs_v1 copies the env it is "
-                        "given: record the vector env it makes instead, "
-                        "flexibuff_envs.integrations.sb3.RecordingVecEnv(concat_vec_envs_v1(...))")
+        raise ArgumentTypeError(
+            f"{type(self).__name__} cannot be pickled or copied: it writes its buffer in this process, "
+            "and a copy would record into a copy. SuperSuit's concat_vec_envs_v1 copies the env it is "
+            "given: record the vector env it makes instead, "
+            "flexibuff_envs.integrations.sb3.RecordingVecEnv(concat_vec_envs_v1(...))"
+        )
 
 
 class Writer:
@@ -62,7 +64,8 @@ class Writer:
                 f"this buffer has {lanes} lane(s), {lanes - len(free)} written by another recorder, and this "
                 f"recorder needs {n}: recorders that share a buffer write one lane each (one per sub-env). "
                 f"Make the buffer with a lane per recorder, fe.FlexibleBuffer.from_spec(spec, num_steps=..., "
-                f"n_envs=<recorders>), or record one vector env (gymnasium.vector.SyncVectorEnv) instead")
+                f"n_envs=<recorders>), or record one vector env (gymnasium.vector.SyncVectorEnv) instead"
+            )
         for lane in free[:n]:
             index.writers[lane] = self.owner
         return free[:n]
@@ -220,8 +223,9 @@ class Writer:
         lane_ = self.buffer._ring[lane]
         if lane_.running is None:
             return
-        self.buffer._storage.write_episode_returns(lane_, lane_.running, bootstrap, self.buffer.gamma,
-                                                   self.buffer.gae_lambda, only=agent)
+        self.buffer._storage.write_episode_returns(
+            lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
+        )
         lane_.agent_start[agent] = -1
 
     def rejoin_agent(self, lane: int, agent: int) -> None:
@@ -231,8 +235,7 @@ class Writer:
         if lane_.running is not None:
             lane_.agent_start[agent] = lane_.running.end
 
-    def write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                          bootstrap: np.ndarray) -> None:
+    def write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray) -> None:
         """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
         pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
         if not starts.size:

@@ -20,10 +20,15 @@ class ToyEnv(gym.Env):
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
 
-    def __init__(self, observation_space: spaces.Space | None = None, action_space: spaces.Space | None = None,
-                 lengths: tuple[int, ...] = (5,), truncate: bool = False, mask_info: bool = False) -> None:
-        self.observation_space = (spaces.Box(-1, 1, (3,), np.float32) if observation_space is None
-                                  else observation_space)
+    def __init__(
+        self,
+        observation_space: spaces.Space | None = None,
+        action_space: spaces.Space | None = None,
+        lengths: tuple[int, ...] = (5,),
+        truncate: bool = False,
+        mask_info: bool = False,
+    ) -> None:
+        self.observation_space = spaces.Box(-1, 1, (3,), np.float32) if observation_space is None else observation_space
         self.action_space = spaces.Discrete(2) if action_space is None else action_space
         self.lengths, self.truncate, self.mask_info = lengths, truncate, mask_info
         self._episode = -1
@@ -47,9 +52,13 @@ class ToyEnv(gym.Env):
         self._t += 1
         done = self._t >= self.lengths[self._episode % len(self.lengths)]
         reward = float(self.np_random.normal())
-        return (self.observation_space.sample(), reward, done and not self.truncate,
-                done and self.truncate, self._info())
-
+        return (
+            self.observation_space.sample(),
+            reward,
+            done and not self.truncate,
+            done and self.truncate,
+            self._info(),
+        )
 
 
 def recorded_spread(max_cycles: int, steps: int, num_steps: int = 200) -> Any:
@@ -75,8 +84,16 @@ def _parallel(env: Any, steps: int, seed: int = 0, first: int | None = None) -> 
     recorder = fe.record(env, num_steps=2000, gamma=RECORDED_GAMMA)
     recorder.reset(seed=seed)
     for t in range(steps):
-        recorder.step({agent: (t + i) % recorder.action_space(agent).n if first is None else
-                       first if agent == recorder.possible_agents[0] else 5 for i, agent in enumerate(recorder.agents)})
+        recorder.step(
+            {
+                agent: (t + i) % recorder.action_space(agent).n
+                if first is None
+                else first
+                if agent == recorder.possible_agents[0]
+                else 5
+                for i, agent in enumerate(recorder.agents)
+            }
+        )
         if not recorder.agents:
             recorder.reset()
     return recorder.buffer
@@ -96,8 +113,12 @@ def recorded(kind: str) -> fe.FlexibleBuffer:
     if kind == "dying":
         from pettingzoo.butterfly import knights_archers_zombies_v11
 
-        return _parallel(knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000,
-                                                                  max_cycles=30), 70, seed=2, first=1)  # it walks over the line
+        return _parallel(
+            knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000, max_cycles=30),
+            70,
+            seed=2,
+            first=1,
+        )  # it walks over the line
     if kind == "spawning":
         from tests.test_pettingzoo_parallel import ScriptedParallel
 
@@ -130,5 +151,3 @@ def recorded(kind: str) -> fe.FlexibleBuffer:
 
 
 RECORDED_KINDS = ["spread", "adversary", "dying", "spawning", "pistonball", "pursuit", "connect_four", "cartpole"]
-
-

@@ -41,9 +41,11 @@ def seed_files(directory: Path) -> list[bytes]:
     """Real files of several layouts: CartPole (Box), FrozenLake (categories, via a vector env),
     Taxi with masks, and the format 1-3 fixtures."""
     out = []
-    for make, steps in ((lambda: gym.make("CartPole-v1"), 60),
-                        (lambda: gym.make_vec("FrozenLake-v1", num_envs=2, max_episode_steps=6), 30),
-                        (lambda: gym.make("Taxi-v4", max_episode_steps=5), 40)):
+    for make, steps in (
+        (lambda: gym.make("CartPole-v1"), 60),
+        (lambda: gym.make_vec("FrozenLake-v1", num_envs=2, max_episode_steps=6), 30),
+        (lambda: gym.make("Taxi-v4", max_episode_steps=5), 40),
+    ):
         env = fe.record(make(), num_steps=40, seed=0)
         env.reset(seed=0)
         env.action_space.seed(0)
@@ -74,7 +76,7 @@ def _split(raw: bytes) -> tuple[int, bytes, bytes] | None:
     start = 20 + length + -(20 + length) % 64
     if start > len(raw) - 16 or version not in (2, 3, 4):
         return None
-    return version, raw[20:20 + length], raw[start:-16]
+    return version, raw[20 : 20 + length], raw[start:-16]
 
 
 def _join(version: int, blob: bytes, data: bytes) -> bytes:
@@ -88,7 +90,7 @@ def _random_json(rng: random.Random, depth: int = 0) -> Any:
     if kind == 0:
         return rng.choice([None, True, False])
     if kind == 1:
-        return rng.choice([0, 1, -1, 2**31, -2**63, 2**64, 10**30])
+        return rng.choice([0, 1, -1, 2**31, -(2**63), 2**64, 10**30])
     if kind == 2:
         return rng.random() * 10 ** rng.randrange(-3, 30)
     if kind == 3:
@@ -120,8 +122,9 @@ def _mutate_json(value: Any, rng: random.Random) -> Any:
     if isinstance(value, bool) or value is None:
         return _random_json(rng)
     if isinstance(value, int):
-        return rng.choice([value + 1, value - 1, -value, value * 2, value + 64, 0, 10**rng.randrange(1, 25),
-                           _random_json(rng)])
+        return rng.choice(
+            [value + 1, value - 1, -value, value * 2, value + 64, 0, 10 ** rng.randrange(1, 25), _random_json(rng)]
+        )
     return _random_json(rng)
 
 
@@ -146,7 +149,7 @@ def mutate(raw: bytes, rng: random.Random) -> bytes:
         for _ in range(rng.randrange(1, 5)):
             spoiled[rng.randrange(len(spoiled))] ^= 1 << rng.randrange(8)
         return bytes(spoiled)
-    return bytes(spoiled[:rng.randrange(len(spoiled))]) if rng.random() < 0.7 else bytes(spoiled) + b"\0" * 64
+    return bytes(spoiled[: rng.randrange(len(spoiled))]) if rng.random() < 0.7 else bytes(spoiled) + b"\0" * 64
 
 
 def use(buffer: fe.FlexibleBuffer, directory: Path) -> None:
@@ -196,9 +199,11 @@ def seed_logs(directory: Path) -> list[Log]:
     """Real logs of several layouts: CartPole (Box), FrozenLake (categories), Taxi with masks,
     each of several commits, the ring smaller than the log."""
     out = []
-    for make, steps in ((lambda: gym.make("CartPole-v1"), 120),
-                        (lambda: gym.make("FrozenLake-v1", max_episode_steps=6), 60),
-                        (lambda: gym.make("Taxi-v4", max_episode_steps=5), 40)):
+    for make, steps in (
+        (lambda: gym.make("CartPole-v1"), 120),
+        (lambda: gym.make("FrozenLake-v1", max_episode_steps=6), 60),
+        (lambda: gym.make("Taxi-v4", max_episode_steps=5), 40),
+    ):
         path = directory / f"log{len(out)}"
         env = fe.record(make(), num_steps=40, seed=0, log=path)
         env.reset(seed=0)
@@ -217,15 +222,17 @@ def _recommitted(files: Log) -> Log:
     from flexibuff_envs import log
     from flexibuff_envs.log.format import EPISODE_LENGTHS
 
-    columns = [log.Column(c["name"], c["part"], c["per_agent"], np.dtype(c["dtype"]), tuple(c["shape"]))
-               for c in json.loads(files[log.HEADER][20:-4])["columns"]]
+    columns = [
+        log.Column(c["name"], c["part"], c["per_agent"], np.dtype(c["dtype"]), tuple(c["shape"]))
+        for c in json.loads(files[log.HEADER][20:-4])["columns"]
+    ]
     raw, out, before = files.get(log.COMMITS, b""), bytearray(), log.Commit()
     for at in range(0, len(raw) - log.ENTRY_BYTES + 1, log.ENTRY_BYTES):
-        fields = list(struct.unpack("<8sQQQ3QI", raw[at:at + log.ENTRY_BYTES - 4]))
+        fields = list(struct.unpack("<8sQQQ3QI", raw[at : at + log.ENTRY_BYTES - 4]))
         commit = log.Commit(fields[1], fields[2], fields[3], tuple(fields[4:7]))
         crc = 0
         for column in [EPISODE_LENGTHS, *columns]:
-            crc = zlib.crc32(files.get(column.file, b"")[before.length(column):commit.length(column)], crc)
+            crc = zlib.crc32(files.get(column.file, b"")[before.length(column) : commit.length(column)], crc)
         fields[-1], before = crc, commit
         body = struct.pack("<8sQQQ3QI", *fields)
         out += body + struct.pack("<I", zlib.crc32(body))
@@ -249,11 +256,11 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
     if roll < 0.55:  # a commit entry's numbers, its own checksum recomputed
         raw = bytearray(files[log.COMMITS])
         at = rng.randrange(max(1, len(raw) // log.ENTRY_BYTES)) * log.ENTRY_BYTES
-        fields = list(struct.unpack("<8sQQQ3QI", bytes(raw[at:at + log.ENTRY_BYTES - 4])))
+        fields = list(struct.unpack("<8sQQQ3QI", bytes(raw[at : at + log.ENTRY_BYTES - 4])))
         k = rng.randrange(1, 7)  # number, rows, episodes or a tail count
         fields[k] = rng.choice([0, 1, fields[k] + 1, max(fields[k] - 1, 0), fields[k] * 2, 2**40, 2**63])
         body = struct.pack("<8sQQQ3QI", *fields)
-        raw[at:at + log.ENTRY_BYTES] = body + struct.pack("<I", zlib.crc32(body))
+        raw[at : at + log.ENTRY_BYTES] = body + struct.pack("<I", zlib.crc32(body))
         files[log.COMMITS] = bytes(raw)
         return files
     name = rng.choice(sorted(files))
@@ -263,7 +270,7 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
             spoiled[rng.randrange(len(spoiled))] = rng.randrange(256)
         return _recommitted({**files, name: bytes(spoiled)}) if name != log.HEADER else {**files, name: bytes(spoiled)}
     if roll < 0.9:
-        files[name] = bytes(spoiled[:rng.randrange(len(spoiled) + 1)])
+        files[name] = bytes(spoiled[: rng.randrange(len(spoiled) + 1)])
     elif rng.random() < 0.5:
         files[name] = bytes(spoiled) + bytes(rng.randrange(1, 200))
     else:
@@ -334,8 +341,10 @@ def main() -> None:
         for run in range(args.runs):
             one(struct.pack("<QQ", args.seed, run))
     seconds = time.perf_counter() - start
-    print(f"{args.runs:,} runs (each file loaded read and mapped) in {seconds:.0f} s; "
-          f"{len(found)} distinct sites other than BufferFileError: {found}")
+    print(
+        f"{args.runs:,} runs (each file loaded read and mapped) in {seconds:.0f} s; "
+        f"{len(found)} distinct sites other than BufferFileError: {found}"
+    )
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def _actions(kind: str) -> Any:
         from flexibuff_envs.testing.reference import play
 
         log = play(_single(kind), seed=0, steps=3000)
-        return log.actions[:log.episodes[-1][1]]  # whole episodes only
+        return log.actions[: log.episodes[-1][1]]  # whole episodes only
     if kind == "atari":
         return rng.integers(0, 6, 75).tolist()  # three episodes of 25 steps
     if kind == "vector":
@@ -146,8 +146,7 @@ def reference(kind: str) -> dict[bytes, np.ndarray]:
                 seen.append([obs[agent] for agent in env.possible_agents])
                 obs, reward, *_ = env.step({agent: int(step[i]) for i, agent in enumerate(env.possible_agents)})
                 rewards.append([reward[agent] for agent in env.possible_agents])
-            episodes[np.array(seen, dtype=np.float32).swapaxes(0, 1).tobytes()] = \
-                np.array(rewards, dtype=np.float32).T
+            episodes[np.array(seen, dtype=np.float32).swapaxes(0, 1).tobytes()] = np.array(rewards, dtype=np.float32).T
     else:
         from flexibuff_envs.testing.pz_reference import play_aec
 
@@ -163,8 +162,13 @@ def _keep(episodes: dict[bytes, np.ndarray], rows: list[tuple[np.ndarray, float]
 
 def recorded(kind: str, directory: str) -> Any:
     """``kind``'s env recorded to the log ``directory`` (continued if there is one)."""
-    make = {"gym": lambda: _single(kind), "atari": lambda: _single(kind), "vector": _vector,
-            "parallel": _parallel, "aec": _aec}[kind]
+    make = {
+        "gym": lambda: _single(kind),
+        "atari": lambda: _single(kind),
+        "vector": _vector,
+        "parallel": _parallel,
+        "aec": _aec,
+    }[kind]
     return fe.record(make(), num_steps=RING[kind], log=directory)
 
 

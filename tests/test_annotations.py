@@ -39,12 +39,15 @@ def test_annotations_land_on_the_row_of_the_step_they_precede() -> None:
     assert np.isnan(batch.continuous_log_probs[:2]).all()
 
 
-@pytest.mark.parametrize(("fields", "named"), [
-    ({"value": 1.0}, "unknown field 'value'"),
-    ({"values": [1.0, 2.0]}, "values of agent 'agent_0' must have 1 value"),
-    ({"discrete_log_probs": [0.1, 0.2]}, "discrete_log_probs of agent 'agent_0' must have 1 value"),
-    ({"memory_weights": -1.0}, "memory_weights must be finite and >= 0"),
-])
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"value": 1.0}, "unknown field 'value'"),
+        ({"values": [1.0, 2.0]}, "values of agent 'agent_0' must have 1 value"),
+        ({"discrete_log_probs": [0.1, 0.2]}, "discrete_log_probs of agent 'agent_0' must have 1 value"),
+        ({"memory_weights": -1.0}, "memory_weights must be finite and >= 0"),
+    ],
+)
 def test_bad_annotations_are_refused_by_name_and_nothing_is_lost(fields: dict, named: str) -> None:
     env = fe.record(gym.make("CartPole-v1"), num_steps=100)
     env.reset(seed=0)
@@ -73,16 +76,17 @@ def test_gae_and_returns_equal_a_plain_loop_at_termination_truncation_and_cut() 
     env.buffer.finish_path(last_values=2.5)
     batch = env.buffer.sample_transitions(idx=np.arange(15))
     rewards = batch.individual_rewards.tolist()
-    expected = (plain_gae(rewards[:4], values[:4], gamma, lam, 0.0)
-                + plain_gae(rewards[4:10], values[4:10], gamma, lam, 0.0)
-                + plain_gae(rewards[10:], values[10:], gamma, lam, 2.5))
+    expected = (
+        plain_gae(rewards[:4], values[:4], gamma, lam, 0.0)
+        + plain_gae(rewards[4:10], values[4:10], gamma, lam, 0.0)
+        + plain_gae(rewards[10:], values[10:], gamma, lam, 2.5)
+    )
     np.testing.assert_allclose(batch.advantages, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(batch.returns, np.array(expected) + values, rtol=1e-5, atol=1e-5)
 
 
 def test_truncation_uses_bootstrap_fn_for_gae() -> None:
-    env = fe.record(ToyEnv(lengths=(3,), truncate=True), num_steps=20, gamma=0.5,
-                    bootstrap_fn=lambda obs: 4.0)
+    env = fe.record(ToyEnv(lengths=(3,), truncate=True), num_steps=20, gamma=0.5, bootstrap_fn=lambda obs: 4.0)
     env.buffer.gae_lambda = 1.0
     env.reset(seed=0)
     for v in (1.0, 2.0, 3.0):
@@ -98,8 +102,8 @@ def test_feedback_lands_on_exactly_that_row_and_adds_up() -> None:
     env.reset(seed=0)
     for _ in range(3):
         env.step(0)
-    env.add_feedback(1.0)            # the latest step (row 2)
-    env.add_feedback(0.5, step=0)    # the episode's first step
+    env.add_feedback(1.0)  # the latest step (row 2)
+    env.add_feedback(0.5, step=0)  # the episode's first step
     env.add_feedback(0.25, step=0)
     batch = env.buffer.sample_transitions(idx=np.arange(3))
     np.testing.assert_array_equal(batch.individual_auxiliary_rewards, [0.75, 0, 1.0])

@@ -21,8 +21,11 @@ Seen = list[tuple[np.ndarray, Any]]
 
 
 def gym_env(seen: Seen) -> Any:
-    env = fe.record(gym.make("FrozenLake-v1", max_episode_steps=3), num_steps=100,
-                    bootstrap_fn=lambda obs_: seen.append((obs_, None)) or 1.0)
+    env = fe.record(
+        gym.make("FrozenLake-v1", max_episode_steps=3),
+        num_steps=100,
+        bootstrap_fn=lambda obs_: seen.append((obs_, None)) or 1.0,
+    )
     env.reset(seed=0)
     env.action_space.seed(0)
     for _ in range(40):
@@ -33,8 +36,11 @@ def gym_env(seen: Seen) -> Any:
 
 
 def vector_env(seen: Seen) -> Any:
-    envs = fe.record(gym.make_vec("FrozenLake-v1", num_envs=2, max_episode_steps=3), num_steps=100,
-                     bootstrap_fn=lambda obs_: seen.append((obs_, None)) or 1.0)
+    envs = fe.record(
+        gym.make_vec("FrozenLake-v1", num_envs=2, max_episode_steps=3),
+        num_steps=100,
+        bootstrap_fn=lambda obs_: seen.append((obs_, None)) or 1.0,
+    )
     envs.reset(seed=0)
     envs.action_space.seed(0)
     for _ in range(20):
@@ -43,8 +49,11 @@ def vector_env(seen: Seen) -> Any:
 
 
 def parallel_env(seen: Seen) -> Any:
-    env = fe.record(rps_v2.parallel_env(max_cycles=3), num_steps=100,
-                    bootstrap_fn=lambda obs_, agent: seen.append((obs_, agent)) or 1.0)
+    env = fe.record(
+        rps_v2.parallel_env(max_cycles=3),
+        num_steps=100,
+        bootstrap_fn=lambda obs_, agent: seen.append((obs_, agent)) or 1.0,
+    )
     for episode in range(3):
         env.reset(seed=episode)
         while env.agents:
@@ -53,8 +62,9 @@ def parallel_env(seen: Seen) -> Any:
 
 
 def aec_env(seen: Seen) -> Any:
-    env = fe.record(rps_v2.env(max_cycles=3), num_steps=100,
-                    bootstrap_fn=lambda obs_, agent: seen.append((obs_, agent)) or 1.0)
+    env = fe.record(
+        rps_v2.env(max_cycles=3), num_steps=100, bootstrap_fn=lambda obs_, agent: seen.append((obs_, agent)) or 1.0
+    )
     for episode in range(3):
         env.reset(seed=episode)
         for agent in env.agent_iter():
@@ -72,7 +82,7 @@ def test_bootstrap_fn_gets_the_batch_obs_of_the_truncated_row(make: Callable[[Se
     cut = batch.truncated & ~batch.terminated  # truncated only: bootstrapped
     truncated = np.flatnonzero(cut.reshape(-1, len(buffer)).any(axis=0))
     assert len(seen) == truncated.size * (1 if buffer.spec.n_agents == 1 else buffer.spec.n_agents) > 0
-    expected = (batch.obs_[:, truncated] if buffer.spec.n_agents > 1 else batch.obs_[None, truncated])
+    expected = batch.obs_[:, truncated] if buffer.spec.n_agents > 1 else batch.obs_[None, truncated]
     given = np.array([obs_ for obs_, _ in seen])
     assert given.dtype == batch.obs_.dtype == np.float32 and given.shape[-1] == batch.obs_.shape[-1]
     # one-hot rows, not stored indices; each call got one of the truncated rows' obs_

@@ -16,8 +16,9 @@ from tests.envs import ToyEnv
 GAMMA = 0.8
 
 
-def expected_live_episodes(episodes: list[tuple[int, int]], running: tuple[int, int] | None,
-                           capacity: int) -> tuple[list[tuple[int, int]], int]:
+def expected_live_episodes(
+    episodes: list[tuple[int, int]], running: tuple[int, int] | None, capacity: int
+) -> tuple[list[tuple[int, int]], int]:
     """The newest whole episodes that fit beside the running one, and the first live step."""
     used = 0 if running is None else min(running[1] - running[0], capacity)
     first = None if running is None else running[1] - used
@@ -31,8 +32,10 @@ def expected_live_episodes(episodes: list[tuple[int, int]], running: tuple[int, 
     return kept, int(first if first is not None else 0)
 
 
-@pytest.mark.parametrize(("lengths", "capacity", "steps"),
-                         [((1, 7, 2, 30, 3, 11), 37, 400), ((50, 2, 3), 37, 300), ((4,), 4, 50), ((9, 1), 64, 64)])
+@pytest.mark.parametrize(
+    ("lengths", "capacity", "steps"),
+    [((1, 7, 2, 30, 3, 11), 37, 400), ((50, 2, 3), 37, 300), ((4,), 4, 50), ((9, 1), 64, 64)],
+)
 def test_ring_forgets_oldest_episodes_whole(lengths: tuple[int, ...], capacity: int, steps: int) -> None:
     reference = play(ToyEnv(lengths=lengths), seed=1, steps=steps)
     env = fe.record(ToyEnv(lengths=lengths), num_steps=capacity, gamma=GAMMA)
@@ -102,7 +105,7 @@ def test_multi_agent_rows_are_agent_major_like_flexibuff() -> None:
     batch = buffer.sample_transitions(idx=np.arange(3))
     assert batch.obs.shape == (2, 3, 2) and batch.state.shape == (3, 4)
     assert batch.obs[1, 2].tolist() == [2, 1]
-    np.testing.assert_allclose(batch.G[1], [2 + 2 * .99 + 2 * .99 ** 2, 2 + 2 * .99, 2])
+    np.testing.assert_allclose(batch.G[1], [2 + 2 * 0.99 + 2 * 0.99**2, 2 + 2 * 0.99, 2])
 
 
 def test_weighted_sampling_follows_unnormalised_weights() -> None:
@@ -176,20 +179,39 @@ def test_empty_buffer_errors_are_clear() -> None:
         next(buffer.minibatches(4))
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [({"num_steps": 0}, "num_steps"), ({"obs_size": -1}, "obs_size"),
-                                              ({"gamma": 1.2}, "gamma"), ({"n_agents": 0}, "n_agents"),
-                                              ({"discrete_action_cardinalities": [2, 0]}, "cardinalities")])
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"num_steps": 0}, "num_steps"),
+        ({"obs_size": -1}, "obs_size"),
+        ({"gamma": 1.2}, "gamma"),
+        ({"n_agents": 0}, "n_agents"),
+        ({"discrete_action_cardinalities": [2, 0]}, "cardinalities"),
+    ],
+)
 def test_invalid_constructor_arguments_name_the_argument(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
         fe.FlexibleBuffer(**{"num_steps": 5, "obs_size": 2, **kwargs})
 
 
 def test_flexibuff_keywords_and_spelling_are_accepted() -> None:
-    buffer = fe.FlexibleBuffer(num_steps=5, obs_size=2, action_mask=[True], discrete_action_cardinalities=[4],
-                               continious_action_dimension=3, n_agents=2, global_reward=True,
-                               global_auxiliary_reward=True, individual_reward=True,
-                               individual_auxiliary_reward=True, log_prob_discrete=True,
-                               log_prob_continuous=2, memory_weights=True, path="/tmp/", name="fb")
+    buffer = fe.FlexibleBuffer(
+        num_steps=5,
+        obs_size=2,
+        action_mask=[True],
+        discrete_action_cardinalities=[4],
+        continious_action_dimension=3,
+        n_agents=2,
+        global_reward=True,
+        global_auxiliary_reward=True,
+        individual_reward=True,
+        individual_auxiliary_reward=True,
+        log_prob_discrete=True,
+        log_prob_continuous=2,
+        memory_weights=True,
+        path="/tmp/",
+        name="fb",
+    )
     assert buffer.spec.continuous_action_dimension == 3 and buffer.spec.action_mask
     assert buffer.field("continuous_log_probs").shape == (2, 5, 2)
     assert buffer.field("discrete_log_probs").shape == (2, 5, 1)
@@ -204,8 +226,9 @@ def test_finish_path_bootstraps_running_episodes_at_a_rollout_cut() -> None:
     assert np.isnan(batch.G).all()
     env.buffer.finish_path(last_values=8.0)
     rewards = batch.individual_rewards.tolist()
-    np.testing.assert_allclose(env.buffer.sample_transitions(idx=np.arange(4)).G,
-                               plain_returns(rewards, 0.5, 8.0), rtol=1e-5)
+    np.testing.assert_allclose(
+        env.buffer.sample_transitions(idx=np.arange(4)).G, plain_returns(rewards, 0.5, 8.0), rtol=1e-5
+    )
 
 
 def test_hand_filled_buffer_with_team_reward_only_gets_G_from_it() -> None:
@@ -257,8 +280,16 @@ def test_clear_starts_an_empty_rollout_while_the_running_episode_goes_on() -> No
 
 def test_fields_lists_what_the_buffer_holds() -> None:
     buffer = fe.FlexibleBuffer(num_steps=4, obs_size=2, discrete_action_cardinalities=[3], individual_reward=True)
-    assert buffer.fields == ("G", "active", "discrete_actions", "individual_rewards", "obs", "obs_",
-                             "terminated", "truncated")
+    assert buffer.fields == (
+        "G",
+        "active",
+        "discrete_actions",
+        "individual_rewards",
+        "obs",
+        "obs_",
+        "terminated",
+        "truncated",
+    )
     buffer.field("values")  # a field allocated on first use is listed from then on
     assert "values" in buffer.fields and "continuous_actions" not in buffer.fields
 
@@ -378,6 +409,7 @@ def test_claim_rows_hands_out_the_rows_claim_row_does_one_by_one() -> None:
         assert at_once.claim_rows(0, lane=1).size == 0
         one_by_one.end_episode(1)
         at_once.end_episode(1)
-        assert [(e.start, e.end, e.whole) for e in at_once._lanes[1].ended] == \
-            [(e.start, e.end, e.whole) for e in one_by_one._lanes[1].ended]
+        assert [(e.start, e.end, e.whole) for e in at_once._lanes[1].ended] == [
+            (e.start, e.end, e.whole) for e in one_by_one._lanes[1].ended
+        ]
         assert at_once._lanes[1].live_start == one_by_one._lanes[1].live_start

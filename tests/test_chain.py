@@ -24,14 +24,19 @@ from flexibuff_envs.writer import Writer
 
 AGENTS, LANES, CAPACITY, WIDTH = 2, 2, 7, 3
 
-STEP = st.tuples(st.just("step"), st.integers(0, LANES - 1),
-                 st.lists(st.booleans(), min_size=AGENTS, max_size=AGENTS))
-OPS = st.lists(st.one_of(  # steps most often; "end" closes the episode and begins the next
-    STEP, STEP, STEP,
-    st.tuples(st.just("sit"), st.integers(0, LANES - 1), st.integers(0, AGENTS - 1)),
-    st.tuples(st.just("undo"), st.integers(0, LANES - 1)),
-    st.tuples(st.just("end"), st.integers(0, LANES - 1)),
-), min_size=10, max_size=80)
+STEP = st.tuples(st.just("step"), st.integers(0, LANES - 1), st.lists(st.booleans(), min_size=AGENTS, max_size=AGENTS))
+OPS = st.lists(
+    st.one_of(  # steps most often; "end" closes the episode and begins the next
+        STEP,
+        STEP,
+        STEP,
+        st.tuples(st.just("sit"), st.integers(0, LANES - 1), st.integers(0, AGENTS - 1)),
+        st.tuples(st.just("undo"), st.integers(0, LANES - 1)),
+        st.tuples(st.just("end"), st.integers(0, LANES - 1)),
+    ),
+    min_size=10,
+    max_size=80,
+)
 
 
 class Model:
@@ -75,8 +80,10 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
             for a in range(AGENTS):  # a row the ring hands out again is no agent's last row any more
                 if model.last.get((lane, a)) == row:
                     del model.last[lane, a]
-            before = ({k: v for k, v in model.held.items() if k[0] == lane},
-                      {k: v for k, v in model.last.items() if k[0] == lane})
+            before = (
+                {k: v for k, v in model.held.items() if k[0] == lane},
+                {k: v for k, v in model.last.items() if k[0] == lane},
+            )
             for a in range(AGENTS):
                 model.obs[row, a] = model.obs_[row, a] = np.zeros(WIDTH, np.float32)  # a cleared row
                 if op[2][a]:
@@ -134,4 +141,6 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
     for k, row in enumerate(ended.tolist()):
         for a in range(AGENTS):
             np.testing.assert_array_equal(moved.obs[a, k], model.obs[row, a], err_msg=f"moved obs row {row} agent {a}")
-            np.testing.assert_array_equal(moved.obs_[a, k], model.obs_[row, a], err_msg=f"moved obs_ row {row} agent {a}")
+            np.testing.assert_array_equal(
+                moved.obs_[a, k], model.obs_[row, a], err_msg=f"moved obs_ row {row} agent {a}"
+            )

@@ -24,14 +24,18 @@ from pettingzoo.butterfly import knights_archers_zombies_v11
 from pettingzoo.classic import connect_four_v3, tictactoe_v3
 
 
-@pytest.mark.parametrize("make", [
-    lambda: gym.make("CartPole-v1"),
-    lambda: gym.make("Taxi-v4", max_episode_steps=20),
-    lambda: simple_spread_v3.parallel_env(max_cycles=12),
-    lambda: knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000, max_cycles=60),
-    lambda: connect_four_v3.env(),
-    lambda: tictactoe_v3.env(),
-], ids=["CartPole", "Taxi", "simple_spread", "knights_archers_zombies", "connect_four", "tictactoe"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: gym.make("CartPole-v1"),
+        lambda: gym.make("Taxi-v4", max_episode_steps=20),
+        lambda: simple_spread_v3.parallel_env(max_cycles=12),
+        lambda: knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000, max_cycles=60),
+        lambda: connect_four_v3.env(),
+        lambda: tictactoe_v3.env(),
+    ],
+    ids=["CartPole", "Taxi", "simple_spread", "knights_archers_zombies", "connect_four", "tictactoe"],
+)
 def test_real_envs_pass(make: Any) -> None:
     report = check_recorder(make(), steps=60, seed=1)
     assert report.problems == [] and report.rows > 0 and report.episodes >= 1
@@ -76,9 +80,11 @@ def test_a_vector_env_or_anything_else_is_refused() -> None:
 def leaf(kind: str) -> st.SearchStrategy[spaces.Space]:
     sizes = st.integers(1, 4)
     if kind == "obs":
-        box = st.builds(lambda shape, dtype: spaces.Box(0, 100, shape, dtype),
-                        st.lists(sizes, min_size=1, max_size=3).map(tuple),
-                        st.sampled_from([np.float32, np.float64, np.uint8, np.int32]))
+        box = st.builds(
+            lambda shape, dtype: spaces.Box(0, 100, shape, dtype),
+            st.lists(sizes, min_size=1, max_size=3).map(tuple),
+            st.sampled_from([np.float32, np.float64, np.uint8, np.int32]),
+        )
     else:
         box = st.builds(lambda n: spaces.Box(-1, 1, (n,), np.float32), sizes)
     return st.one_of(
@@ -93,20 +99,35 @@ def space(kind: str) -> st.SearchStrategy[spaces.Space]:
     return st.one_of(
         leaf(kind),
         st.lists(leaf(kind), min_size=1, max_size=3).map(lambda s: spaces.Tuple(tuple(s))),
-        st.lists(leaf(kind), min_size=1, max_size=3).map(
-            lambda s: spaces.Dict({f"k{i}": x for i, x in enumerate(s)})),
+        st.lists(leaf(kind), min_size=1, max_size=3).map(lambda s: spaces.Dict({f"k{i}": x for i, x in enumerate(s)})),
     )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(obs=space("obs"), action=space("action"), lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
-       truncate=st.booleans(), masked=st.booleans(), steps=st.integers(1, 60), ring=st.integers(1, 40),
-       seed=st.integers(0, 1000))
-def test_any_spaces_any_lengths_any_ring(obs: spaces.Space, action: spaces.Space, lengths: list[int], truncate: bool,
-                                         masked: bool, steps: int, ring: int, seed: int) -> None:
+@given(
+    obs=space("obs"),
+    action=space("action"),
+    lengths=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    truncate=st.booleans(),
+    masked=st.booleans(),
+    steps=st.integers(1, 60),
+    ring=st.integers(1, 40),
+    seed=st.integers(0, 1000),
+)
+def test_any_spaces_any_lengths_any_ring(
+    obs: spaces.Space,
+    action: spaces.Space,
+    lengths: list[int],
+    truncate: bool,
+    masked: bool,
+    steps: int,
+    ring: int,
+    seed: int,
+) -> None:
     """Every recorded row equals the reference log, and every sampled episode is whole."""
-    env = ToyEnv(obs, action, lengths=tuple(lengths), truncate=truncate,
-                 mask_info=masked and isinstance(action, spaces.Discrete))
+    env = ToyEnv(
+        obs, action, lengths=tuple(lengths), truncate=truncate, mask_info=masked and isinstance(action, spaces.Discrete)
+    )
     report = check_recorder(env, steps=steps, num_steps=ring, seed=seed, gamma=0.9, strict=False)
     assert report.problems == []
     assert report.rows <= ring

@@ -32,8 +32,13 @@ KINDS: dict[str, Callable[[], Any]] = {
 
 
 def learner_for(buffer: fe.FlexibleBuffer, num_steps: int) -> fe.FlexibleBuffer:
-    return fe.FlexibleBuffer.from_spec(dataclasses.replace(buffer.spec, n_envs=1), num_steps=num_steps,
-                                       gamma=buffer.gamma, global_reward=False, individual_reward=False)
+    return fe.FlexibleBuffer.from_spec(
+        dataclasses.replace(buffer.spec, n_envs=1),
+        num_steps=num_steps,
+        gamma=buffer.gamma,
+        global_reward=False,
+        individual_reward=False,
+    )
 
 
 def play(env: Any, seed: int, n: int, policy: Any = None) -> Any:
@@ -74,7 +79,7 @@ def test_a_small_learner_keeps_the_newest_whole_episodes_and_samples_them() -> N
         step_reference()
         learner.extend(worker.buffer.take_episodes())
     kept = whole_episodes(learner)
-    newest = whole_episodes(reference.buffer)[-len(kept):]
+    newest = whole_episodes(reference.buffer)[-len(kept) :]
     assert 0 < len(learner) <= 300 and len(kept) == learner.n_episodes
     for a, b in zip(kept, newest):
         assert_same_batches(a, b)
@@ -101,8 +106,10 @@ def test_a_chunk_bigger_than_the_lane_appends_its_newest_episodes_that_fit() -> 
 
 def test_annotations_gae_feedback_and_weights_travel_with_the_episode() -> None:
     def policy(obs: np.ndarray, info: dict) -> Annotated:
-        return Annotated(int(obs[2] > 0), {"values": float(obs[0]), "discrete_log_probs": [-0.7],
-                                           "memory_weights": 1.0 + abs(float(obs[1]))})
+        return Annotated(
+            int(obs[2] > 0),
+            {"values": float(obs[0]), "discrete_log_probs": [-0.7], "memory_weights": 1.0 + abs(float(obs[1]))},
+        )
 
     worker = fe.record(gym.make("CartPole-v1"), num_steps=2_000, gamma=0.9)
     step = play(worker, 1, 1, policy)
@@ -122,10 +129,10 @@ def test_annotations_gae_feedback_and_weights_travel_with_the_episode() -> None:
 
 
 def test_masks_are_switched_on_by_the_first_chunk_that_has_them() -> None:
-    unmasked = fe.record(ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,)),
-                         num_steps=100)
-    masked = fe.record(ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,),
-                              mask_info=True), num_steps=100)
+    unmasked = fe.record(ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,)), num_steps=100)
+    masked = fe.record(
+        ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,), mask_info=True), num_steps=100
+    )
     play(unmasked, 0, 8)()
     play(masked, 0, 8)()
     learner = learner_for(unmasked.buffer, 100)
@@ -144,11 +151,13 @@ def test_masks_switched_on_give_every_row_held_before_all_actions_legal_running_
     """Masks arrive with a chunk appended to lane 1 while lane 0 runs an episode of 5 steps and
     holds an ended one: every row recorded before, running or ended, has all actions legal, now
     and next."""
-    masked = fe.record(ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,),
-                              mask_info=True), num_steps=100)
+    masked = fe.record(
+        ToyEnv(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(11), lengths=(4,), mask_info=True), num_steps=100
+    )
     play(masked, 0, 8)()
-    learner = fe.FlexibleBuffer.from_spec(dataclasses.replace(masked.buffer.spec, n_envs=2, action_mask=False),
-                                          num_steps=50, gamma=masked.buffer.gamma)
+    learner = fe.FlexibleBuffer.from_spec(
+        dataclasses.replace(masked.buffer.spec, n_envs=2, action_mask=False), num_steps=50, gamma=masked.buffer.gamma
+    )
     learner.begin_episode(0)
     ended = learner.claim_rows(3, 0)
     learner.end_episode(0)
@@ -199,8 +208,12 @@ def test_a_loaded_file_hands_out_its_episodes(tmp_path: Any) -> None:
 
 
 def fingerprint(buffer: fe.FlexibleBuffer) -> tuple[Any, ...]:
-    return (len(buffer), buffer.n_episodes, {name: array.tobytes() for name, array in buffer._storage},
-            {name: (chain.index.tobytes(), chain.tail.tobytes()) for name, chain in buffer._storage.chains.items()})
+    return (
+        len(buffer),
+        buffer.n_episodes,
+        {name: array.tobytes() for name, array in buffer._storage},
+        {name: (chain.index.tobytes(), chain.tail.tobytes()) for name, chain in buffer._storage.chains.items()},
+    )
 
 
 def test_a_chunk_that_does_not_fit_is_refused_by_name_and_the_buffer_keeps_everything() -> None:
@@ -259,8 +272,9 @@ def test_a_chunk_whose_next_values_name_slots_it_lacks_is_refused_by_name() -> N
     index = next(part for part in chunk.parts if part.key == ("obs_", "index"))
     bad = index.whole().copy()
     bad[0, 3] = 10_000
-    crafted = dataclasses.replace(chunk, parts=tuple(
-        dataclasses.replace(part, pieces=(bad,)) if part is index else part for part in chunk.parts))
+    crafted = dataclasses.replace(
+        chunk, parts=tuple(dataclasses.replace(part, pieces=(bad,)) if part is index else part for part in chunk.parts)
+    )
     with pytest.raises(ValueError, match=r"next-value field 'obs_' of the chunk does not fit .* up to 10000 of"):
         learner.extend(crafted)
     no_tail = dataclasses.replace(chunk, parts=tuple(part for part in chunk.parts if part.part != "tail"))

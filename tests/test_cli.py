@@ -96,16 +96,19 @@ def test_vector_env_with_masks_plays_legal_actions_in_every_sub_env() -> None:
 
 
 def test_parallel_pettingzoo_module_with_env_kwargs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["record", "mpe2.simple_spread_v3", "--episodes", "4",
-                "--env-kwargs", '{"max_cycles": 10, "N": 2}']) == 0
+    assert (
+        run(["record", "mpe2.simple_spread_v3", "--episodes", "4", "--env-kwargs", '{"max_cycles": 10, "N": 2}']) == 0
+    )
     assert "(PettingZoo parallel, 2 agents)" in capsys.readouterr().out
     stats = fe.FlexibleBuffer.open("simple_spread_v3.log").episode_stats()
     assert stats["lengths"].tolist() == [10] * 4
 
 
 def test_api_aec_overrides_the_parallel_default(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["record", "mpe2.simple_spread_v3", "--api", "aec", "--episodes", "1",
-                "--env-kwargs", '{"max_cycles": 5}']) == 0
+    assert (
+        run(["record", "mpe2.simple_spread_v3", "--api", "aec", "--episodes", "1", "--env-kwargs", '{"max_cycles": 5}'])
+        == 0
+    )
     assert "(PettingZoo AEC, 3 agents)" in capsys.readouterr().out
 
 
@@ -123,14 +126,16 @@ def test_default_capacity_fits_the_memory_budget(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(cli, "MEMORY_BUDGET", 40 * 1024)
     assert run(["record", "CartPole-v1", "--episodes", "2", "--out", "m.fbuf"]) == 0
     buffer = fe.FlexibleBuffer.load("m.fbuf")
+
     def reserved(rows: int) -> int:  # bytes a fresh buffer of this layout takes for this many rows
         return fe.FlexibleBuffer.from_spec(buffer.spec, num_steps=rows).nbytes
 
     assert reserved(buffer.num_steps) <= 40 * 1024 < reserved(buffer.num_steps + 1)  # the most that fit
 
 
-def test_ctrl_c_stops_early_and_keeps_what_was_recorded(monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_ctrl_c_stops_early_and_keeps_what_was_recorded(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     calls = iter(range(1000))
     real = rollout.legal_sample
 
@@ -167,9 +172,18 @@ def test_inspect_describes_the_file_without_changing_it(capsys: pytest.CaptureFi
     capsys.readouterr()
     assert run(["inspect", "s.fbuf"]) == 0
     text = capsys.readouterr().out
-    for expected in ("3 agents", "agent_0, agent_1, agent_2", "obs       18 x float32", "discrete heads [5]",
-                     "masks     no", "state     54 x float32", "50 held, 2 whole episodes",
-                     "mean 25.0 rows", "agent_2  mean", "G, active, discrete_actions"):
+    for expected in (
+        "3 agents",
+        "agent_0, agent_1, agent_2",
+        "obs       18 x float32",
+        "discrete heads [5]",
+        "masks     no",
+        "state     54 x float32",
+        "50 held, 2 whole episodes",
+        "mean 25.0 rows",
+        "agent_2  mean",
+        "G, active, discrete_actions",
+    ):
         assert expected in text, expected
     assert "yours" not in text and "priority" not in text  # neither was used
     assert Path("s.fbuf").read_bytes() == before
@@ -196,27 +210,31 @@ def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str]) -> None:
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
-@pytest.mark.parametrize("argv, names", [
-    (["record", "NoSuchEnv-v0"], "NoSuchEnv"),
-    (["record", "pettingzoo.classic.conect_four_v3"], "did you mean pettingzoo.classic.connect_four_v3"),
-    (["record", "mpe2.nothing_v1"], "unknown env mpe2.nothing_v1"),
-    (["record", "json.decoder"], "neither env() nor parallel_env()"),
-    (["record", "--episodes", "2", "--steps", "5"], "--steps: not allowed with argument --episodes"),
-    (["record", "--episodes", "0"], "--episodes: must be a positive integer"),
-    (["record", "--gamma", "1.5"], "--gamma: must be a number in [0, 1]"),
-    (["record", "--env-kwargs", "{max_cycles: 3}"], "--env-kwargs: is not valid JSON"),
-    (["record", "--env-kwargs", "[3]"], "--env-kwargs: must be a JSON object"),
-    (["record", "mpe2.simple_spread_v3", "--env-kwargs", '{"colour": 1}'], "could not make mpe2.simple_spread_v3"),
-    (["record", "CartPole-v1", "--api", "aec"], "--api aec is for PettingZoo envs"),
-    (["record", "--api", "parallel"], "has no parallel API"),
-    (["record", "--num-envs", "2"], "PettingZoo envs are recorded one at a time"),
-    (["record", "--out", ".."], "--out .. is a directory holding other files"),
-    (["inspect", "missing.fbuf"], "missing.fbuf: no such buffer file"),
-    (["plot", "missing.fbuf"], "missing.fbuf: no such buffer file"),
-    (["frobnicate"], "invalid choice: 'frobnicate'"),
-])
-def test_bad_input_is_one_line_on_stderr(argv: list[str], names: str, in_tmp: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["record", "NoSuchEnv-v0"], "NoSuchEnv"),
+        (["record", "pettingzoo.classic.conect_four_v3"], "did you mean pettingzoo.classic.connect_four_v3"),
+        (["record", "mpe2.nothing_v1"], "unknown env mpe2.nothing_v1"),
+        (["record", "json.decoder"], "neither env() nor parallel_env()"),
+        (["record", "--episodes", "2", "--steps", "5"], "--steps: not allowed with argument --episodes"),
+        (["record", "--episodes", "0"], "--episodes: must be a positive integer"),
+        (["record", "--gamma", "1.5"], "--gamma: must be a number in [0, 1]"),
+        (["record", "--env-kwargs", "{max_cycles: 3}"], "--env-kwargs: is not valid JSON"),
+        (["record", "--env-kwargs", "[3]"], "--env-kwargs: must be a JSON object"),
+        (["record", "mpe2.simple_spread_v3", "--env-kwargs", '{"colour": 1}'], "could not make mpe2.simple_spread_v3"),
+        (["record", "CartPole-v1", "--api", "aec"], "--api aec is for PettingZoo envs"),
+        (["record", "--api", "parallel"], "has no parallel API"),
+        (["record", "--num-envs", "2"], "PettingZoo envs are recorded one at a time"),
+        (["record", "--out", ".."], "--out .. is a directory holding other files"),
+        (["inspect", "missing.fbuf"], "missing.fbuf: no such buffer file"),
+        (["plot", "missing.fbuf"], "missing.fbuf: no such buffer file"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr(
+    argv: list[str], names: str, in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert run(argv) != 0
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -236,17 +254,20 @@ def test_unreadable_or_foreign_files_are_one_line(capsys: pytest.CaptureFixture[
     assert capsys.readouterr().err.startswith("flexibuff-envs plot: short.fbuf: no episode has ended whole")
 
 
-def test_a_missing_dependency_of_an_env_module_is_named(in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_dependency_of_an_env_module_is_named(
+    in_tmp: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     (in_tmp / "needs_pygame_x.py").write_text("import pygame_x\n")
     monkeypatch.syspath_prepend(str(in_tmp))
     assert run(["record", "needs_pygame_x.env_v0"]) == 2
-    assert "importing needs_pygame_x.env_v0 needs the module pygame_x, which is not installed" in \
-        capsys.readouterr().err
+    assert (
+        "importing needs_pygame_x.env_v0 needs the module pygame_x, which is not installed" in capsys.readouterr().err
+    )
 
 
-def test_without_pettingzoo_the_default_names_the_extra(monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_without_pettingzoo_the_default_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     class NotInstalled(importlib.abc.MetaPathFinder):
         def find_spec(self, name: str, *_: object) -> None:
             if name == "pettingzoo":
@@ -256,22 +277,29 @@ def test_without_pettingzoo_the_default_names_the_extra(monkeypatch: pytest.Monk
         monkeypatch.delitem(sys.modules, module)
     monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *sys.meta_path])
     assert run(["record"]) == 2
-    assert capsys.readouterr().err == ("flexibuff-envs record: importing pettingzoo.classic.connect_four_v3 needs "
-                                       "the module pettingzoo, which is not installed "
-                                       "(pip install 'flexibuff-envs[pettingzoo]')\n")
+    assert capsys.readouterr().err == (
+        "flexibuff-envs record: importing pettingzoo.classic.connect_four_v3 needs "
+        "the module pettingzoo, which is not installed "
+        "(pip install 'flexibuff-envs[pettingzoo]')\n"
+    )
 
 
 def test_console_script_and_module_entry_point(in_tmp: Path) -> None:
     script = shutil.which("flexibuff-envs", path=str(Path(sys.executable).parent))
     assert script is not None
-    result = subprocess.run([script, "record", "CartPole-v1", "--episodes", "2"], capture_output=True,
-                            text=True, check=True, cwd=in_tmp)
+    result = subprocess.run(
+        [script, "record", "CartPole-v1", "--episodes", "2"], capture_output=True, text=True, check=True, cwd=in_tmp
+    )
     assert "2 ended" in result.stdout and (in_tmp / "CartPole-v1.log").is_dir()
-    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", "CartPole-v1.log"],
-                            capture_output=True, text=True, check=True, cwd=in_tmp)
+    result = subprocess.run(
+        [sys.executable, "-m", "flexibuff_envs", "inspect", "CartPole-v1.log"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=in_tmp,
+    )
     assert "agent_0" in result.stdout
-    result = subprocess.run([script, "record", "NoSuchEnv-v0"], capture_output=True, text=True,
-                            check=False, cwd=in_tmp)
+    result = subprocess.run([script, "record", "NoSuchEnv-v0"], capture_output=True, text=True, check=False, cwd=in_tmp)
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
@@ -279,15 +307,17 @@ def test_a_reader_that_leaves_early_gets_no_traceback(in_tmp: Path) -> None:
     assert run(["record", "CartPole-v1", "--episodes", "2", "--out", "p.fbuf"]) == 0
     script = shutil.which("flexibuff-envs", path=str(Path(sys.executable).parent))
     assert script is not None
-    inspect = subprocess.Popen([script, "inspect", "p.fbuf"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               cwd=in_tmp)
+    inspect = subprocess.Popen(
+        [script, "inspect", "p.fbuf"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=in_tmp
+    )
     inspect.stdout.close()  # like `| head -0`
     with inspect.stderr:
         assert inspect.wait() == 141 and inspect.stderr.read() == b""
 
 
 def test_a_ring_too_small_for_any_whole_episode_is_said_and_nothing_is_saved(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert run(["record", "CartPole-v1", "--capacity", "5", "--episodes", "3", "--out", "c.fbuf"]) == 1
     err = capsys.readouterr().err
     assert "note: the buffer holds 5 rows per sub-env, but an episode of CartPole-v1 may last 500 rows" in err
@@ -319,9 +349,27 @@ def test_sigint_sigterm_and_sighup_stop_a_recording_which_is_saved(tmp_path: Pat
     runs = {}
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         out = tmp_path / f"{signum.name}.fbuf"
-        runs[signum] = (out, subprocess.Popen(  # --capacity 400 < CartPole's 500 steps: a note when recording starts
-            [sys.executable, "-m", "flexibuff_envs", "record", "CartPole-v1", "--steps", "100000000",
-             "--capacity", "400", "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        runs[signum] = (
+            out,
+            subprocess.Popen(  # --capacity 400 < CartPole's 500 steps: a note when recording starts
+                [
+                    sys.executable,
+                    "-m",
+                    "flexibuff_envs",
+                    "record",
+                    "CartPole-v1",
+                    "--steps",
+                    "100000000",
+                    "--capacity",
+                    "400",
+                    "--out",
+                    str(out),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
     for _, process in runs.values():
         assert "note: the buffer holds 400 rows" in process.stderr.readline()  # type: ignore[union-attr]
     time.sleep(2)  # recording

@@ -81,8 +81,9 @@ def assert_same_episodes(merged: list[fe.FlexiBatch], expected: list[fe.FlexiBat
 
 
 @pytest.mark.parametrize("make", KINDS.values(), ids=KINDS.keys())
-def test_rows_merged_from_workers_equal_one_process_with_the_same_seeds(make: Callable[[], Any],
-                                                                       collector: Callable[..., RayCollector]) -> None:
+def test_rows_merged_from_workers_equal_one_process_with_the_same_seeds(
+    make: Callable[[], Any], collector: Callable[..., RayCollector]
+) -> None:
     c = collector(make, n_workers=2, seed=10, chunk_steps=100)
     runs = c.collect(700), c.collect(500)  # episodes running at the end of one call go on in the next
     assert sum(r.steps for r in runs) >= 1200 and all(r.restarts == 0 for r in runs)
@@ -139,7 +140,8 @@ class CrashOnce:
 
 
 def test_a_worker_dying_mid_chunk_is_replaced_and_nothing_half_is_merged(
-        tmp_path: Path, collector: Callable[..., RayCollector]) -> None:
+    tmp_path: Path, collector: Callable[..., RayCollector]
+) -> None:
     make, policy = KINDS["cartpole"], CrashOnce(tmp_path / "crashed")
     c = collector(make, policy, n_workers=2, seed=0, chunk_steps=100)
     run = c.collect(800)
@@ -184,7 +186,8 @@ def test_set_weights_reaches_a_torch_policy_before_its_next_chunk(collector: Cal
 
 
 def test_stream_merges_chunks_while_the_learner_trains_and_stops_cleanly(
-        collector: Callable[..., RayCollector]) -> None:
+    collector: Callable[..., RayCollector],
+) -> None:
     make = KINDS["simple_spread parallel"]
     c = collector(make, n_workers=2, seed=5, chunk_steps=150)
     seen = []
@@ -214,6 +217,8 @@ def test_bad_setup_is_reported_before_any_collection(collector: Callable[..., Ra
         collector(KINDS["cartpole"], n_workers=0)
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         collector(KINDS["cartpole"], n_workers=1).collect(0)
-    with pytest.raises(TimeoutError, match="3 workers did not start within start_timeout=5 s; each asks "
-                                           "for 1 CPU, the cluster has 2 in all"):
+    with pytest.raises(
+        TimeoutError,
+        match="3 workers did not start within start_timeout=5 s; each asks for 1 CPU, the cluster has 2 in all",
+    ):
         collector(KINDS["cartpole"], n_workers=3, start_timeout=5)

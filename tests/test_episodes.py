@@ -14,13 +14,18 @@ from hypothesis import strategies as st
 import flexibuff_envs as fe
 from flexibuff_envs.episodes import Ended, Episode, span_rows
 
-ENDED_OPS = st.lists(st.one_of(
-    st.tuples(st.just("append"), st.integers(1, 5), st.booleans()),
-    st.tuples(st.just("extend"), st.lists(st.integers(1, 5), max_size=40)),
-    st.tuples(st.just("drop"), st.integers(0, 30)),
-    st.tuples(st.just("running"), st.integers(0, 5)),
-    st.tuples(st.just("clear"),),
-), max_size=60)
+ENDED_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 5), st.booleans()),
+        st.tuples(st.just("extend"), st.lists(st.integers(1, 5), max_size=40)),
+        st.tuples(st.just("drop"), st.integers(0, 30)),
+        st.tuples(st.just("running"), st.integers(0, 5)),
+        st.tuples(
+            st.just("clear"),
+        ),
+    ),
+    max_size=60,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -39,7 +44,7 @@ def test_ended_episodes_hold_what_a_list_holds_as_they_grow_shift_and_drop(ops: 
             end = int(ends[-1]) if op[1] else end
         elif op[0] == "drop":
             ended.drop(op[1])
-            del model[:op[1]]
+            del model[: op[1]]
         elif op[0] == "running":  # the running episode after the newest, as a lane's bounds show it
             starts, ends_ = ended.with_running(Episode(end, end + op[1]))
             assert starts.tolist() == [s for s, _, _ in model] + [end]
@@ -126,7 +131,8 @@ def test_sample_episodes_keeps_within_max_batch_size_with_whole_episodes_in_reco
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 9), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(-3, 9)), max_size=12))
 def test_span_rows_are_each_ranges_rows_in_time_order_across_the_lanes_end(
-        capacity: int, ranges: list[tuple[int, int, int]]) -> None:
+    capacity: int, ranges: list[tuple[int, int, int]]
+) -> None:
     """Ranges of lane positions (some wrapping around their lane's end, some empty) as buffer rows,
     against a plain loop over the positions."""
     lanes = np.array([lane for lane, _, _ in ranges], dtype=np.int64)

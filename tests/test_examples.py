@@ -20,21 +20,24 @@ def load(name: str):
     return module
 
 
-def test_ppo_cartpole_runs_a_few_rollouts_and_plots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_ppo_cartpole_runs_a_few_rollouts_and_plots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     ppo = load("ppo_cartpole")
     png = tmp_path / "curve.png"
-    monkeypatch.setattr(sys, "argv", ["ppo_cartpole.py", "--total-timesteps", "2048", "--num-steps", "64",
-                                      "--plot", str(png)])
+    monkeypatch.setattr(
+        sys, "argv", ["ppo_cartpole.py", "--total-timesteps", "2048", "--num-steps", "64", "--plot", str(png)]
+    )
     ppo.main()
     assert "2048 steps in" in capsys.readouterr().out
     assert png.stat().st_size > 1000
 
 
-def test_ppo_args_help_comes_from_the_dataclass_comments(monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_ppo_args_help_comes_from_the_dataclass_comments(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     ppo = load("ppo_cartpole")
     monkeypatch.setattr(sys, "argv", ["ppo_cartpole.py", "--help"])
     with pytest.raises(SystemExit):
@@ -57,19 +60,20 @@ def test_reinforce_cartpole_learns_from_recorded_returns(tmp_path: Path, capsys:
     assert png.stat().st_size > 1000
 
 
-def test_dqn_tictactoe_reports_win_rates_before_and_after(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_dqn_tictactoe_reports_win_rates_before_and_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     png = tmp_path / "dqn.png"
-    load("dqn_tictactoe").main(["--episodes", "40", "--eval-games", "4", "--curve-games", "2",
-                                "--batch-size", "16", "--plot", str(png)])
+    load("dqn_tictactoe").main(
+        ["--episodes", "40", "--eval-games", "4", "--curve-games", "2", "--batch-size", "16", "--plot", str(png)]
+    )
     out = capsys.readouterr().out
     assert "40 games in" in out and "moving first   before" in out and "after" in out
     assert png.stat().st_size > 1000
 
 
-def test_ray_collect_collects_and_trains_on_two_workers(capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ray_collect_collects_and_trains_on_two_workers(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     # the workers import the example's actor by its module name: let the Ray it starts find it
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLES), *sys.path]))
     load("ray_collect").main(["--steps", "2000", "--chunks", "3", "--chunk-steps", "200", "--batch-size", "64"])
@@ -92,8 +96,9 @@ def test_torchrl_dqn_learns_from_tensordict_batches(capsys: pytest.CaptureFixtur
     assert "20 DQNLoss updates on TensorDict batches" in capsys.readouterr().out
 
 
-def test_minari_roundtrip_writes_and_reads_a_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_minari_roundtrip_writes_and_reads_a_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("minari")
     pytest.importorskip("h5py")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
@@ -114,8 +119,9 @@ def test_dqn_per_cartpole_trains_two_seeds_and_plots(tmp_path: Path, capsys: pyt
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     png = tmp_path / "dqn_per.png"
-    load("dqn_per_cartpole").main(["--seeds", "0", "1", "--steps", "600", "--learning-starts", "200",
-                                   "--plot", str(png)])
+    load("dqn_per_cartpole").main(
+        ["--seeds", "0", "1", "--steps", "600", "--learning-starts", "200", "--plot", str(png)]
+    )
     out = capsys.readouterr().out
     assert "seed 0: not solved in 600 steps" in out and "seed 1:" in out and "mean return of the last 20" in out
     assert png.stat().st_size > 1000
@@ -130,8 +136,9 @@ def test_og_marl_vault_bc_reads_the_vault_without_jax_and_clones(capsys: pytest.
     assert "behaviour clone" in out and "random" in out
 
 
-def test_minari_agents_writes_one_dataset_per_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_minari_agents_writes_one_dataset_per_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for extra in ("minari", "h5py", "mpe2"):
         pytest.importorskip(extra)
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
@@ -141,8 +148,9 @@ def test_minari_agents_writes_one_dataset_per_agent(tmp_path: Path, monkeypatch:
     assert "a critic's input (obs, state, joint action) (25, 75)" in out
 
 
-def test_parquet_tables_reads_with_pandas_and_datasets(monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_parquet_tables_reads_with_pandas_and_datasets(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     for extra in ("pyarrow", "pandas", "datasets", "pettingzoo"):
         pytest.importorskip(extra)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -15,8 +15,9 @@ import flexibuff_envs as fe
 def recorded_cartpole(steps: int = 130, num_steps: int = 50, every: int = 1) -> tuple[fe.GymRecorder, list]:
     """CartPole with a 4-wide ``hidden`` (float32) and an int ``tick``, annotated on every ``every``-th
     step with values made from the step count; also returns, per step, (obs, hidden given or None)."""
-    env = fe.record(gym.make("CartPole-v1"), num_steps=num_steps, seed=0,
-                    extra_fields={"hidden": (4,), "tick": ((), "int64")})
+    env = fe.record(
+        gym.make("CartPole-v1"), num_steps=num_steps, seed=0, extra_fields={"hidden": (4,), "tick": ((), "int64")}
+    )
     obs, _ = env.reset(seed=0)
     env.action_space.seed(0)
     seen = []
@@ -120,8 +121,13 @@ def test_every_agent_and_every_sub_env_has_its_own() -> None:
 
 
 def test_bad_declarations_and_annotations_are_refused_naming_the_field() -> None:
-    for bad, says in (({"obs": (2,)}, "'obs'"), ({"my field": (2,)}, "'my field'"), ({"h": (0,)}, "'h'"),
-                      ({"h": ((2,), object)}, "'h' dtype"), ({"h": "wide"}, "'h'")):
+    for bad, says in (
+        ({"obs": (2,)}, "'obs'"),
+        ({"my field": (2,)}, "'my field'"),
+        ({"h": (0,)}, "'h'"),
+        ({"h": ((2,), object)}, "'h' dtype"),
+        ({"h": "wide"}, "'h'"),
+    ):
         with pytest.raises(ValueError, match=says):
             fe.FlexibleBuffer(10, 4, extra_fields=bad)
     env, _ = recorded_cartpole(steps=5)

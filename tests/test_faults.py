@@ -55,8 +55,9 @@ def assert_consistent(buffer: fe.FlexibleBuffer) -> None:
     for episode in episodes_of(buffer):
         flags = episode.terminated | episode.truncated
         assert flags[-1] and not flags[:-1].any()
-        np.testing.assert_allclose(episode.G, plain_returns(list(episode.individual_rewards), GAMMA),
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            episode.G, plain_returns(list(episode.individual_rewards), GAMMA), rtol=1e-5, atol=1e-5
+        )
 
 
 def failing_bootstrap(obs_: np.ndarray) -> float:
@@ -74,8 +75,9 @@ def run_with_fault(fault: str) -> tuple[fe.FlexibleBuffer, list[tuple[list, list
     written: the row is given back and the previous row's next observation must survive."""
     if fault == "bootstrap":
         failing_bootstrap.calls = 0  # type: ignore[attr-defined]
-        env = fe.record(gym.make("CartPole-v1", max_episode_steps=10), num_steps=1000, gamma=GAMMA,
-                        bootstrap_fn=failing_bootstrap)
+        env = fe.record(
+            gym.make("CartPole-v1", max_episode_steps=10), num_steps=1000, gamma=GAMMA, bootstrap_fn=failing_bootstrap
+        )
     else:
         env = fe.record(Flaky(fail_step=30, bad_obs=fault == "bad_obs"), num_steps=1000, gamma=GAMMA)
     notes: list[str] = []
@@ -112,7 +114,9 @@ def test_the_buffer_holds_exactly_the_steps_that_happened(fault: str) -> None:
     assert_consistent(buffer)
     assert len(buffer) == sum(len(r) for _, r in episodes) + running
     # the interrupted episode ends as truncated at its last good step
-    interrupted = recorded[next(i for i, (_, r) in enumerate(episodes) if sum(len(x) for _, x in episodes[:i + 1]) >= 29)]
+    interrupted = recorded[
+        next(i for i, (_, r) in enumerate(episodes) if sum(len(x) for _, x in episodes[: i + 1]) >= 29)
+    ]
     assert interrupted.truncated[-1] and not interrupted.terminated[-1]
     if fault != "raise":  # the recorder's own error says what happened to the episode
         assert any("not recorded" in note and "next reset" in note for note in notes)
@@ -138,8 +142,9 @@ def test_a_failing_reset_changes_nothing() -> None:
 
 def test_nan_and_inf_rewards_are_kept_and_poison_no_other_episode() -> None:
     given = iter([1.0, np.nan, 1.0, 2.0, np.inf] + [1.0] * 1000)
-    env = fe.record(gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: next(given)), num_steps=1000,
-                    gamma=GAMMA)
+    env = fe.record(
+        gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: next(given)), num_steps=1000, gamma=GAMMA
+    )
     env.reset(seed=0)
     for t in range(200):
         _, _, terminated, truncated, _ = env.step(t % 2)

@@ -31,7 +31,8 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**64 - 1))
 def test_any_mutation_of_a_file_loads_and_works_or_is_one_buffer_file_error(
-        seeds: list[bytes], scratch: Path, seed: int) -> None:
+    seeds: list[bytes], scratch: Path, seed: int
+) -> None:
     rng = random.Random(seed)
     raw = mutate(seeds[rng.randrange(len(seeds))], rng)
     for mmap in (False, True):
@@ -46,7 +47,8 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> list[Log]:
 @settings(max_examples=EXAMPLES // 2, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**64 - 1))
 def test_any_mutation_of_a_log_opens_and_works_or_is_one_buffer_file_error(
-        logs: list[Log], scratch: Path, seed: int) -> None:
+    logs: list[Log], scratch: Path, seed: int
+) -> None:
     """The header (checksum recomputed), a commit entry's numbers (its checksum recomputed), a
     column's bytes (the commits' checksums recomputed), a file cut, grown or gone."""
     rng = random.Random(seed)

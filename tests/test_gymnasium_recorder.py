@@ -25,18 +25,31 @@ CASES: dict[str, tuple[Callable[[], gym.Env], int]] = {
     "Taxi-v4": (lambda: gym.make("Taxi-v4", max_episode_steps=30), 100),
     "FrozenLake-v1": (lambda: gym.make("FrozenLake-v1"), 120),
     "CarRacing-v3": (lambda: gym.make("CarRacing-v3", max_episode_steps=12), 25),
-    "tuple-discrete-box-actions": (lambda: ToyEnv(
-        spaces.Box(-1, 1, (2, 3), np.float64),
-        spaces.Tuple((spaces.Discrete(3, start=-1), spaces.Box(-2, 2, (2,), np.float32))),
-        lengths=(3, 7)), 40),
-    "multidiscrete-actions": (lambda: ToyEnv(
-        spaces.Dict({"pos": spaces.Discrete(4), "bits": spaces.MultiBinary(3)}),
-        spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[0, 1], [-1, 0]])),
-        lengths=(4, 2, 6)), 40),
-    "dict-mixed-actions": (lambda: ToyEnv(
-        spaces.Box(0, 255, (4, 4), np.uint8),
-        spaces.Dict({"move": spaces.MultiBinary(2), "aim": spaces.Box(-1, 1, (3,), np.float32)}),
-        lengths=(5,), truncate=True), 30),
+    "tuple-discrete-box-actions": (
+        lambda: ToyEnv(
+            spaces.Box(-1, 1, (2, 3), np.float64),
+            spaces.Tuple((spaces.Discrete(3, start=-1), spaces.Box(-2, 2, (2,), np.float32))),
+            lengths=(3, 7),
+        ),
+        40,
+    ),
+    "multidiscrete-actions": (
+        lambda: ToyEnv(
+            spaces.Dict({"pos": spaces.Discrete(4), "bits": spaces.MultiBinary(3)}),
+            spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[0, 1], [-1, 0]])),
+            lengths=(4, 2, 6),
+        ),
+        40,
+    ),
+    "dict-mixed-actions": (
+        lambda: ToyEnv(
+            spaces.Box(0, 255, (4, 4), np.uint8),
+            spaces.Dict({"move": spaces.MultiBinary(2), "aim": spaces.Box(-1, 1, (3,), np.float32)}),
+            lengths=(5,),
+            truncate=True,
+        ),
+        30,
+    ),
     "info-mask": (lambda: ToyEnv(spaces.Discrete(6), spaces.Discrete(4), lengths=(6, 3), mask_info=True), 40),
 }
 
@@ -137,8 +150,9 @@ def test_buffer_reachable_through_outer_wrappers() -> None:
 
 
 def test_truncation_bootstraps_with_bootstrap_fn() -> None:
-    env = fe.record(ToyEnv(lengths=(4,), truncate=True), num_steps=50, gamma=0.5,
-                    bootstrap_fn=lambda obs: 10.0 + float(obs.sum()))
+    env = fe.record(
+        ToyEnv(lengths=(4,), truncate=True), num_steps=50, gamma=0.5, bootstrap_fn=lambda obs: 10.0 + float(obs.sum())
+    )
     env.reset(seed=3)
     for _ in range(4):
         last = env.step(0)
@@ -221,8 +235,7 @@ def test_recorders_sharing_a_buffer_write_a_lane_each() -> None:
             if terminated or truncated:
                 env.reset()
     expected = sorted((n, g) for i in range(3) for n, g in plain_episodes(i, actions[i]))
-    got = sorted(((len(e.G), e.G) for e in shared.episodes()),
-                 key=lambda episode: episode[0])
+    got = sorted(((len(e.G), e.G) for e in shared.episodes()), key=lambda episode: episode[0])
     assert [n for n, _ in got] == [n for n, _ in expected] and len(shared) == 1200
     for (_, g), (_, g_plain) in zip(got, expected):  # CartPole's G follows from the length
         np.testing.assert_allclose(g, g_plain, rtol=1e-5)
@@ -238,8 +251,17 @@ def test_record_spells_out_its_keywords() -> None:
     import inspect
 
     params = inspect.signature(fe.record).parameters
-    for name in ("num_steps", "gamma", "gae_lambda", "bootstrap_fn", "seed", "global_reward", "record_state",
-                 "alpha", "extra_fields"):
+    for name in (
+        "num_steps",
+        "gamma",
+        "gae_lambda",
+        "bootstrap_fn",
+        "seed",
+        "global_reward",
+        "record_state",
+        "alpha",
+        "extra_fields",
+    ):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
     from flexibuff_envs.wrappers import AECRecorder, ParallelRecorder
 

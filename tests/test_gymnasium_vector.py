@@ -21,8 +21,7 @@ N = 3
 FIELDS = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "truncated")
 ENVS: dict[str, Callable[[], gym.Env]] = {
     "CartPole-v1": lambda: gym.make("CartPole-v1", max_episode_steps=30),
-    "masks-in-info": lambda: ToyEnv(gym.spaces.Discrete(5), gym.spaces.Discrete(4), lengths=(4, 7, 2),
-                                    mask_info=True),
+    "masks-in-info": lambda: ToyEnv(gym.spaces.Discrete(5), gym.spaces.Discrete(4), lengths=(4, 7, 2), mask_info=True),
 }
 
 
@@ -44,8 +43,13 @@ def follow(singles: list[Any], actions: Any, done: np.ndarray, resetting: np.nda
 
 
 def run(make: Callable[[], gym.Env], mode: AutoresetMode, vectorization: str, steps: int = 60) -> tuple[Any, list]:
-    vec = fe.record(gym.vector.SyncVectorEnv([make] * N, autoreset_mode=mode) if vectorization == "sync"
-                    else gym.vector.AsyncVectorEnv([make] * N, autoreset_mode=mode), num_steps=200, gamma=0.9)
+    vec = fe.record(
+        gym.vector.SyncVectorEnv([make] * N, autoreset_mode=mode)
+        if vectorization == "sync"
+        else gym.vector.AsyncVectorEnv([make] * N, autoreset_mode=mode),
+        num_steps=200,
+        gamma=0.9,
+    )
     singles = [fe.record(make(), num_steps=200, gamma=0.9) for _ in range(N)]
     rng = np.random.default_rng(0)
     vec.reset(seed=10)
@@ -120,8 +124,9 @@ def test_vector_recorders_claim_a_lane_per_sub_env_of_a_shared_buffer() -> None:
 
 BLOCK_ENVS: dict[str, Callable[[], gym.Env]] = {
     "CartPole-v1": lambda: gym.make("CartPole-v1", max_episode_steps=30),
-    "masks-truncated": lambda: ToyEnv(gym.spaces.Discrete(5), gym.spaces.Discrete(4), lengths=(4, 26, 2, 9),
-                                      truncate=True, mask_info=True),
+    "masks-truncated": lambda: ToyEnv(
+        gym.spaces.Discrete(5), gym.spaces.Discrete(4), lengths=(4, 26, 2, 9), truncate=True, mask_info=True
+    ),
 }
 ALL_FIELDS = (*FIELDS, "G", "values", "advantages", "returns", "individual_auxiliary_rewards")
 
@@ -144,17 +149,27 @@ def assert_same_episode(mine: Any, theirs: Any, where: str) -> None:
         np.testing.assert_array_equal(mine.action_mask_[0], theirs.action_mask_[0], err_msg=f"{where} action_mask_")
 
 
-def record_side_by_side(make: Callable[[], gym.Env], mode: AutoresetMode, num_steps: int, *, n: int = 3,
-                        steps: int = 400, resets: Collection[int] = (150, 151, 290), reads: Collection[int] = (),
-                        seed: int = 1) -> None:
+def record_side_by_side(
+    make: Callable[[], gym.Env],
+    mode: AutoresetMode,
+    num_steps: int,
+    *,
+    n: int = 3,
+    steps: int = 400,
+    resets: Collection[int] = (150, 151, 290),
+    reads: Collection[int] = (),
+    seed: int = 1,
+) -> None:
     """A vector recorder and one single-env recorder per sub-env, same actions, annotations,
     feedback, bootstraps and user resets, the buffer read at ``reads`` (mid-block): each lane's
     whole episodes equal its single recorder's, and so does every row while nothing was forgotten."""
+
     def boot(obs_: np.ndarray) -> float:
         return float(np.sum(obs_)) + 0.5
 
-    vec = fe.record(gym.vector.SyncVectorEnv([make] * n, autoreset_mode=mode), num_steps=num_steps, gamma=0.9,
-                    bootstrap_fn=boot)
+    vec = fe.record(
+        gym.vector.SyncVectorEnv([make] * n, autoreset_mode=mode), num_steps=num_steps, gamma=0.9, bootstrap_fn=boot
+    )
     singles = [fe.record(make(), num_steps=num_steps, gamma=0.9, bootstrap_fn=boot) for _ in range(n)]
     rng = np.random.default_rng(seed)
     vec.reset(seed=10)
@@ -190,23 +205,27 @@ def record_side_by_side(make: Callable[[], gym.Env], mode: AutoresetMode, num_st
         mine, theirs = whole_episodes(vec.buffer, i, num_steps), whole_episodes(single.buffer, 0, num_steps)
         # the vector lane may forget its oldest episodes a little early (it makes room an eighth of
         # its ring at a time, and with it the episode that room cuts into); those it keeps are the newest
-        early = theirs[:len(theirs) - len(mine)]
+        early = theirs[: len(theirs) - len(mine)]
         assert len(mine) <= len(theirs)
         assert sum(len(e) for e in early) <= num_steps // 8 + max((len(e) for e in theirs), default=0)
-        for k, (a, b) in enumerate(zip(mine, theirs[len(theirs) - len(mine):])):
+        for k, (a, b) in enumerate(zip(mine, theirs[len(theirs) - len(mine) :])):
             assert_same_episode(a, b, f"lane {i} episode {k}")
         if whole:
             assert len(mine) == len(theirs)
             rows = np.arange(len(single.buffer))
-            assert_same_episode(vec.buffer.sample_transitions(idx=i * num_steps + rows),
-                                single.buffer.sample_transitions(idx=rows), f"lane {i} rows")
+            assert_same_episode(
+                vec.buffer.sample_transitions(idx=i * num_steps + rows),
+                single.buffer.sample_transitions(idx=rows),
+                f"lane {i} rows",
+            )
 
 
 @pytest.mark.parametrize("mode", list(AutoresetMode))
 @pytest.mark.parametrize("name", list(BLOCK_ENVS))
 @pytest.mark.parametrize("num_steps", [500, 37, 20])
 def test_blocks_of_steps_equal_single_env_recorders_across_wraps_reads_and_resets(
-        name: str, mode: AutoresetMode, num_steps: int) -> None:
+    name: str, mode: AutoresetMode, num_steps: int
+) -> None:
     """Several blocks of staged steps, reads in the middle of blocks, rings that wrap (and a
     running episode longer than its ring), user resets mid-episode, annotations, feedback and
     bootstraps."""
@@ -214,20 +233,38 @@ def test_blocks_of_steps_equal_single_env_recorders_across_wraps_reads_and_reset
 
 
 # CI replays the same examples (derandomized); FLEXIBUFF_EXAMPLES=400 explores new ones
-@settings(max_examples=int(os.environ.get("FLEXIBUFF_EXAMPLES", "40")), deadline=None,
-          derandomize="FLEXIBUFF_EXAMPLES" not in os.environ)
-@given(mode=st.sampled_from(list(AutoresetMode)), n=st.integers(1, 4), num_steps=st.integers(8, 300),
-       lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), truncate=st.booleans(),
-       reads=st.sets(st.integers(0, 199), max_size=30), resets=st.sets(st.integers(0, 199), max_size=4),
-       seed=st.integers(0, 1000))
+@settings(
+    max_examples=int(os.environ.get("FLEXIBUFF_EXAMPLES", "40")),
+    deadline=None,
+    derandomize="FLEXIBUFF_EXAMPLES" not in os.environ,
+)
+@given(
+    mode=st.sampled_from(list(AutoresetMode)),
+    n=st.integers(1, 4),
+    num_steps=st.integers(8, 300),
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+    truncate=st.booleans(),
+    reads=st.sets(st.integers(0, 199), max_size=30),
+    resets=st.sets(st.integers(0, 199), max_size=4),
+    seed=st.integers(0, 1000),
+)
 def test_any_blocks_reads_and_resets_equal_single_env_recorders(
-        mode: AutoresetMode, n: int, num_steps: int, lengths: list[int], truncate: bool, reads: set[int],
-        resets: set[int], seed: int) -> None:
+    mode: AutoresetMode,
+    n: int,
+    num_steps: int,
+    lengths: list[int],
+    truncate: bool,
+    reads: set[int],
+    resets: set[int],
+    seed: int,
+) -> None:
     """Block recording against single-env recorders for any episode lengths, ring size (wrapping
     or not), sub-env count, autoreset mode, and moments of reads and user resets."""
+
     def make() -> gym.Env:
-        return ToyEnv(gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2), lengths=tuple(lengths),
-                      truncate=truncate)
+        return ToyEnv(
+            gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Discrete(2), lengths=tuple(lengths), truncate=truncate
+        )
 
     record_side_by_side(make, mode, num_steps, n=n, steps=200, resets=resets, reads=reads, seed=seed)
 
@@ -264,10 +301,10 @@ def test_native_vector_env_records_what_the_bare_vector_env_returns() -> None:
         ends = np.flatnonzero(te_i | tr_i)
         for first, last in zip(np.r_[0, ends[:-1] + 1], ends):  # G of each ended episode, by a plain loop
             g, want = 0.0, []
-            for r in r_i[first:last + 1][::-1]:
+            for r in r_i[first : last + 1][::-1]:
                 g = r + 0.97 * g
                 want.append(g)
-            np.testing.assert_allclose(rows.G[first:last + 1], want[::-1], rtol=1e-5)
+            np.testing.assert_allclose(rows.G[first : last + 1], want[::-1], rtol=1e-5)
     assert len(env.buffer) == sum(len(e) for e in expected)
 
 
@@ -310,16 +347,20 @@ def test_a_step_that_cannot_be_recorded_keeps_every_earlier_step_and_recording_r
 
 
 def composite() -> gym.Env:  # spaces of its own: a space samples (and is seeded) by its own generator
-    return ToyEnv(gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "room": gym.spaces.Discrete(3)}),
-                  gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (2,), np.float32))),
-                  lengths=(3, 5), truncate=True)
+    return ToyEnv(
+        gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (2,), np.float32), "room": gym.spaces.Discrete(3)}),
+        gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Box(-1, 1, (2,), np.float32))),
+        lengths=(3, 5),
+        truncate=True,
+    )
 
 
 SPACES: dict[str, Callable[[], gym.Env]] = {
     "Pendulum-v1 (Box actions)": lambda: gym.make("Pendulum-v1", max_episode_steps=7),
     "FrozenLake-v1 (Discrete observations)": lambda: gym.make("FrozenLake-v1", max_episode_steps=9),
-    "MultiDiscrete both": lambda: ToyEnv(gym.spaces.MultiDiscrete([3, 4], start=[1, -1]),
-                                         gym.spaces.MultiDiscrete([2, 5]), lengths=(4, 6)),
+    "MultiDiscrete both": lambda: ToyEnv(
+        gym.spaces.MultiDiscrete([3, 4], start=[1, -1]), gym.spaces.MultiDiscrete([2, 5]), lengths=(4, 6)
+    ),
     "MultiBinary both": lambda: ToyEnv(gym.spaces.MultiBinary(5), gym.spaces.MultiBinary(3), lengths=(2, 5)),
     "Dict observations, Tuple actions (one by one)": composite,
 }

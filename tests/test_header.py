@@ -26,8 +26,10 @@ Header = dict[str, Any]
 
 
 def saved(tmp_path: Path, capacity: int = 3000, steps: int = 60) -> Path:
-    env = fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5), mask_info=True),
-                    num_steps=capacity)
+    env = fe.record(
+        ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5), mask_info=True),
+        num_steps=capacity,
+    )
     play(env, seed=0, steps=steps)
     return Path(env.buffer.save(tmp_path / "good.fbuf"))
 
@@ -37,7 +39,7 @@ def parts(raw: bytes) -> tuple[int, Header, bytes, int]:
     _, version, length = struct.unpack("<8sIQ", raw[:20])
     start = 20 + length + -(20 + length) % 64
     _, data_crc, _ = struct.unpack("<II8s", raw[-16:])
-    return version, json.loads(raw[20:20 + length]), raw[start:-16], data_crc
+    return version, json.loads(raw[20 : 20 + length]), raw[start:-16], data_crc
 
 
 NULL = object()  # a change that makes the header JSON null
@@ -91,12 +93,14 @@ CRAFTED: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the 
     "huge rng state": (lambda h: h["rng"]["state"].update(state=1 << 200), "rng"),
     "lane larger than num_steps": (lambda h: h.update(num_steps=10), "live_start|rows"),
     "reversed episode": (lambda h: lane(h)["ended"][0].reverse(), "episode|whole"),
-    "overlapping episodes": (lambda h: lane(h)["ended"][1].__setitem__(0, lane(h)["ended"][0][0]), "does not start where"),
+    "overlapping episodes": (
+        lambda h: lane(h)["ended"][1].__setitem__(0, lane(h)["ended"][0][0]),
+        "does not start where",
+    ),
     "negative episode": (lambda h: lane(h)["ended"][0].__setitem__(0, -3), "episode 0 start"),
     "episode past the rows": (lambda h: lane(h)["ended"].append([0, 10**9, True]), "episode"),
     "recorded rows in no episode": (lambda h: lane(h).update(ended=lane(h)["ended"][1:]), "does not start where"),
-    "many episodes in few rows": (lambda h: lane(h).update(ended=[[i, i + 1, True] for i in range(20_000)]),
-                                  "episode"),
+    "many episodes in few rows": (lambda h: lane(h).update(ended=[[i, i + 1, True] for i in range(20_000)]), "episode"),
     "rows not where the positions lie": (lambda h: lane(h).update(rows=[5, 65]), "rows"),
     "field of another shape": (lambda h: field(h, "obs").update(shape=[1, 61, 4]), "shape"),
     "tail of no slot": (lambda h: field(h, "obs_", "tail").update(shape=[0, 4]), "shape"),
@@ -105,8 +109,10 @@ CRAFTED: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the 
     "spec of other agents": (lambda h: h["spec"].update(n_agents=2), "agent_ids"),
     "gamma out of range": (lambda h: h.update(gamma=1.5), "gamma"),
     "version 0": (lambda h: None, "format 0"),
-    "one-hot observations too wide to hand out": (lambda h: h["spec"].update(obs_size=2**31, obs_categories=[2**31]),
-                                                  "one-hot values"),
+    "one-hot observations too wide to hand out": (
+        lambda h: h["spec"].update(obs_size=2**31, obs_categories=[2**31]),
+        "one-hot values",
+    ),
 }
 
 
@@ -125,8 +131,11 @@ def test_a_crafted_header_is_one_buffer_file_error(tmp_path: Path, case: str, mm
 
 def saved_own(tmp_path: Path) -> Path:
     """A file with fields of its own (a float and an int one) and prioritized replay's priorities."""
-    env = fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5)), num_steps=40,
-                    extra_fields={"hidden": (3,), "tick": ((), "int64")})
+    env = fe.record(
+        ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5)),
+        num_steps=40,
+        extra_fields={"hidden": (3,), "tick": ((), "int64")},
+    )
     env.reset(seed=0)
     for t in range(30):
         env.annotate(hidden=np.full(3, t), tick=t)
@@ -139,18 +148,24 @@ def saved_own(tmp_path: Path) -> Path:
 def spoil_priority(header: Header, data: bytes) -> bytes:
     meta = field(header, "priority")
     raw = bytearray(data)
-    raw[meta["offset"]:meta["offset"] + 8] = np.float64(-1.0).tobytes()
+    raw[meta["offset"] : meta["offset"] + 8] = np.float64(-1.0).tobytes()
     return bytes(raw)
 
 
 CRAFTED_OWN: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what the error says
     "an object dtype of your own": (lambda h: h["spec"]["extra_fields"][0].__setitem__(2, "object"), "dtype"),
-    "a field of your own named as a built-in": (lambda h: h["spec"]["extra_fields"][0].__setitem__(0, "obs"),
-                                                "extra_fields"),
+    "a field of your own named as a built-in": (
+        lambda h: h["spec"]["extra_fields"][0].__setitem__(0, "obs"),
+        "extra_fields",
+    ),
     "a field of your own of a billion values": (
-        lambda h: h["spec"]["extra_fields"][0].__setitem__(1, [1 << 30]), "extra_fields"),
-    "a field of your own declared twice": (lambda h: h["spec"]["extra_fields"].append(h["spec"]["extra_fields"][0]),
-                                           "extra_fields"),
+        lambda h: h["spec"]["extra_fields"][0].__setitem__(1, [1 << 30]),
+        "extra_fields",
+    ),
+    "a field of your own declared twice": (
+        lambda h: h["spec"]["extra_fields"].append(h["spec"]["extra_fields"][0]),
+        "extra_fields",
+    ),
     "an array of a field not declared": (lambda h: h["spec"].update(extra_fields=[]), "unknown name"),
     "priorities without the highest priority": (lambda h: h.pop("max_priority"), "max_priority"),
     "a negative highest priority": (lambda h: h.update(max_priority=-2.0), "max_priority"),
@@ -162,8 +177,9 @@ CRAFTED_OWN: dict[str, tuple[Callable[[Header], Any], str]] = {  # change, what 
 
 @pytest.mark.parametrize("mmap", [False, True], ids=["read", "mmap"])
 @pytest.mark.parametrize("case", list(CRAFTED_OWN))
-def test_crafted_fields_of_your_own_and_priorities_are_one_buffer_file_error(tmp_path: Path, case: str,
-                                                                               mmap: bool) -> None:
+def test_crafted_fields_of_your_own_and_priorities_are_one_buffer_file_error(
+    tmp_path: Path, case: str, mmap: bool
+) -> None:
     change, says = CRAFTED_OWN[case]
     _, header, data, _ = parts(saved_own(tmp_path).read_bytes())
     assert fe.FlexibleBuffer.load(tmp_path / "own.fbuf", mmap=mmap).spec.extra_fields  # the good file loads
@@ -178,8 +194,13 @@ def test_crafted_fields_of_your_own_and_priorities_are_one_buffer_file_error(tmp
 
 def test_inspect_prints_one_line_for_a_crafted_file(tmp_path: Path) -> None:
     path = crafted(tmp_path, lambda h: lane(h)["ended"].append([0, 10**9, True]))
-    result = subprocess.run([sys.executable, "-m", "flexibuff_envs", "inspect", str(path)], capture_output=True,
-                            text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "flexibuff_envs", "inspect", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 1 and result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(f"flexibuff-envs inspect: {path}: ")
 
@@ -191,10 +212,15 @@ def test_next_value_indices_are_checked_once_read(tmp_path: Path) -> None:
     values = np.frombuffer(data, dtype="<i4", count=int(np.prod(index["shape"])), offset=index["offset"]).copy()
     for bad, says in ((10**6, "outside"), (int(values.max()), "two rows one stored slot")):
         spoiled = values.copy()
-        spoiled[0] = bad if bad != values.max() else values[values > 0][0] if values[0] != values[values > 0][0] \
+        spoiled[0] = (
+            bad
+            if bad != values.max()
+            else values[values > 0][0]
+            if values[0] != values[values > 0][0]
             else values[values > 0][1]
+        )
         raw = bytearray(data)
-        raw[index["offset"]:index["offset"] + spoiled.nbytes] = spoiled.tobytes()
+        raw[index["offset"] : index["offset"] + spoiled.nbytes] = spoiled.tobytes()
         path = tmp_path / "spoiled.fbuf"
         path.write_bytes(build(header, bytes(raw)))
         for mmap in (False, True):
@@ -227,8 +253,13 @@ print(PEAK - before)
 
 def probe(path: Path, mmap: bool) -> tuple[str, int]:
     """(what loading ``path`` in a fresh process did, the bytes its peak memory grew by)."""
-    result = subprocess.run([sys.executable, "-c", PROBE, str(path), "mmap" if mmap else "read"],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, str(path), "mmap" if mmap else "read"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, f"killed or failed ({result.returncode}): {result.stderr[-1500:]}"
     outcome, grew = result.stdout.splitlines()[-2:]
     return outcome, int(grew)
@@ -239,8 +270,9 @@ def probe(path: Path, mmap: bool) -> tuple[str, int]:
 def test_a_huge_ring_claimed_by_a_small_file_costs_no_memory(tmp_path: Path, claim: str, mmap: bool) -> None:
     def huge(header: Header) -> None:  # an empty buffer's file, its ring claimed huge
         header["num_steps"] = 10**9 if claim == "a billion-row ring" else 10**11
-        header["lanes"] = [{"written": 0, "live_start": 0, "rows": [0, 0], "ended": [], "running": None,
-                            "agent_start": [0]}]
+        header["lanes"] = [
+            {"written": 0, "live_start": 0, "rows": [0, 0], "ended": [], "running": None, "agent_start": [0]}
+        ]
         for meta in header["fields"]:
             meta["shape"] = [0 if n == 60 else n for n in meta["shape"]]
             meta["offset"] = 0
@@ -260,13 +292,18 @@ def test_a_huge_ring_claimed_by_a_small_file_costs_no_memory(tmp_path: Path, cla
     assert path.stat().st_size < 4000
     outcome, grew = probe(path, mmap)
     # a billion rows can be reserved here (and cost nothing until used); 400 GiB cannot
-    assert outcome.startswith("loaded 0 rows" if claim == "a billion-row ring" else ("loaded 0 rows", "refused: ")), \
+    assert outcome.startswith("loaded 0 rows" if claim == "a billion-row ring" else ("loaded 0 rows", "refused: ")), (
         outcome
+    )
     assert grew < 100 * 2**20, f"{outcome}: peak memory grew by {grew / 2**20:.0f} MiB"
 
 
 def test_a_fresh_huge_buffer_costs_memory_only_as_it_records() -> None:
-    result = subprocess.run([sys.executable, "-c", f"""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import numpy as np
 import flexibuff_envs as fe
 from flexibuff_envs.writer import Writer
@@ -278,7 +315,13 @@ for _ in range(5000):
 buffer.end_episode()
 assert np.isnan(buffer.sample_transitions(8).values).all() and (buffer.sample_transitions(8).memory_weights == 1).all()
 print({PEAK})
-"""], capture_output=True, text=True, timeout=120, check=False)
+""",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-1500:]
     assert int(result.stdout.split()[-1]) < 400 * 2**20  # the interpreter and numpy are most of it
 
@@ -290,10 +333,14 @@ def test_only_regular_files_are_opened(tmp_path: Path) -> None:
     link.symlink_to(saved(tmp_path))
     assert len(fe.FlexibleBuffer.load(link)) == 60  # a link to a buffer file is one
     script = "import sys, flexibuff_envs as fe\ntry:\n fe.FlexibleBuffer.load(sys.argv[1])\nexcept fe.BufferFileError as e:\n print(e)"
-    for path, says in ((fifo, "not a regular file"), (tmp_path, "not a regular file"),
-                       ("/proc/self/mem", "too short|cannot be read")):
-        result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
-                                timeout=60, check=False)  # a FIFO once blocked open() forever
+    for path, says in (
+        (fifo, "not a regular file"),
+        (tmp_path, "not a regular file"),
+        ("/proc/self/mem", "too short|cannot be read"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60, check=False
+        )  # a FIFO once blocked open() forever
         assert result.returncode == 0 and result.stdout.startswith(f"{path}: "), result.stderr[-500:]
         assert any(word in result.stdout for word in says.split("|"))
 
@@ -309,8 +356,10 @@ def test_object_dtypes_are_refused_by_the_constructor() -> None:
 def test_an_object_dtype_file_is_refused_in_a_process_that_survives(tmp_path: Path, where: str, mmap: bool) -> None:
     """Such a file once had its bytes used as Python object pointers: sampling it segfaulted."""
     if where == "spec":
-        path = crafted(tmp_path, lambda h: (h["spec"].update(obs_dtype="object"),
-                                            field(h, "obs").update(dtype="|O", shape=[1, 60, 4])))
+        path = crafted(
+            tmp_path,
+            lambda h: (h["spec"].update(obs_dtype="object"), field(h, "obs").update(dtype="|O", shape=[1, 60, 4])),
+        )
     else:
         path = crafted(tmp_path, lambda h: field(h, "G").update(dtype="|O"))
     outcome, _ = probe(path, mmap)  # probe asserts the process was not killed by a signal
@@ -339,8 +388,14 @@ def test_positions_near_the_limit_load_record_and_save_again(tmp_path: Path, mma
     (a,), (b,) = (list(x.minibatches(len(x), shuffle=False)) for x in (buffer, near))
     np.testing.assert_array_equal(a.idx, b.idx)
     for each in (buffer, near):
-        play(fe.record(ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5), mask_info=True),
-                       buffer=each), seed=3, steps=30)
+        play(
+            fe.record(
+                ToyEnv(spaces.Box(0, 1, (4,), np.float32), spaces.Discrete(3), lengths=(7, 5), mask_info=True),
+                buffer=each,
+            ),
+            seed=3,
+            steps=30,
+        )
     again = fe.FlexibleBuffer.load(buffer.save(tmp_path / "again.fbuf"))
     (a,), (b,) = (list(x.minibatches(len(x), shuffle=False)) for x in (again, near))
     np.testing.assert_array_equal(a.idx, b.idx)

@@ -38,8 +38,10 @@ def recorded(name: str, steps: int = 300, **make: object) -> fe.FlexibleBuffer:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize(("name", "make"), [("CartPole-v1", {}), ("FrozenLake-v1", {"max_episode_steps": 8}),
-                                            ("Pendulum-v1", {"max_episode_steps": 20})])
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [("CartPole-v1", {}), ("FrozenLake-v1", {"max_episode_steps": 8}), ("Pendulum-v1", {"max_episode_steps": 20})],
+)
 def test_whole_episodes_go_to_minari_and_come_back(name: str, make: dict) -> None:
     buffer = recorded(name, **make)
     episodes = list(buffer.episodes())
@@ -56,8 +58,9 @@ def test_whole_episodes_go_to_minari_and_come_back(name: str, make: dict) -> Non
         np.testing.assert_array_equal(theirs.terminations, mine.terminated)
         np.testing.assert_array_equal(theirs.truncations, mine.truncated)
         actions = np.asarray(theirs.actions).reshape(len(mine), -1)
-        np.testing.assert_allclose(actions, mine.discrete_actions if mine.discrete_actions is not None
-                                   else mine.continuous_actions, rtol=1e-6)
+        np.testing.assert_allclose(
+            actions, mine.discrete_actions if mine.discrete_actions is not None else mine.continuous_actions, rtol=1e-6
+        )
     back = from_minari(dataset, gamma=0.9)
     again = list(back.episodes())
     assert [len(e) for e in again] == [len(e) for e in episodes]
@@ -81,8 +84,9 @@ def test_a_multi_agent_buffer_is_exported_one_agent_at_a_time() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_the_cli_exports_a_saved_buffer_with_spaces_rebuilt_from_its_layout(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_exports_a_saved_buffer_with_spaces_rebuilt_from_its_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flexibuff_envs.cli import main
 
     buffer = recorded("CartPole-v1")
@@ -124,7 +128,8 @@ def test_composite_observations_go_to_minari_as_minari_stores_them() -> None:
 
 
 def test_the_cli_export_passes_the_credits_minari_asks_for_and_names_agent_for_several(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """No warning from Minari when the credits are given (a one-line note names the flags when
     they are not), and a multi-agent file gets told about --agent, the flag, not Python's keyword."""
     import warnings
@@ -135,13 +140,32 @@ def test_the_cli_export_passes_the_credits_minari_asks_for_and_names_agent_for_s
     recorded("CartPole-v1").save(path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning fails the export
-        assert main(["export", path, "--minari", "cartpole/credited-v0", "--env", "CartPole-v1", "--author", "me",
-                     "--author-email", "me@example.org", "--code-permalink", "https://example.org/run"]) == 0
+        assert (
+            main(
+                [
+                    "export",
+                    path,
+                    "--minari",
+                    "cartpole/credited-v0",
+                    "--env",
+                    "CartPole-v1",
+                    "--author",
+                    "me",
+                    "--author-email",
+                    "me@example.org",
+                    "--code-permalink",
+                    "https://example.org/run",
+                ]
+            )
+            == 0
+        )
     assert capsys.readouterr().err == ""
     assert minari.load_dataset("cartpole/credited-v0").storage.metadata["author"] == {"me"}  # as Minari keeps it
     assert main(["export", path, "--minari", "cartpole/bare-v0"]) == 0
-    assert capsys.readouterr().err == ("flexibuff-envs export: note: Minari asks datasets to say who made them; pass "
-                                       "--author, --author-email, --code-permalink\n")
+    assert capsys.readouterr().err == (
+        "flexibuff-envs export: note: Minari asks datasets to say who made them; pass "
+        "--author, --author-email, --code-permalink\n"
+    )
     spread = str(tmp_path / "spread.fbuf")
     recorded_spread(max_cycles=10, steps=30).save(spread)
     assert main(["export", spread, "--minari", "spread/all-v0"]) == 2
@@ -182,8 +206,9 @@ def test_each_agents_dataset_carries_the_other_agents_actions_and_the_state_of_a
         assert dataset.observation_space == bare.observation_space(agent)  # its own size, not the padded one
         assert dataset.storage.metadata["requirements"] == [f"pettingzoo=={pettingzoo_version()}"]
         others = [other for other in bare.possible_agents if other != agent]
-        for got, want in zip(minari.load_dataset(f"adversary/recorded/{agent}-v0").iterate_episodes(), plain,
-                             strict=True):
+        for got, want in zip(
+            minari.load_dataset(f"adversary/recorded/{agent}-v0").iterate_episodes(), plain, strict=True
+        ):
             np.testing.assert_array_equal(got.observations, [o[agent] for o in want["obs"]])
             np.testing.assert_array_equal(got.actions, [a[agent] for a in want["actions"]])
             np.testing.assert_allclose(got.rewards, [r[agent] for r in want["rewards"]], rtol=1e-6)
@@ -221,15 +246,17 @@ def test_an_agents_dataset_holds_the_rows_it_acted_on_and_says_who_else_did(kind
             for j, other in enumerate(spec.agent_ids):
                 if j != k:
                     np.testing.assert_array_equal(theirs.infos["active"][other][:-1], episode.active[j, rows])
-                    np.testing.assert_array_equal(theirs.infos["actions"][other][:-1],
-                                                  episode.discrete_actions[j, rows, 0])
+                    np.testing.assert_array_equal(
+                        theirs.infos["actions"][other][:-1], episode.discrete_actions[j, rows, 0]
+                    )
             if spec.action_mask:
                 masks = np.concatenate([episode.action_mask[0][k, rows], episode.action_mask_[0][k, rows][-1:]])
                 np.testing.assert_array_equal(theirs.infos["action_mask"], masks)
 
 
-def test_the_cli_writes_one_dataset_per_agent_under_one_namespace(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_writes_one_dataset_per_agent_under_one_namespace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("mpe2")
     from flexibuff_envs.cli import main
 
@@ -237,8 +264,12 @@ def test_the_cli_writes_one_dataset_per_agent_under_one_namespace(tmp_path: Path
     buffer = recorded_spread(max_cycles=10, steps=30)
     buffer.save(spread)
     credits = ["--author", "me", "--author-email", "me@example.org", "--code-permalink", "https://example.org"]
-    assert main(["export", spread, "--minari", "spread/run-v2", "--all-agents", "--env", "mpe2.simple_spread_v3",
-                 *credits]) == 0
+    assert (
+        main(
+            ["export", spread, "--minari", "spread/run-v2", "--all-agents", "--env", "mpe2.simple_spread_v3", *credits]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for agent in buffer.spec.agent_ids:
         assert f"wrote Minari dataset spread/run/{agent}-v2: 3 episodes, 30 steps" in out

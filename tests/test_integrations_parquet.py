@@ -53,8 +53,9 @@ def test_a_dataset_reads_back_equal(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.parametrize("kind", ["spread", "spawning"])
-def test_pandas_polars_and_datasets_read_every_row_as_the_buffer_holds_it(tmp_path: Path, kind: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pandas_polars_and_datasets_read_every_row_as_the_buffer_holds_it(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import datasets
     import pandas as pd
     import polars as pl
@@ -82,13 +83,13 @@ def test_pandas_polars_and_datasets_read_every_row_as_the_buffer_holds_it(tmp_pa
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     hf = datasets.Dataset.from_parquet(str(path / "agents" / "*.parquet"), cache_dir=str(tmp_path / "hf"))
     assert len(hf) == rows and hf.features["obs"].length == buffer.spec.obs_size
-    np.testing.assert_array_equal(np.array(hf.with_format("numpy")["discrete_actions"]),
-                                  _rows(batches, "discrete_actions", n))
+    np.testing.assert_array_equal(
+        np.array(hf.with_format("numpy")["discrete_actions"]), _rows(batches, "discrete_actions", n)
+    )
     if buffer.spec.state_size:  # held once per step, in the steps table
         steps = pd.read_parquet(path / "steps")
         assert len(steps) == rows // n
-        np.testing.assert_array_equal(np.stack(steps["state"].to_numpy()),
-                                      np.concatenate([b.state for b in batches]))
+        np.testing.assert_array_equal(np.stack(steps["state"].to_numpy()), np.concatenate([b.state for b in batches]))
 
 
 def test_frames_go_out_as_fixed_size_bytes_unchanged(tmp_path: Path) -> None:
@@ -154,8 +155,9 @@ def test_an_empty_buffer_writes_no_dataset(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-def test_the_cli_exports_a_recording_as_parquet_and_inspects_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_exports_a_recording_as_parquet_and_inspects_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flexibuff_envs.cli import main
 
     monkeypatch.chdir(tmp_path)

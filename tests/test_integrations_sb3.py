@@ -23,8 +23,9 @@ from flexibuff_envs.testing.reference import plain_returns
 
 @pytest.mark.parametrize("vec_env_cls", [DummyVecEnv, SubprocVecEnv])
 def test_sb3_ppo_on_four_recorded_cartpoles_leaves_every_step_whole_in_the_buffer(vec_env_cls: type) -> None:
-    venv = RecordingVecEnv(make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=vec_env_cls), num_steps=2000,
-                           gamma=0.9)
+    venv = RecordingVecEnv(
+        make_vec_env("CartPole-v1", n_envs=4, seed=0, vec_env_cls=vec_env_cls), num_steps=2000, gamma=0.9
+    )
     model = PPO("MlpPolicy", venv, n_steps=64, batch_size=64, n_epochs=1, seed=0, device="cpu")
     model.learn(total_timesteps=1024)
     buffer = venv.buffer
@@ -44,8 +45,12 @@ def test_sb3_ppo_on_four_recorded_cartpoles_leaves_every_step_whole_in_the_buffe
 
 def test_a_time_limit_is_a_truncation_with_the_final_observation_and_a_bootstrap() -> None:
     seen: list[np.ndarray] = []
-    venv = RecordingVecEnv(make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=5), n_envs=2, seed=1),
-                           num_steps=100, gamma=0.5, bootstrap_fn=lambda obs_: seen.append(obs_) or 2.0)
+    venv = RecordingVecEnv(
+        make_vec_env(lambda: gym.make("Pendulum-v1", max_episode_steps=5), n_envs=2, seed=1),
+        num_steps=100,
+        gamma=0.5,
+        bootstrap_fn=lambda obs_: seen.append(obs_) or 2.0,
+    )
     venv.reset()
     finals = []
     for _ in range(12):
@@ -77,10 +82,23 @@ def test_sb3_dqn_learns_cartpole_from_this_replay_buffer() -> None:
 
     from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
-    model = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
-                learning_starts=1000, target_update_interval=10, train_freq=256, gradient_steps=128,
-                exploration_fraction=0.16, exploration_final_eps=0.04, policy_kwargs={"net_arch": [256, 256]},
-                replay_buffer_class=ReplayBuffer, seed=1, device="cpu")  # RL Zoo's CartPole settings
+    model = DQN(
+        "MlpPolicy",
+        gym.make("CartPole-v1"),
+        learning_rate=2.3e-3,
+        batch_size=64,
+        buffer_size=100_000,
+        learning_starts=1000,
+        target_update_interval=10,
+        train_freq=256,
+        gradient_steps=128,
+        exploration_fraction=0.16,
+        exploration_final_eps=0.04,
+        policy_kwargs={"net_arch": [256, 256]},
+        replay_buffer_class=ReplayBuffer,
+        seed=1,
+        device="cpu",
+    )  # RL Zoo's CartPole settings
     before, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10)
     model.learn(total_timesteps=12_000)
     assert len(model.replay_buffer.buffer) == model.num_timesteps  # every step, once
@@ -90,14 +108,21 @@ def test_sb3_dqn_learns_cartpole_from_this_replay_buffer() -> None:
 
 @pytest.mark.parametrize("handle_timeouts", [True, False])
 def test_the_replay_buffer_keeps_a_time_limit_s_final_observation_and_ends_it_as_sb3_is_told(
-        handle_timeouts: bool) -> None:
+    handle_timeouts: bool,
+) -> None:
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
     venv = DummyVecEnv([lambda: gym.make("Pendulum-v1", max_episode_steps=4)] * 2)
-    replay = ReplayBuffer(100, venv.observation_space, venv.action_space, device="cpu", n_envs=2,
-                          handle_timeout_termination=handle_timeouts)
+    replay = ReplayBuffer(
+        100,
+        venv.observation_space,
+        venv.action_space,
+        device="cpu",
+        n_envs=2,
+        handle_timeout_termination=handle_timeouts,
+    )
     obs = venv.reset()
     finals = []
     for _ in range(10):  # as SB3's off-policy collection adds: next_obs is the final one where done
@@ -140,8 +165,9 @@ class Adder:
         for _ in range(steps):
             action = self.rng.integers(0, 2, self.n)
             next_obs, reward, done, infos = self.venv.step(action)
-            real_next = np.stack([info["terminal_observation"] if d else o
-                                  for o, d, info in zip(next_obs, done, infos)])
+            real_next = np.stack(
+                [info["terminal_observation"] if d else o for o, d, info in zip(next_obs, done, infos)]
+            )
             size = len(self.replay.buffer)
             self.replay.add(self.obs, real_next, action, reward, done, infos)
             assert len(self.replay.buffer) == size + self.n  # a read right after an add sees it
@@ -201,8 +227,9 @@ def test_the_replay_buffer_s_reset_forgets_every_transition_and_the_adds_after_i
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 @pytest.mark.parametrize("normalized", [False, True])
-def test_the_replay_buffer_samples_what_sb3_s_own_samples_with_and_without_vec_normalize(env_id: str,
-                                                                                          normalized: bool) -> None:
+def test_the_replay_buffer_samples_what_sb3_s_own_samples_with_and_without_vec_normalize(
+    env_id: str, normalized: bool
+) -> None:
     from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -234,8 +261,16 @@ def test_sb3_sac_trains_on_this_replay_buffer_with_continuous_actions() -> None:
 
     from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
-    model = SAC("MlpPolicy", gym.make("Pendulum-v1", max_episode_steps=50), buffer_size=10_000, learning_starts=64,
-                batch_size=32, replay_buffer_class=ReplayBuffer, seed=0, device="cpu")
+    model = SAC(
+        "MlpPolicy",
+        gym.make("Pendulum-v1", max_episode_steps=50),
+        buffer_size=10_000,
+        learning_starts=64,
+        batch_size=32,
+        replay_buffer_class=ReplayBuffer,
+        seed=0,
+        device="cpu",
+    )
     model.learn(total_timesteps=300)
     replay = model.replay_buffer
     assert len(replay.buffer) == 300 and replay.buffer.n_episodes == 6  # six whole time-limited episodes
@@ -260,8 +295,14 @@ def test_adds_that_do_not_follow_one_another_come_back_as_added_as_in_sb3_s_own_
     ours = ReplayBuffer(500, env.observation_space, env.action_space, device="cpu")
     theirs = SB3ReplayBuffer(500, env.observation_space, env.action_space, device="cpu")
     for t in order.tolist():
-        add = (log.obs[t][None], log.obs_[t][None], np.array([[log.actions[t]]]), np.array([log.reward[t]]),
-               np.array([log.terminated[t] or log.truncated[t]]), [{"TimeLimit.truncated": log.truncated[t]}])
+        add = (
+            log.obs[t][None],
+            log.obs_[t][None],
+            np.array([[log.actions[t]]]),
+            np.array([log.reward[t]]),
+            np.array([log.terminated[t] or log.truncated[t]]),
+            [{"TimeLimit.truncated": log.truncated[t]}],
+        )
         ours.add(*add)
         theirs.add(*add)
     batch = ours.buffer.sample_transitions(idx=np.arange(200))
@@ -272,7 +313,9 @@ def test_adds_that_do_not_follow_one_another_come_back_as_added_as_in_sb3_s_own_
     space = gym.spaces.Box(-10, 10, (1,), np.float32)
     small = ReplayBuffer(10, space, gym.spaces.Discrete(2), device="cpu")
     for first in (1.0, 5.0, 6.0):
-        small.add(np.array([[first]]), np.array([[first + 1]]), np.array([[0]]), np.array([0.0]), np.array([False]), [{}])
+        small.add(
+            np.array([[first]]), np.array([[first + 1]]), np.array([[0]]), np.array([0.0]), np.array([False]), [{}]
+        )
     batch = small.buffer.sample_transitions(idx=np.arange(3))
     np.testing.assert_array_equal(batch.obs[:, 0], [1, 5, 6])
     np.testing.assert_array_equal(batch.obs_[:, 0], [2, 6, 7])

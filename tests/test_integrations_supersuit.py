@@ -25,8 +25,9 @@ def spread() -> object:
 
 
 def test_sb3_ppo_trains_on_a_supersuit_vector_env_recorded_agent_by_agent() -> None:
-    vec = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(spread()), 2, num_cpus=0,
-                                base_class="stable_baselines3")
+    vec = ss.concat_vec_envs_v1(
+        ss.pettingzoo_env_to_vec_env_v1(spread()), 2, num_cpus=0, base_class="stable_baselines3"
+    )
     venv = RecordingVecEnv(vec, num_steps=2000)  # one lane per agent of each copy: 2 x 2
     PPO("MlpPolicy", venv, n_steps=128, batch_size=64, n_epochs=1, device="cpu").learn(total_timesteps=2048)
     assert venv.num_envs == 4 and len(venv.buffer) == 2048
@@ -62,5 +63,9 @@ def test_a_recorder_refuses_to_be_copied_and_says_what_to_record_instead() -> No
     with pytest.raises(TypeError, match=r"RecordingVecEnv\(concat_vec_envs_v1"):
         pickle.dumps(fe.record(spread(), num_steps=10))
     with pytest.raises(TypeError, match="cannot be pickled or copied"):
-        ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(fe.record(spread(), num_steps=10)), 1, num_cpus=0,
-                              base_class="stable_baselines3")
+        ss.concat_vec_envs_v1(
+            ss.pettingzoo_env_to_vec_env_v1(fe.record(spread(), num_steps=10)),
+            1,
+            num_cpus=0,
+            base_class="stable_baselines3",
+        )

@@ -35,7 +35,9 @@ def test_torchrl_s_dqn_loss_reads_a_batch_and_learns_from_it(as_torch: bool) -> 
     batch = recorded_cartpole().sample_transitions(64, as_torch=as_torch)
     td = batch.to_tensordict()
     assert td.batch_size == (64,) and td["action"].dtype == torch.int64 and td["next", "terminated"].dtype == torch.bool
-    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], spec=Categorical(2))
+    actor = QValueActor(
+        MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], spec=Categorical(2)
+    )
     loss_module = DQNLoss(actor, action_space="categorical", delay_value=False)
     loss_module.make_value_estimator(gamma=0.9)
     loss = loss_module(td)["loss"]
@@ -102,18 +104,22 @@ def test_an_n_step_batch_gives_torchrl_its_steps_and_dqn_loss_discounts_by_them(
             env.reset()
     batch = env.buffer.sample_transitions(64, n_step=3)
     assert set(np.unique(batch.n_steps)) == {1, 2, 3} and batch.n_steps.dtype == np.int64
-    np.testing.assert_allclose(batch.discounts, 0.9 ** batch.n_steps, rtol=1e-6)
+    np.testing.assert_allclose(batch.discounts, 0.9**batch.n_steps, rtol=1e-6)
     td = batch.to_tensordict()
     assert td["steps_to_next_obs"].shape == (64, 1) and td["steps_to_next_obs"].dtype == torch.int64
-    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], spec=Categorical(2))
+    actor = QValueActor(
+        MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], spec=Categorical(2)
+    )
     loss_module = DQNLoss(actor, action_space="categorical", delay_value=False)
     loss_module.make_value_estimator(gamma=0.9)
     loss = loss_module(td)["loss"]
     with torch.no_grad():  # the n-step target by hand: r + gamma ** k * (1 - terminated) * max Q(obs_)
         q = actor.module[0](torch.as_tensor(batch.obs))
         q_next = actor.module[0](torch.as_tensor(batch.obs_)).max(-1).values
-        target = (torch.as_tensor(batch.individual_rewards)
-                  + torch.as_tensor(batch.discounts) * (1.0 - torch.as_tensor(batch.terminated).float()) * q_next)
+        target = (
+            torch.as_tensor(batch.individual_rewards)
+            + torch.as_tensor(batch.discounts) * (1.0 - torch.as_tensor(batch.terminated).float()) * q_next
+        )
         taken = q.gather(-1, torch.as_tensor(batch.discrete_actions))[:, 0]
         expected = (taken - target).pow(2).mean()
     torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
@@ -131,10 +137,14 @@ def _ppo_rollout(multi: bool) -> tuple[fe.FlexibleBuffer, Any, Any]:
     obs_dim, n_actions = (18, 5) if multi else (4, 2)
     policy = MLP(in_features=obs_dim, out_features=n_actions, num_cells=[16])
     value = MLP(in_features=obs_dim, out_features=1, num_cells=[16])
-    actor = ProbabilisticActor(TensorDictModule(policy, in_keys=[(*group, "observation")], out_keys=[(*group, "logits")]),
-                               in_keys=[(*group, "logits")], out_keys=[(*group, "action")],
-                               distribution_class=torch.distributions.Categorical, return_log_prob=True,
-                               log_prob_key=(*group, "action_log_prob"))
+    actor = ProbabilisticActor(
+        TensorDictModule(policy, in_keys=[(*group, "observation")], out_keys=[(*group, "logits")]),
+        in_keys=[(*group, "logits")],
+        out_keys=[(*group, "action")],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+        log_prob_key=(*group, "action_log_prob"),
+    )
     critic = ValueOperator(value, in_keys=[(*group, "observation")], out_keys=[(*group, "state_value")])
 
     def v(obs: Any, *agent: Any) -> float:
@@ -151,8 +161,9 @@ def _ppo_rollout(multi: bool) -> tuple[fe.FlexibleBuffer, Any, Any]:
         pytest.importorskip("mpe2")
         from mpe2 import simple_spread_v3
 
-        env = fe.record(simple_spread_v3.parallel_env(N=3, max_cycles=15), num_steps=500, gamma=0.9,
-                        gae_lambda=0.8, bootstrap_fn=v)
+        env = fe.record(
+            simple_spread_v3.parallel_env(N=3, max_cycles=15), num_steps=500, gamma=0.9, gae_lambda=0.8, bootstrap_fn=v
+        )
         obs, _ = env.reset(seed=0)
         for _ in range(40):
             actions = {}
@@ -164,8 +175,9 @@ def _ppo_rollout(multi: bool) -> tuple[fe.FlexibleBuffer, Any, Any]:
                 obs, _ = env.reset()
         env.buffer.finish_path(np.array([v(obs[a]) for a in env.possible_agents]))
     else:
-        env = fe.record(gym.make("CartPole-v1", max_episode_steps=40), num_steps=500, gamma=0.9, gae_lambda=0.8,
-                        bootstrap_fn=v)
+        env = fe.record(
+            gym.make("CartPole-v1", max_episode_steps=40), num_steps=500, gamma=0.9, gae_lambda=0.8, bootstrap_fn=v
+        )
         obs, _ = env.reset(seed=0)
         for _ in range(150):
             action, log_prob, value_ = act(obs)
@@ -195,8 +207,12 @@ def test_torchrl_s_clip_ppo_loss_and_gae_read_a_recorded_rollout(multi: bool) ->
     estimator = GAE(gamma=0.9, lmbda=0.8, value_network=critic, average_gae=False)
     keys = {"advantage": (*group, "gae"), "value_target": (*group, "gae_target")}
     if multi:
-        keys.update(reward=("agents", "reward"), done=("agents", "done"), terminated=("agents", "terminated"),
-                    value=("agents", "state_value"))
+        keys.update(
+            reward=("agents", "reward"),
+            done=("agents", "done"),
+            terminated=("agents", "terminated"),
+            value=("agents", "state_value"),
+        )
     estimator.set_keys(**keys)
     theirs = estimator(td.exclude((*group, "state_value")))  # it asks the critic itself
     torch.testing.assert_close(theirs[(*group, "gae")], td[(*group, "advantage")], rtol=1e-4, atol=1e-4)
@@ -207,10 +223,16 @@ def test_torchrl_s_clip_ppo_loss_and_gae_read_a_recorded_rollout(multi: bool) ->
             p.add_(0.3 * torch.randn_like(p))
     loss_module = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_bonus=False, normalize_advantage=False)
     if multi:
-        loss_module.set_keys(action=("agents", "action"), sample_log_prob=("agents", "action_log_prob"),
-                             value=("agents", "state_value"), advantage=("agents", "advantage"),
-                             value_target=("agents", "value_target"), reward=("agents", "reward"),
-                             done=("agents", "done"), terminated=("agents", "terminated"))
+        loss_module.set_keys(
+            action=("agents", "action"),
+            sample_log_prob=("agents", "action_log_prob"),
+            value=("agents", "state_value"),
+            advantage=("agents", "advantage"),
+            value_target=("agents", "value_target"),
+            reward=("agents", "reward"),
+            done=("agents", "done"),
+            terminated=("agents", "terminated"),
+        )
     losses = loss_module(td)
     with torch.no_grad():
         dist = torch.distributions.Categorical(logits=actor.module[0].module(td[(*group, "observation")]))

@@ -75,7 +75,7 @@ def test_flashbax_reads_every_field_as_the_buffer_holds_it(tmp_path: Path, kind:
         assert (infos["alive"] == 0).any()
     if kind == "adversary":  # the smaller agent's observation is zero-padded as the buffer pads it
         small = int(np.argmin(buffer.spec.agent_obs_sizes))
-        assert (got["observations"][:, small, min(buffer.spec.agent_obs_sizes):] == 0).all()
+        assert (got["observations"][:, small, min(buffer.spec.agent_obs_sizes) :] == 0).all()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -88,8 +88,9 @@ def test_a_vault_comes_back_as_it_went_out(tmp_path: Path, monkeypatch: pytest.M
         assert_same_batches(mine, want)
     monkeypatch.setattr(vault_module, "BLOCK_BYTES", 1)  # written and read an episode at a time: the same
     monkeypatch.setattr(vault_module, "BLOCK_ROWS", 1)
-    for mine, want in zip(from_vault(to_vault(buffer, tmp_path, vault_uid="y")).episodes(), buffer.episodes(),
-                          strict=True):
+    for mine, want in zip(
+        from_vault(to_vault(buffer, tmp_path, vault_uid="y")).episodes(), buffer.episodes(), strict=True
+    ):
         assert_same_batches(mine, want)
     assert len(back.sample_transitions(32)) == 32
 
@@ -126,8 +127,13 @@ def test_a_log_and_a_file_export_as_their_buffer_does(tmp_path: Path) -> None:
     env.buffer.save(tmp_path / "run.fbuf")
     sources = {"buffer": env.buffer, "log": tmp_path / "run.log", "file": str(tmp_path / "run.fbuf")}
     for uid, source in sources.items():
-        back = from_vault(tmp_path / "vaults", vault_name="cartpole.vlt", vault_uid=to_vault(
-            source, tmp_path / "vaults", vault_name="cartpole.vlt", vault_uid=uid).rsplit(os.sep, 1)[1])
+        back = from_vault(
+            tmp_path / "vaults",
+            vault_name="cartpole.vlt",
+            vault_uid=to_vault(source, tmp_path / "vaults", vault_name="cartpole.vlt", vault_uid=uid).rsplit(os.sep, 1)[
+                1
+            ],
+        )
         for mine, want in zip(back.episodes(), env.buffer.episodes(), strict=True):
             assert_same_batches(mine, want)
 
@@ -150,15 +156,26 @@ def _og_marl_vault(directory: Path, lengths: list[int], truncated: list[bool], t
         "observations": rng.normal(size=(steps, n, 4)).astype(np.float32),
         "actions": rng.integers(0, 5, size=(steps, n)).astype(np.int32),
         "rewards": np.repeat(team[:, None], n, axis=1),
-        "terminals": terminals, "truncations": truncations,
+        "terminals": terminals,
+        "truncations": truncations,
         "infos": {"legals": legals, "state": rng.normal(size=(steps, 6)).astype(np.float32)},
     }
-    buffer = fbx.make_flat_buffer(max_length=steps + 8, min_length=1, sample_batch_size=1, add_sequences=True,
-                                  add_batch_size=None)
-    state = buffer.init({key: (jnp.asarray(value[0]) if key != "infos" else
-                               {k: jnp.asarray(v[0]) for k, v in value.items()}) for key, value in data.items()})
-    state = buffer.add(state, {key: (jnp.asarray(value) if key != "infos" else
-                                     {k: jnp.asarray(v) for k, v in value.items()}) for key, value in data.items()})
+    buffer = fbx.make_flat_buffer(
+        max_length=steps + 8, min_length=1, sample_batch_size=1, add_sequences=True, add_batch_size=None
+    )
+    state = buffer.init(
+        {
+            key: (jnp.asarray(value[0]) if key != "infos" else {k: jnp.asarray(v[0]) for k, v in value.items()})
+            for key, value in data.items()
+        }
+    )
+    state = buffer.add(
+        state,
+        {
+            key: (jnp.asarray(value) if key != "infos" else {k: jnp.asarray(v) for k, v in value.items()})
+            for key, value in data.items()
+        },
+    )
     vault = Vault("smac_3m.vlt", experience_structure=state.experience, rel_dir=str(directory), vault_uid="Good")
     assert vault.write(state) == steps
     return data
@@ -166,7 +183,8 @@ def _og_marl_vault(directory: Path, lengths: list[int], truncated: list[bool], t
 
 @pytest.mark.parametrize("block_bytes", [vault_module.BLOCK_BYTES, 1])  # all at once, or an episode a block
 def test_an_og_marl_vault_that_flashbax_wrote_reads_without_jax_into_whole_episodes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
+) -> None:
     monkeypatch.setattr(vault_module, "BLOCK_BYTES", block_bytes)
     lengths, truncated = [4, 7, 2], [False, True, False]
     data = _og_marl_vault(tmp_path, lengths, truncated, tail=3)
@@ -241,8 +259,9 @@ def test_an_empty_buffer_writes_no_vault(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "recording.vlt") == []
 
 
-def test_the_cli_exports_a_recording_as_a_vault_and_inspects_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_exports_a_recording_as_a_vault_and_inspects_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flexibuff_envs.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -260,7 +279,11 @@ def test_the_cli_exports_a_recording_as_a_vault_and_inspects_it(tmp_path: Path, 
     assert main(["export", "c4.log", "--vault", "vaults", "--vault-uid", "Good"]) == 1
     assert "a vault is there already" in capsys.readouterr().err
     assert main(["export", "c4.log", "--vault", "small", "--vault-uid", "Zstd", "--compression", "zstd"]) == 0
-    store = ts.open({"driver": "zarr", "kvstore": {"driver": "ocdbt", "path": "observations.",
-                                                   "base": f"file://{tmp_path}/small/c4.vlt/Zstd"}}).result()
+    store = ts.open(
+        {
+            "driver": "zarr",
+            "kvstore": {"driver": "ocdbt", "path": "observations.", "base": f"file://{tmp_path}/small/c4.vlt/Zstd"},
+        }
+    ).result()
     assert store.spec().to_json()["metadata"]["compressor"]["cname"] == "zstd"
     assert Vault("c4.vlt", rel_dir="small", vault_uid="Zstd").read().experience["observations"].shape[1] > 0

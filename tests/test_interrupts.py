@@ -65,8 +65,9 @@ def episode_table(episodes: list[dict[str, np.ndarray]]) -> dict[bytes, list[dic
     return table
 
 
-def assert_matches(buffer: fe.FlexibleBuffer, table: dict[bytes, list[dict[str, np.ndarray]]], *,
-                   cut_ok: bool | None = False) -> int:
+def assert_matches(
+    buffer: fe.FlexibleBuffer, table: dict[bytes, list[dict[str, np.ndarray]]], *, cut_ok: bool | None = False
+) -> int:
     """Every whole episode ``buffer`` holds equals a reference episode (``cut_ok``: or its first
     steps, ended as truncated: an episode a reset cut after the interrupt; None: episodes ended
     as truncated are left out); returns how many.
@@ -79,27 +80,45 @@ def assert_matches(buffer: fe.FlexibleBuffer, table: dict[bytes, list[dict[str, 
         key = np.ascontiguousarray(episode.obs[..., 0, :]).tobytes()
         assert key in table, "an episode the bare env never played"
         length = episode.obs.shape[-2]
-        candidates = [want for want in table[key] if length == want["obs"].shape[-2]
-                      or (cut_ok and length < want["obs"].shape[-2] and episode.truncated[..., -1].any())]
-        differing = [[name for name, value in want.items() if (name != "truncated" or length == value.shape[axis])
-                      and not np.allclose(getattr(episode, name), value.take(np.arange(length), axis=axis),
-                                          rtol=1e-5, atol=1e-6)] for want in candidates]
-        assert [] in differing, (f"an episode of {length} rows equal to no reference episode "
-                                 f"(fields differing from each that could be it: {differing})")
+        candidates = [
+            want
+            for want in table[key]
+            if length == want["obs"].shape[-2]
+            or (cut_ok and length < want["obs"].shape[-2] and episode.truncated[..., -1].any())
+        ]
+        differing = [
+            [
+                name
+                for name, value in want.items()
+                if (name != "truncated" or length == value.shape[axis])
+                and not np.allclose(
+                    getattr(episode, name), value.take(np.arange(length), axis=axis), rtol=1e-5, atol=1e-6
+                )
+            ]
+            for want in candidates
+        ]
+        assert [] in differing, (
+            f"an episode of {length} rows equal to no reference episode "
+            f"(fields differing from each that could be it: {differing})"
+        )
         if length == candidates[differing.index([])]["obs"].shape[-2]:
             rewards, G = np.atleast_2d(episode.individual_rewards), np.atleast_2d(episode.G)
             active = np.ones(rewards.shape, bool) if episode.active is None else np.atleast_2d(episode.active)
             for a in range(rewards.shape[0]):  # each agent's G over its own transitions
-                np.testing.assert_allclose(G[a, active[a]], plain_returns(list(rewards[a, active[a]]), buffer.gamma),
-                                           rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(
+                    G[a, active[a]], plain_returns(list(rewards[a, active[a]]), buffer.gamma), rtol=1e-5, atol=1e-5
+                )
         n += 1
     return n
 
 
-def reference_episodes(fields: dict[str, np.ndarray], spans: list[tuple[int, int]], axis: int) -> list[dict[str, np.ndarray]]:
+def reference_episodes(
+    fields: dict[str, np.ndarray], spans: list[tuple[int, int]], axis: int
+) -> list[dict[str, np.ndarray]]:
     """``fields`` (every step of a plain loop, time on ``axis``) cut into its episodes ``spans``."""
-    return [{name: value.take(np.arange(start, end), axis=axis) for name, value in fields.items()}
-            for start, end in spans]
+    return [
+        {name: value.take(np.arange(start, end), axis=axis) for name, value in fields.items()} for start, end in spans
+    ]
 
 
 class Case:
@@ -124,9 +143,14 @@ class Gym(Case):
         log = play(gym.make("CartPole-v1"), seed=0, steps=3000)
         end = log.episodes[-1][1]  # the last whole episode's end: a replay ends no episode half way
         self.actions = log.actions[:end]
-        fields = {"obs": np.array(log.obs), "obs_": np.array(log.obs_), "discrete_actions": np.array(log.discrete),
-                  "individual_rewards": np.array(log.reward), "terminated": np.array(log.terminated),
-                  "truncated": np.array(log.truncated)}
+        fields = {
+            "obs": np.array(log.obs),
+            "obs_": np.array(log.obs_),
+            "discrete_actions": np.array(log.discrete),
+            "individual_rewards": np.array(log.reward),
+            "terminated": np.array(log.terminated),
+            "truncated": np.array(log.truncated),
+        }
         self.table = episode_table(reference_episodes(fields, log.episodes, 0))
         self.make = lambda: fe.record(gym.make("CartPole-v1"), num_steps=num_steps, gamma=GAMMA)
 
@@ -174,8 +198,9 @@ class Vector(Case):
                 rows[-1] = (*rows[-1][:5], True)
                 episodes += reference_episodes(self._fields(rows), [(start, len(rows))], 0)
         self.table = episode_table(episodes)
-        self.make = lambda: fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n),
-                                      num_steps=num_steps, gamma=GAMMA)
+        self.make = lambda: fe.record(
+            gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * n), num_steps=num_steps, gamma=GAMMA
+        )
         self.n = n
 
     @staticmethod
@@ -199,8 +224,9 @@ class SB3Vec(Vector):
         from flexibuff_envs.integrations.sb3 import RecordingVecEnv
 
         super().__init__(num_steps, n=4, steps=800, same_step=True)
-        self.make = lambda: RecordingVecEnv(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4),
-                                            num_steps=num_steps, gamma=GAMMA)
+        self.make = lambda: RecordingVecEnv(
+            DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4), num_steps=num_steps, gamma=GAMMA
+        )
 
     def replay(self, env: Any) -> None:
         env.seed(0)  # sub-env i seeded i at the next reset
@@ -218,9 +244,15 @@ class Parallel(Case):
         self.env_fn = lambda: simple_spread_v3.parallel_env(N=3, max_cycles=25)
         expected, _ = play_parallel(self.env_fn(), seed=0, steps=600)
         self.actions = expected.actions
-        fields = {"obs": expected.obs, "obs_": expected.obs_, "discrete_actions": expected.discrete,
-                  "individual_rewards": expected.rewards, "terminated": expected.terminated,
-                  "truncated": expected.truncated, "active": expected.active}
+        fields = {
+            "obs": expected.obs,
+            "obs_": expected.obs_,
+            "discrete_actions": expected.discrete,
+            "individual_rewards": expected.rewards,
+            "terminated": expected.terminated,
+            "truncated": expected.truncated,
+            "active": expected.active,
+        }
         self.table = episode_table(reference_episodes(fields, expected.episodes, 1))
         self.make = lambda: fe.record(self.env_fn(), num_steps=num_steps, gamma=GAMMA)
 
@@ -242,9 +274,16 @@ class AEC(Case):
 
         expected = play_aec(connect_four_v3.env(), seed=0, episodes=episodes)
         self.actions, self.episodes = expected.actions, episodes
-        fields = {"obs": expected.obs, "obs_": expected.obs_, "discrete_actions": expected.discrete,
-                  "individual_rewards": expected.rewards, "terminated": expected.terminated,
-                  "truncated": expected.truncated, "active": expected.active, "action_mask": expected.mask}
+        fields = {
+            "obs": expected.obs,
+            "obs_": expected.obs_,
+            "discrete_actions": expected.discrete,
+            "individual_rewards": expected.rewards,
+            "terminated": expected.terminated,
+            "truncated": expected.truncated,
+            "active": expected.active,
+            "action_mask": expected.mask,
+        }
         self.table = episode_table(reference_episodes(fields, expected.episodes, 1))
         self.make = lambda: fe.record(connect_four_v3.env(), num_steps=num_steps, gamma=GAMMA)
 
@@ -260,10 +299,17 @@ class SB3Replay(Case):
     def __init__(self, num_steps: int) -> None:
         log = play(gym.make("CartPole-v1"), seed=0, steps=3000)
         self.table = Gym(num_steps).table
-        self.adds = [(np.array([o]), np.array([o_]), np.array([[a]]), np.array([r]), np.array([te or tr]),
-                      [{"TimeLimit.truncated": tr and not te}])
-                     for o, o_, a, r, te, tr in zip(log.obs, log.obs_, log.actions, log.reward, log.terminated,
-                                                    log.truncated)]
+        self.adds = [
+            (
+                np.array([o]),
+                np.array([o_]),
+                np.array([[a]]),
+                np.array([r]),
+                np.array([te or tr]),
+                [{"TimeLimit.truncated": tr and not te}],
+            )
+            for o, o_, a, r, te, tr in zip(log.obs, log.obs_, log.actions, log.reward, log.terminated, log.truncated)
+        ]
         space = gym.make("CartPole-v1")
 
         def make() -> Any:
@@ -278,8 +324,14 @@ class SB3Replay(Case):
             env.add(*add)
 
 
-CASES: dict[str, Callable[[int], Case]] = {"gym": Gym, "vector": Vector, "parallel": Parallel, "aec": AEC,
-                                           "sb3_replay": SB3Replay, "sb3_vec_env": SB3Vec}
+CASES: dict[str, Callable[[int], Case]] = {
+    "gym": Gym,
+    "vector": Vector,
+    "parallel": Parallel,
+    "aec": AEC,
+    "sb3_replay": SB3Replay,
+    "sb3_vec_env": SB3Vec,
+}
 
 
 _cases: dict[tuple[str, str], Case] = {}

@@ -18,8 +18,11 @@ from tests.envs import ToyEnv
 
 
 def recorder(capacity: int = 40) -> fe.GymRecorder:
-    return fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11),
-                            mask_info=True), num_steps=capacity, gamma=0.7)
+    return fe.record(
+        ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11), mask_info=True),
+        num_steps=capacity,
+        gamma=0.7,
+    )
 
 
 def test_round_trip_keeps_every_field_and_keeps_recording_and_sampling_as_before(tmp_path: Path) -> None:
@@ -34,8 +37,9 @@ def test_round_trip_keeps_every_field_and_keeps_recording_and_sampling_as_before
         assert_same_batches(x, y)
     # recording goes on into the loaded buffer: the episode that was running closes as truncated
     episodes = loaded.n_episodes
-    resumed = fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11),
-                               mask_info=True), buffer=loaded)
+    resumed = fe.record(
+        ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11), mask_info=True), buffer=loaded
+    )
     play(resumed, seed=5, steps=30)
     assert loaded.n_episodes > episodes
     for episode in loaded.episodes():
@@ -52,8 +56,9 @@ def test_a_loaded_buffer_records_on_exactly_as_the_saved_one_does(tmp_path: Path
     env = recorder()
     play(env, seed=0, steps=95)
     loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "run.fbuf"), mmap=mmap)
-    resumed = fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11),
-                               mask_info=True), buffer=loaded)
+    resumed = fe.record(
+        ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11), mask_info=True), buffer=loaded
+    )
     for going_on in (env, resumed):
         play(going_on, seed=5, steps=23)  # less than the ring: rows from the file are still held
     assert len(loaded) == len(env.buffer) > 20 and loaded.n_episodes == env.buffer.n_episodes
@@ -82,8 +87,10 @@ def test_save_replaces_atomically_and_leaves_no_temporary_files(tmp_path: Path) 
 def vector_recorder(capacity: int, lengths: tuple[int, ...]) -> fe.VectorRecorder:
     import gymnasium as gym
 
-    return fe.record(gym.vector.SyncVectorEnv([lambda: ToyEnv(spaces.Discrete(5), spaces.Discrete(3),
-                                                              lengths=lengths)] * 2), num_steps=capacity)
+    return fe.record(
+        gym.vector.SyncVectorEnv([lambda: ToyEnv(spaces.Discrete(5), spaces.Discrete(3), lengths=lengths)] * 2),
+        num_steps=capacity,
+    )
 
 
 def step_vector(env: fe.VectorRecorder, steps: int, seed: int) -> None:
@@ -93,10 +100,12 @@ def step_vector(env: fe.VectorRecorder, steps: int, seed: int) -> None:
         env.step(rng.integers(0, 3, 2))
 
 
-@pytest.mark.parametrize(("capacity", "lengths", "live"), [(8, (4,), 16), (500, (4, 9), 60)],
-                         ids=["full-ring", "partly-filled"])
-def test_mmap_load_samples_and_records_exactly_like_a_full_load(tmp_path: Path, capacity: int,
-                                                                lengths: tuple[int, ...], live: int) -> None:
+@pytest.mark.parametrize(
+    ("capacity", "lengths", "live"), [(8, (4,), 16), (500, (4, 9), 60)], ids=["full-ring", "partly-filled"]
+)
+def test_mmap_load_samples_and_records_exactly_like_a_full_load(
+    tmp_path: Path, capacity: int, lengths: tuple[int, ...], live: int
+) -> None:
     env = vector_recorder(capacity, lengths)
     step_vector(env, 35, seed=0)
     assert len(env.buffer) == live
@@ -105,8 +114,9 @@ def test_mmap_load_samples_and_records_exactly_like_a_full_load(tmp_path: Path, 
     read, mapped = fe.FlexibleBuffer.load(path), fe.FlexibleBuffer.load(path, mmap=True)
     assert len(mapped) == len(read) == len(env.buffer) and mapped.n_episodes == read.n_episodes
     for name in ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "G"):
-        np.testing.assert_array_equal(getattr(mapped.sample_transitions(50), name),
-                                      getattr(read.sample_transitions(50), name))
+        np.testing.assert_array_equal(
+            getattr(mapped.sample_transitions(50), name), getattr(read.sample_transitions(50), name)
+        )
     for x, y in zip(mapped.sample_episodes(n_episodes=2), read.sample_episodes(n_episodes=2)):
         assert_same_batches(x, y)
     # both keep recording the same way; the mapped file is never written to
@@ -123,7 +133,7 @@ def test_mmap_load_reads_only_the_header(tmp_path: Path) -> None:
     path = env.buffer.save(tmp_path / "run.fbuf")
     raw = bytearray(Path(path).read_bytes())
     length = int.from_bytes(raw[12:20], "little")
-    header = json.loads(raw[20:20 + length])
+    header = json.loads(raw[20 : 20 + length])
     obs = next(f for f in header["fields"] if f["name"] == "obs")
     raw[20 + length + -(20 + length) % 64 + obs["offset"] + 5] ^= 0xFF  # an observation: only a full read notices
     Path(path).write_bytes(raw)
@@ -133,7 +143,8 @@ def test_mmap_load_reads_only_the_header(tmp_path: Path) -> None:
 
 
 def test_a_mapped_load_maps_the_file_it_read_and_a_save_never_changes_a_mapped_file(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A save landing at the path while a load maps it: the load maps the file whose header it
     read, not the new one. And saving over a mapped file (ours write a new file and rename it)
     leaves the mapped buffer's rows as they were."""
@@ -159,8 +170,14 @@ def test_a_mapped_load_maps_the_file_it_read_and_a_save_never_changes_a_mapped_f
     (mine,), (want,) = (list(b.minibatches(len(b), shuffle=False)) for b in (mapped, runs[0]))
     assert_same_batches(mine, want)
     runs[0].clear()
-    play(fe.record(ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11), mask_info=True),
-                   buffer=runs[0]), seed=7, steps=30)
+    play(
+        fe.record(
+            ToyEnv(spaces.Box(0, 255, (3, 2), np.uint8), spaces.Discrete(4), lengths=(6, 11), mask_info=True),
+            buffer=runs[0],
+        ),
+        seed=7,
+        steps=30,
+    )
     runs[0].save(path)  # over the file the buffer maps
     (again,) = mapped.minibatches(len(mapped), shuffle=False)
     assert_same_batches(again, want)
@@ -196,8 +213,9 @@ def test_files_of_formats_2_and_3_still_load(mmap: bool, version: int) -> None:
 
 
 @pytest.mark.parametrize("failure", ["write", "fsync"])
-def test_a_failed_save_leaves_the_previous_file_intact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                       failure: str) -> None:
+def test_a_failed_save_leaves_the_previous_file_intact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
     import resource
     import signal
 
@@ -224,7 +242,9 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path: Path, monkeypat
         if failure == "write":
             resource.setrlimit(resource.RLIMIT_FSIZE, limits)
             signal.signal(signal.SIGXFSZ, previous)
-    assert caught.value.filename == str(path) and caught.value.errno == (errno.EFBIG if failure == "write" else errno.ENOSPC)
+    assert caught.value.filename == str(path) and caught.value.errno == (
+        errno.EFBIG if failure == "write" else errno.ENOSPC
+    )
     assert path.read_bytes() == good and os.listdir(tmp_path) == ["run.fbuf"]
     assert len(fe.FlexibleBuffer.load(path)) == 20
 
@@ -254,8 +274,13 @@ def test_bad_files_raise_a_clear_error(tmp_path: Path, damage: str) -> None:
     path = tmp_path / "run.fbuf"
     env.buffer.save(path)
     raw = bytearray(path.read_bytes())
-    expected = {"missing": "no such", "truncated": "truncated", "flipped": "corrupt",
-                "foreign": "not a flexibuff_envs buffer", "newer": "newer"}[damage]
+    expected = {
+        "missing": "no such",
+        "truncated": "truncated",
+        "flipped": "corrupt",
+        "foreign": "not a flexibuff_envs buffer",
+        "newer": "newer",
+    }[damage]
     if damage == "missing":
         path.unlink()
     elif damage == "truncated":
@@ -346,7 +371,11 @@ def test_a_save_removes_what_killed_saves_of_its_target_left(tmp_path: Path) -> 
     import time
 
     target = tmp_path / "big.fbuf"
-    child = subprocess.Popen([sys.executable, "-c", f"""
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import numpy as np, flexibuff_envs as fe
 buffer = fe.FlexibleBuffer(40_000, 84 * 84 * 4, [6], obs_dtype="uint8")
 buffer.field("obs")[...] = 7  # 1.1 GB to write: the save takes a while
@@ -354,7 +383,9 @@ buffer.begin_episode()
 for _ in range(40_000):
     buffer.claim_row()
 buffer.save({str(target)!r})
-"""])
+""",
+        ]
+    )
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".big.fbuf.*.fbuf-tmp")) and time.monotonic() < deadline and child.poll() is None:
         time.sleep(0.05)
@@ -407,8 +438,12 @@ def _resume_case(case: str, buffer: fe.FlexibleBuffer | None = None, *, seed: in
                 env.reset()
         return env.buffer
     if case == "vector":
-        env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), buffer, num_steps=60,
-                        extra_fields={"hidden": (2,)})
+        env = fe.record(
+            gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2),
+            buffer,
+            num_steps=60,
+            extra_fields={"hidden": (2,)},
+        )
         env.reset(seed=[seed, seed + 1])
         for _ in range(steps):
             env.step(rng.integers(0, 2, 2))
@@ -438,4 +473,6 @@ def test_rows_a_file_did_not_hold_record_on_as_in_the_saved_buffer(tmp_path: Pat
     np.testing.assert_array_equal(mine.idx, theirs.idx)
     assert_same_batches(mine, theirs)
     assert np.isnan(mine.G).any()  # the episodes running now
-    assert_same_batches(loaded.sample_transitions(idx=mine.idx, n_step=3), saved.sample_transitions(idx=mine.idx, n_step=3))
+    assert_same_batches(
+        loaded.sample_transitions(idx=mine.idx, n_step=3), saved.sample_transitions(idx=mine.idx, n_step=3)
+    )

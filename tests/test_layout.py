@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ PACKAGE = ROOT / "flexibuff_envs"
 
 def steps() -> dict[str, int]:
     """Module (first part below the package) -> its layer, 0 the lowest, from the contract."""
-    contract, = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     layers = contract["layers"][::-1]  # import-linter lists them from the top
     return {name.strip(): k for k, layer in enumerate(layers) for name in layer.split(":")}
 
@@ -32,8 +33,12 @@ def module_of(path: Path) -> str:
 def imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of each flexibuff_envs import, leaving out those under ``if TYPE_CHECKING``."""
     tree = ast.parse(path.read_text())
-    typing_only = {id(node) for branch in ast.walk(tree) if isinstance(branch, ast.If)
-                   and "TYPE_CHECKING" in ast.unparse(branch.test) for node in ast.walk(branch)}
+    typing_only = {
+        id(node)
+        for branch in ast.walk(tree)
+        if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
+        for node in ast.walk(branch)
+    }
     found = []
     for node in ast.walk(tree):
         if id(node) in typing_only:
@@ -43,8 +48,11 @@ def imports(path: Path) -> list[tuple[int, str]]:
             names = [parts[1]] if len(parts) > 1 else [alias.name for alias in node.names]
             found += [(node.lineno, name) for name in names]
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[1]) for alias in node.names
-                      if alias.name.startswith("flexibuff_envs.")]
+            found += [
+                (node.lineno, alias.name.split(".")[1])
+                for alias in node.names
+                if alias.name.startswith("flexibuff_envs.")
+            ]
     return found
 
 
@@ -52,9 +60,12 @@ def test_imports_point_the_way_the_layers_contract_says() -> None:
     order = steps()
     modules = [p for p in PACKAGE.rglob("*.py") if p != PACKAGE / "__init__.py" and p.name != "__main__.py"]
     assert {module_of(p) for p in modules} <= order.keys(), "a module the contract's layers do not list"
-    wrong = [f"{p.relative_to(ROOT)}:{line} imports {name}"
-             for p in modules for line, name in imports(p)
-             if order[name] > order[module_of(p)]]
+    wrong = [
+        f"{p.relative_to(ROOT)}:{line} imports {name}"
+        for p in modules
+        for line, name in imports(p)
+        if order[name] > order[module_of(p)]
+    ]
     assert not wrong, wrong
 
 
@@ -62,8 +73,9 @@ def test_every_error_the_package_raises_is_a_flexibuff_error() -> None:
     """No ``raise ValueError(...)`` (or any builtin exception) in the package: each error is one of
     `flexibuff_envs.errors`' classes, which subclass the builtin a caller would catch, so
     ``except fe.FlexibuffError`` catches everything the package raises."""
-    builtin = {name for name, value in vars(builtins).items()
-               if isinstance(value, type) and issubclass(value, BaseException)}
+    builtin = {
+        name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+    }
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -72,3 +84,12 @@ def test_every_error_the_package_raises_is_a_flexibuff_error() -> None:
                 if isinstance(target, ast.Name) and target.id in builtin:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} raises {target.id}")
     assert not found, "\n".join(found)
+
+
+def test_the_code_is_formatted_linted_and_typed() -> None:
+    """What a contributor runs before a commit, run by CI through the test command: ruff's format
+    and lint with pyproject.toml's settings, and mypy on the package."""
+    sources = ["flexibuff_envs", "tests", "benchmarks", "examples"]
+    for command in (["ruff", "format", "--check", *sources], ["ruff", "check", *sources], ["mypy", "flexibuff_envs"]):
+        done = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout}{done.stderr}"

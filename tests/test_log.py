@@ -84,8 +84,12 @@ def _kill_during(writer: log.LogWriter, chunk: fe.Chunk, at: float) -> None:
     writer.append(chunk)
     after = _sizes(directory)
     # a new column starts as a kill before the append leaves it: a tail holding its slot 0
-    start = {log.LENGTHS: 0, log.COMMITS: 0, **{column.file: column.row_bytes if column.part == "tail" else 0
-                                                 for column in writer.columns}, **before}
+    start = {
+        log.LENGTHS: 0,
+        log.COMMITS: 0,
+        **{column.file: column.row_bytes if column.part == "tail" else 0 for column in writer.columns},
+        **before,
+    }
     order = [log.LENGTHS, *(column.file for column in writer.columns), log.COMMITS]
     budget = int(at * sum(after[name] - start[name] for name in order))
     writer.close()
@@ -97,8 +101,9 @@ def _kill_during(writer: log.LogWriter, chunk: fe.Chunk, at: float) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(plan=st.lists(st.tuples(st.integers(1, 3), st.one_of(st.none(), st.floats(0, 0.999))), min_size=1, max_size=5))
-def test_appends_kills_and_resumes_leave_a_prefix_of_what_was_recorded(tmp_path_factory: pytest.TempPathFactory,
-                                                                        plan: list[tuple[int, float | None]]) -> None:
+def test_appends_kills_and_resumes_leave_a_prefix_of_what_was_recorded(
+    tmp_path_factory: pytest.TempPathFactory, plan: list[tuple[int, float | None]]
+) -> None:
     """Any sequence of appends, kills mid-append (the files cut where the kill leaves them) and
     resumes: readers see exactly the episodes of the appends that finished, in order, and a
     resumed writer cuts what a kill left before appending on."""
@@ -111,7 +116,7 @@ def test_appends_kills_and_resumes_leave_a_prefix_of_what_was_recorded(tmp_path_
         if kill is None:
             writer.append(chunk)
             writer.close()
-            expected += batches[bounds[k]:bounds[k + 1]]
+            expected += batches[bounds[k] : bounds[k + 1]]
         else:
             _kill_during(writer, chunk, kill)
         got = read_back(directory)
@@ -157,8 +162,19 @@ def _first_column(header: dict, **change: object) -> dict:
     return {**header, "columns": [{**header["columns"][0], **change}, *header["columns"][1:]]}
 
 
-@pytest.mark.parametrize("case", ["object dtype", "unknown field", "wrong shape", "not json", "bad checksum",
-                                  "slot out of range", "lengths off", "damaged, then whole"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "object dtype",
+        "unknown field",
+        "wrong shape",
+        "not json",
+        "bad checksum",
+        "slot out of range",
+        "lengths off",
+        "damaged, then whole",
+    ],
+)
 def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, case: str) -> None:
     chunks, _ = recorded_chunks([2, 1])
     writer = log.LogWriter(tmp_path, header_of(chunks[0]))
@@ -188,10 +204,10 @@ def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, 
         named = tmp_path / {"slot out of range": "obs_.index.col", "lengths off": log.LENGTHS}.get(case, log.COMMITS)
         raw = bytearray(named.read_bytes())
         if case == "slot out of range":
-            raw[previous.rows * 4:previous.rows * 4 + 4] = struct.pack("<i", 10**6)
+            raw[previous.rows * 4 : previous.rows * 4 + 4] = struct.pack("<i", 10**6)
             says = "slot outside"
         elif case == "lengths off":
-            raw[previous.episodes * 8:previous.episodes * 8 + 8] = struct.pack("<q", 0)
+            raw[previous.episodes * 8 : previous.episodes * 8 + 8] = struct.pack("<q", 0)
             says = "lengths must be positive"
         else:  # the first commit's entry damaged, the second whole
             says = "damaged at commit 0"
@@ -200,9 +216,13 @@ def test_a_crafted_log_is_one_buffer_file_error_naming_the_file(tmp_path: Path, 
         if case != "damaged, then whole":
             crc = 0
             for column in state.files:
-                crc = zlib.crc32((tmp_path / column.file).read_bytes()[previous.length(column):last.length(column)], crc)
-            commits = (tmp_path / log.COMMITS).read_bytes()[:-log.ENTRY_BYTES]
-            (tmp_path / log.COMMITS).write_bytes(commits + _entry(last.number, last.rows, last.episodes, last.tails, crc))
+                crc = zlib.crc32(
+                    (tmp_path / column.file).read_bytes()[previous.length(column) : last.length(column)], crc
+                )
+            commits = (tmp_path / log.COMMITS).read_bytes()[: -log.ENTRY_BYTES]
+            (tmp_path / log.COMMITS).write_bytes(
+                commits + _entry(last.number, last.rows, last.episodes, last.tails, crc)
+            )
     readers = [lambda: log.verify(tmp_path), lambda: fe.FlexibleBuffer.open(tmp_path)]
     for reader in readers if case != "damaged, then whole" else readers[:1]:
         with pytest.raises(fe.BufferFileError, match=f"^{named}: .*{says}"):
@@ -332,8 +352,12 @@ def test_a_log_the_buffer_keeps_outlives_its_recorders_and_a_dropped_buffer_lets
 
 
 def _run_killed(kind: str, directory: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.killed", kind, str(directory), *args],
-                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.killed", kind, str(directory), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
 
 
 def _assert_from_reference(logged: list[fe.FlexiBatch], reference: dict[bytes, np.ndarray]) -> None:
@@ -379,8 +403,9 @@ def test_a_recording_killed_at_any_moment_keeps_every_ended_episode(tmp_path: Pa
         shutil.rmtree(directory)
 
 
-def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``--out DIR`` logs what ``--out FILE.fbuf`` saves, episode for episode; a log is continued
     only with --resume; ``inspect DIR`` reports it as it reports a file."""
     from flexibuff_envs.cli import main
@@ -400,8 +425,9 @@ def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(tmp_path: Path, cap
     assert main(["record", "CartPole-v1", "--episodes", "5", "--out", "run.fbuf", "--resume"]) == 2
 
 
-def test_a_log_reads_into_a_buffer_that_plots_and_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_log_reads_into_a_buffer_that_plots_and_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("matplotlib")
     pytest.importorskip("minari")
     from flexibuff_envs.cli import main
@@ -446,8 +472,13 @@ def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path) -> None:
 
 
 def _cli(directory: Path, *args: str, **options: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "flexibuff_envs", "record", "CartPole-v1", "--out", str(directory),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flexibuff_envs", "record", "CartPole-v1", "--out", str(directory), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **options,
+    )
 
 
 def _wait_for_commits(directory: Path, child: subprocess.Popen[str]) -> None:
@@ -457,10 +488,12 @@ def _wait_for_commits(directory: Path, child: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize(("signum", "code", "says"), [(signal.SIGTERM, 143, "stopped by SIGTERM"),
-                                                      (signal.SIGINT, 130, "stopped by Ctrl-C")])
-def test_the_cli_streams_a_long_recording_and_closes_its_log_on_a_signal(tmp_path: Path, signum: int, code: int,
-                                                                         says: str) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code", "says"), [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "stopped by Ctrl-C")]
+)
+def test_the_cli_streams_a_long_recording_and_closes_its_log_on_a_signal(
+    tmp_path: Path, signum: int, code: int, says: str
+) -> None:
     """``record ENV --steps 100000000 --out DIR``: a signal from another process ends the run
     with 128 + its number, the report says so, and the log is whole: every episode the report
     counts as appended, no torn tail."""
@@ -536,7 +569,7 @@ def test_merged_logs_hold_each_ones_episodes_in_order(tmp_path: Path, kind: str)
     fe.merge_logs([tmp_path / "w0"], tmp_path / "all")
     again = read_back(tmp_path / "all")
     assert len(again) == len(merged) + len(parts[0])
-    for mine, want in zip(again[len(merged):], parts[0], strict=True):
+    for mine, want in zip(again[len(merged) :], parts[0], strict=True):
         assert_same_batches(mine, want)
     assert log.verify(tmp_path / "all").torn == ()
 
@@ -553,7 +586,10 @@ def test_merging_logs_that_differ_writes_nothing(tmp_path: Path, capsys: pytest.
     assert "cannot be merged into itself" in capsys.readouterr().err
     assert main(["merge", str(tmp_path / "cartpole"), str(tmp_path / "cartpole"), "--out", str(tmp_path / "two")]) == 0
     assert "whole episodes appended from 2 log(s)" in capsys.readouterr().out
-    assert fe.FlexibleBuffer.open(tmp_path / "two").n_episodes == 2 * fe.FlexibleBuffer.open(tmp_path / "cartpole").n_episodes
+    assert (
+        fe.FlexibleBuffer.open(tmp_path / "two").n_episodes
+        == 2 * fe.FlexibleBuffer.open(tmp_path / "cartpole").n_episodes
+    )
 
 
 DQN_FIELDS = ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated")

@@ -15,8 +15,9 @@ from flexibuff_envs.testing.pz_reference import play_aec, play_parallel, replay_
 GAMMA = 0.9
 
 
-def reference(rewards: np.ndarray, done: np.ndarray, active: np.ndarray, episodes: list[tuple[int, int]],
-              n: int) -> tuple[np.ndarray, np.ndarray]:
+def reference(
+    rewards: np.ndarray, done: np.ndarray, active: np.ndarray, episodes: list[tuple[int, int]], n: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per agent and row ``[A, R]``: the discounted sum of up to ``n`` of the agent's own steps
     from the row on (the row, then its next active rows of the episode; the agent's done step is
     the last) and the row those steps end at."""
@@ -27,7 +28,7 @@ def reference(rewards: np.ndarray, done: np.ndarray, active: np.ndarray, episode
             for row in range(start, end):
                 steps = [row] + [k for k in range(row + 1, end) if active[agent, k]]
                 for j, k in enumerate(steps[:n]):
-                    total[agent, row] += GAMMA ** j * rewards[agent, k]
+                    total[agent, row] += GAMMA**j * rewards[agent, k]
                     last[agent, row] = k
                     if done[agent, k]:
                         break
@@ -79,15 +80,14 @@ def test_cartpole_windows_stop_at_terminations_truncations_and_the_newest_row(n:
     rows = np.concatenate([b.idx for b in buffer.minibatches(1000, shuffle=False)])  # oldest first
     kept = slice(steps - rows.size, steps)  # the ring forgot the oldest episodes
     done = expected["terminated"] | expected["truncated"]
-    rewards, last = reference(expected["reward"][None], done[None], np.ones((1, steps), bool),
-                              episodes_of(done), n)
+    rewards, last = reference(expected["reward"][None], done[None], np.ones((1, steps), bool), episodes_of(done), n)
     batch = buffer.sample_transitions(idx=rows, n_step=n)
     np.testing.assert_allclose(batch.individual_rewards, rewards[0, kept], rtol=1e-6)
     np.testing.assert_array_equal(batch.obs_, expected["obs_"][last[0, kept]])
     np.testing.assert_array_equal(batch.terminated, expected["terminated"][last[0, kept]])
     np.testing.assert_array_equal(batch.truncated, expected["truncated"][last[0, kept]])
     k = last[0, kept] - np.arange(steps)[kept] + 1
-    np.testing.assert_allclose(batch.discounts, GAMMA ** k, rtol=1e-6)
+    np.testing.assert_allclose(batch.discounts, GAMMA**k, rtol=1e-6)
     assert batch.discounts.dtype == np.float32
     if n == 3:  # some windows are cut by an episode end, the newest included
         assert {1, 2, 3} <= set(k.tolist())
@@ -129,8 +129,9 @@ def test_vector_lanes_each_sum_their_own_sub_env() -> None:
     batch_rows, want_rewards, want_obs_, want_terminated = [], [], [], []
     for i, lane in enumerate(lanes):
         done = np.array(lane["done"])
-        rewards, last = reference(np.array(lane["reward"])[None], done[None], np.ones((1, done.size), bool),
-                                  episodes_of(done), n)
+        rewards, last = reference(
+            np.array(lane["reward"])[None], done[None], np.ones((1, done.size), bool), episodes_of(done), n
+        )
         batch_rows.append(i * 200 + np.arange(done.size))
         want_rewards.append(rewards[0])
         want_obs_.append(np.array(lane["obs_"])[last[0]])
@@ -155,11 +156,15 @@ def check_agents(expected, buffer: fe.FlexibleBuffer, n: int) -> None:  # type: 
     k = steps_taken(last, expected.active)
     np.testing.assert_allclose(batch.discounts[acted], GAMMA ** k[acted], rtol=1e-6)
     if expected.mask_ is not None:
-        np.testing.assert_array_equal(np.concatenate(batch.action_mask_, axis=-1)[acted],
-                                      expected.mask_[agents, last][acted])
+        np.testing.assert_array_equal(
+            np.concatenate(batch.action_mask_, axis=-1)[acted], expected.mask_[agents, last][acted]
+        )
     team = expected.rewards.sum(axis=0)
-    want = [sum(GAMMA ** j * team[k] for j, k in enumerate(range(row, min(row + n, end))))
-            for start, end in expected.episodes for row in range(start, end)]
+    want = [
+        sum(GAMMA**j * team[k] for j, k in enumerate(range(row, min(row + n, end))))
+        for start, end in expected.episodes
+        for row in range(start, end)
+    ]
     np.testing.assert_allclose(batch.global_rewards, want, rtol=1e-5, atol=1e-5)
 
 
@@ -197,8 +202,13 @@ def test_prioritized_n_step_torch_batches() -> None:
     for _ in range(100):
         if any(env.step(env.action_space.sample())[2:4]):
             env.reset()
-    batch = env.buffer.sample_transitions(32, prioritized=True, n_step=3, as_torch=True,
-                                          fields=("obs", "obs_", "individual_rewards", "terminated", "discounts"))
+    batch = env.buffer.sample_transitions(
+        32,
+        prioritized=True,
+        n_step=3,
+        as_torch=True,
+        fields=("obs", "obs_", "individual_rewards", "terminated", "discounts"),
+    )
     assert batch.discounts.dtype == torch.float32 and batch.weights.shape == (32,)
     assert batch.discrete_actions is None and batch.obs_.shape == (32, 4)
     again = env.buffer.sample_transitions(idx=batch.idx.numpy(), n_step=3)
@@ -224,8 +234,17 @@ def test_rows_an_agent_sits_out_are_skipped_by_its_window() -> None:
     from tests.test_pettingzoo_parallel import ScriptedParallel, own_transitions
 
     spawn, end = {"a": 0, "b": 0}, {"a": 9, "b": 8}
-    plan = [{"a": 0, "b": 1}, {"a": 0, "b": 1}, {"a": 0}, {"a": 0}, {"a": 0}, {"a": 1, "b": 0}, {"a": 1},
-            {"a": 1, "b": 2}, {"a": 2}]
+    plan = [
+        {"a": 0, "b": 1},
+        {"a": 0, "b": 1},
+        {"a": 0},
+        {"a": 0},
+        {"a": 0},
+        {"a": 1, "b": 0},
+        {"a": 1},
+        {"a": 1, "b": 2},
+        {"a": 2},
+    ]
     expected = own_transitions(ScriptedParallel(spawn, end), plan)
     env = fe.record(ScriptedParallel(spawn, end), num_steps=50, gamma=GAMMA)
     own_transitions(env, plan)
@@ -234,7 +253,7 @@ def test_rows_an_agent_sits_out_are_skipped_by_its_window() -> None:
         mine = expected[agent]
         rows = np.flatnonzero(env.buffer.sample_transitions(idx=np.arange(len(plan))).active[i])
         assert len(rows) == len(mine)
-        want = [sum(GAMMA ** j * t["reward"] for j, t in enumerate(mine[k:k + 3])) for k in range(len(mine))]
+        want = [sum(GAMMA**j * t["reward"] for j, t in enumerate(mine[k : k + 3])) for k in range(len(mine))]
         np.testing.assert_allclose(batch.individual_rewards[i, rows], want, rtol=1e-6)
         np.testing.assert_array_equal(batch.obs_[i, rows], [t["obs_"] for t in mine[2:]] + [mine[-1]["obs_"]] * 2)
         np.testing.assert_allclose(batch.discounts[i, rows], GAMMA ** np.minimum(3, len(mine) - np.arange(len(mine))))
@@ -248,6 +267,9 @@ def test_a_hand_filled_termination_ends_the_window_even_inside_an_episode() -> N
     buffer.field("individual_rewards")[0, rows] = [1, 2, 3, 4, 5, 6]
     buffer.field("terminated")[0, rows[2]] = True  # the agent's episode ended at its third step
     batch = buffer.sample_transitions(idx=rows, n_step=3)
-    np.testing.assert_allclose(batch.individual_rewards, [1 + 2 * GAMMA + 3 * GAMMA ** 2, 2 + 3 * GAMMA, 3,
-                                                          4 + 5 * GAMMA + 6 * GAMMA ** 2, 5 + 6 * GAMMA, 6], rtol=1e-6)
+    np.testing.assert_allclose(
+        batch.individual_rewards,
+        [1 + 2 * GAMMA + 3 * GAMMA**2, 2 + 3 * GAMMA, 3, 4 + 5 * GAMMA + 6 * GAMMA**2, 5 + 6 * GAMMA, 6],
+        rtol=1e-6,
+    )
     np.testing.assert_array_equal(batch.terminated, [True, True, True, False, False, False])

@@ -82,7 +82,7 @@ def test_tictactoe_winner_and_loser_rewards_land_on_their_last_moves() -> None:
     assert episode.active[p2].tolist() == [True, True, False]
     assert episode.terminated[p1, 2] and episode.terminated[p2, 1]
     assert episode.discrete_actions[p1, :, 0].tolist() == [0, 1, 2]
-    np.testing.assert_allclose(episode.G[p1], [0.99 ** 2, 0.99, 1])
+    np.testing.assert_allclose(episode.G[p1], [0.99**2, 0.99, 1])
     np.testing.assert_allclose(episode.G[p2, :2], [-0.99, -1])
     # the mask after player_1's first move no longer allows square 0 (taken)
     assert not episode.action_mask_[0][p1, 0, 0] and episode.action_mask[0][p1, 0, 0]
@@ -109,8 +109,17 @@ def test_aec_state_rows_chain() -> None:
     np.testing.assert_array_equal(batch.state[1:], batch.state_[:-1])
 
 
-@pytest.mark.parametrize("make", [tictactoe_v3.env, connect_four_v3.env, leduc_holdem_v4.env, rps_v2.env,
-                                  simple_spread_v3.env, simple_speaker_listener_v4.env])
+@pytest.mark.parametrize(
+    "make",
+    [
+        tictactoe_v3.env,
+        connect_four_v3.env,
+        leduc_holdem_v4.env,
+        rps_v2.env,
+        simple_spread_v3.env,
+        simple_speaker_listener_v4.env,
+    ],
+)
 def test_api_test_passes_on_the_wrapped_env(make: Callable[[], Any]) -> None:
     env = fe.record(make(), num_steps=5000)
     api_test(env, num_cycles=200)
@@ -140,9 +149,11 @@ def bare_totals(make: Callable[[], Any], episodes: int) -> tuple[np.ndarray, lis
     return np.array(totals), actions, early
 
 
-@pytest.mark.parametrize(("make", "episodes"), [(texas_holdem_no_limit_v6.env, 100),
-                                                (lambda: hanabi_v5.env(players=2), 30)],
-                         ids=["texas_holdem_no_limit_v6", "hanabi_v5"])
+@pytest.mark.parametrize(
+    ("make", "episodes"),
+    [(texas_holdem_no_limit_v6.env, 100), (lambda: hanabi_v5.env(players=2), 30)],
+    ids=["texas_holdem_no_limit_v6", "hanabi_v5"],
+)
 def test_no_reward_is_lost_rewards_before_a_first_turn_included(make: Callable[[], Any], episodes: int) -> None:
     """Poker: some hands are folded before a player ever acts, and its winnings must still be in
     the buffer. Hanabi: a teammate's successful play lands before one's first turn. Per episode
@@ -155,8 +166,10 @@ def test_no_reward_is_lost_rewards_before_a_first_turn_included(make: Callable[[
     for episode in env.buffer.sample_episodes(n_episodes=episodes):
         assert np.isnan(episode.G[~episode.active]).all()  # a reward kept without a turn is no transition
         first = episode.G[:, 0]  # G from each agent's first turn includes what came before it
-        plain = [sum(r * 0.99**k for k, r in enumerate(rewards[active]))
-                 for rewards, active in zip(episode.individual_rewards, episode.active)]
+        plain = [
+            sum(r * 0.99**k for k, r in enumerate(rewards[active]))
+            for rewards, active in zip(episode.individual_rewards, episode.active)
+        ]
         np.testing.assert_allclose(first[episode.active[:, 0]], np.array(plain)[episode.active[:, 0]], rtol=1e-5)
 
 

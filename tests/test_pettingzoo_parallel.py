@@ -33,8 +33,11 @@ CASES: dict[str, tuple[Callable[[], Any], int, int]] = {  # make, seed, steps
     "simple_adversary_v3": (lambda: simple_adversary_v3.parallel_env(max_cycles=15), 0, 40),
     "simple_speaker_listener_v4": (lambda: simple_speaker_listener_v4.parallel_env(max_cycles=15), 0, 40),
     "simple_world_comm_v3": (lambda: simple_world_comm_v3.parallel_env(max_cycles=10), 0, 25),
-    "knights_archers_zombies_v11": (lambda: knights_archers_zombies_v11.parallel_env(
-        line_death=True, spawn_delay=1000, max_cycles=100), 2, 40),
+    "knights_archers_zombies_v11": (
+        lambda: knights_archers_zombies_v11.parallel_env(line_death=True, spawn_delay=1000, max_cycles=100),
+        2,
+        40,
+    ),
     "multiwalker_v9": (lambda: multiwalker_v9.parallel_env(max_cycles=20), 0, 45),
     "pistonball_v6": (lambda: pistonball_v6.parallel_env(n_pistons=4, max_cycles=5), 0, 7),
 }
@@ -84,7 +87,7 @@ def test_agents_die_on_their_own_and_get_their_own_G() -> None:
     assert len(set(last_active)) > 1  # knights and archers died at different steps
     for agent, last in enumerate(last_active):
         assert batch.terminated[agent, last]
-        assert np.isnan(batch.G[agent, last + 1:]).all() and not np.isnan(batch.G[agent, : last + 1]).any()
+        assert np.isnan(batch.G[agent, last + 1 :]).all() and not np.isnan(batch.G[agent, : last + 1]).any()
 
 
 def test_global_state_is_the_state_before_and_after_each_step() -> None:
@@ -155,8 +158,11 @@ def test_team_reward_is_configurable(global_reward: Any) -> None:
 
 def test_truncation_bootstraps_each_agent_with_its_own_value() -> None:
     values = {"agent_0": 1.0, "agent_1": 2.0, "agent_2": 3.0}
-    env = fe.record(simple_spread_v3.parallel_env(max_cycles=3), gamma=0.5,
-                    bootstrap_fn=lambda obs_, agent: values[agent] + float(obs_[0]))
+    env = fe.record(
+        simple_spread_v3.parallel_env(max_cycles=3),
+        gamma=0.5,
+        bootstrap_fn=lambda obs_, agent: values[agent] + float(obs_[0]),
+    )
     env.reset(seed=0)
     while env.agents:
         env.step({a: 0 for a in env.agents})
@@ -185,11 +191,16 @@ def test_rps_parallel_has_no_state_and_does_not_crash() -> None:
     assert env.buffer.sample_transitions(1).state is None
 
 
-@pytest.mark.parametrize("make", [
-    lambda: simple_spread_v3.parallel_env(), lambda: simple_speaker_listener_v4.parallel_env(),
-    lambda: simple_world_comm_v3.parallel_env(), lambda: multiwalker_v9.parallel_env(),
-    lambda: knights_archers_zombies_v11.parallel_env(),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: simple_spread_v3.parallel_env(),
+        lambda: simple_speaker_listener_v4.parallel_env(),
+        lambda: simple_world_comm_v3.parallel_env(),
+        lambda: multiwalker_v9.parallel_env(),
+        lambda: knights_archers_zombies_v11.parallel_env(),
+    ],
+)
 def test_parallel_api_test_passes_on_the_wrapped_env(make: Callable[[], Any]) -> None:
     env = fe.record(make(), num_steps=2000)
     parallel_api_test(env, num_cycles=200)
@@ -334,12 +345,21 @@ def plain_G(rewards: list[float], gamma: float, bootstrap: float = 0.0) -> list[
 
 
 SCRIPTS = {  # spawn, end, plan (agent -> action per step; an agent left out sits the step out)
-    "b sits out a step": ({"a": 0, "b": 0}, {"a": 5, "b": 3},
-                          [{"a": 0, "b": 1}, {"a": 0}, {"a": 0, "b": 2}, {"a": 1}, {"a": 1}]),
-    "b spawns late": ({"a": 0, "b": 1}, {"a": 5, "b": 3}, [{"a": 0}, {"a": 0, "b": 1}, {"a": 0, "b": 1},
-                                                            {"a": 1}, {"a": 1}]),
-    "b sits out its last step": ({"a": 0, "b": 0}, {"a": 4, "b": 3},
-                                 [{"a": 0, "b": 1}, {"a": 0, "b": 1}, {"a": 0}, {"a": 2}]),
+    "b sits out a step": (
+        {"a": 0, "b": 0},
+        {"a": 5, "b": 3},
+        [{"a": 0, "b": 1}, {"a": 0}, {"a": 0, "b": 2}, {"a": 1}, {"a": 1}],
+    ),
+    "b spawns late": (
+        {"a": 0, "b": 1},
+        {"a": 5, "b": 3},
+        [{"a": 0}, {"a": 0, "b": 1}, {"a": 0, "b": 1}, {"a": 1}, {"a": 1}],
+    ),
+    "b sits out its last step": (
+        {"a": 0, "b": 0},
+        {"a": 4, "b": 3},
+        [{"a": 0, "b": 1}, {"a": 0, "b": 1}, {"a": 0}, {"a": 2}],
+    ),
     "b never acts": ({"a": 0, "b": 1}, {"a": 4, "b": 3}, [{"a": 0}, {"a": 0}, {"a": 0}, {"a": 2}]),
 }
 
@@ -350,8 +370,12 @@ def test_agents_that_sit_out_or_spawn_late_get_their_own_transitions_and_G(scrip
     spawn, end, plan = SCRIPTS[script]
     expected = own_transitions(ScriptedParallel(spawn, end, truncate), plan)
     seen: list[tuple[np.ndarray, str]] = []
-    env = fe.record(ScriptedParallel(spawn, end, truncate), num_steps=50, gamma=0.5,
-                    bootstrap_fn=lambda obs_, agent: seen.append((obs_.copy(), agent)) or 10.0)
+    env = fe.record(
+        ScriptedParallel(spawn, end, truncate),
+        num_steps=50,
+        gamma=0.5,
+        bootstrap_fn=lambda obs_, agent: seen.append((obs_.copy(), agent)) or 10.0,
+    )
     assert same(own_transitions(env, plan), expected)  # drop-in
     (episode,) = env.buffer.sample_episodes(n_episodes=1)
     for i, agent in enumerate(env.possible_agents):
@@ -365,8 +389,9 @@ def test_agents_that_sit_out_or_spawn_late_get_their_own_transitions_and_G(scrip
         np.testing.assert_array_equal(episode.obs_[i, rows], [t["obs_"] for t in mine])
         np.testing.assert_allclose(episode.individual_rewards[i, rows], [t["reward"] for t in mine])
         assert (episode.terminated if not truncate else episode.truncated)[i, rows[-1]]
-        np.testing.assert_allclose(episode.G[i, rows], plain_G([t["reward"] for t in mine], 0.5,
-                                                               10.0 if truncate else 0.0))
+        np.testing.assert_allclose(
+            episode.G[i, rows], plain_G([t["reward"] for t in mine], 0.5, 10.0 if truncate else 0.0)
+        )
     # no reward is lost: per agent, the episode's rows add up to what the env handed out
     given = {a: sum(t["reward"] for t in expected[a]) for a in env.possible_agents}
     for kept in expected.get("kept", []):

@@ -36,7 +36,7 @@ def test_rows_are_drawn_in_proportion_to_priority_to_the_alpha() -> None:
     buffer.update_priorities(rows, priorities)
     drawn = buffer.sample_transitions(200_000, prioritized=True).idx
     counts = np.bincount(drawn, minlength=80)[rows]
-    expected = priorities ** 0.7 / (priorities ** 0.7).sum() * drawn.size
+    expected = priorities**0.7 / (priorities**0.7).sum() * drawn.size
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 2 * rows.size + 30  # a proportion to priority itself (alpha 1) adds thousands
 
@@ -47,7 +47,7 @@ def test_importance_weights_follow_the_formula_over_the_live_rows() -> None:
     priorities = np.linspace(0.5, 3.0, rows.size)
     buffer.update_priorities(rows, priorities)
     batch = buffer.sample_transitions(500, prioritized=True, beta=0.4)
-    p = priorities ** 0.6 / (priorities ** 0.6).sum()
+    p = priorities**0.6 / (priorities**0.6).sum()
     w = (rows.size * p) ** -0.4
     expected = dict(zip(rows.tolist(), (w / w.max()).tolist()))
     assert batch.weights.dtype == np.float32
@@ -97,7 +97,7 @@ def test_forgotten_and_overwritten_rows_are_never_drawn_nor_revived() -> None:
     assert set(np.unique(drawn)) == set(now)
     fresh = np.setdiff1d(now, first[first >= 10])  # lane 0's rows now: all new, at the highest priority
     # 8 new rows at priority 1 (the highest so far) against lane 1's 6 rows kept at 1e-3 (alpha 0.6)
-    assert np.isin(drawn, fresh).mean() == pytest.approx(8 / (8 + 6 * 1e-3 ** 0.6), abs=0.003)
+    assert np.isin(drawn, fresh).mean() == pytest.approx(8 / (8 + 6 * 1e-3**0.6), abs=0.003)
 
 
 def test_prioritized_batches_of_every_agent_and_torch_weights() -> None:
@@ -170,8 +170,10 @@ def test_save_and_load_keep_priorities_alpha_and_the_highest_priority(tmp_path, 
         x.begin_episode()
         x.claim_row()
         x.end_episode()
-    np.testing.assert_array_equal(buffer.sample_transitions(500, prioritized=True).weights,
-                                  loaded.sample_transitions(500, prioritized=True).weights)
+    np.testing.assert_array_equal(
+        buffer.sample_transitions(500, prioritized=True).weights,
+        loaded.sample_transitions(500, prioritized=True).weights,
+    )
 
 
 def test_a_buffer_that_never_used_priorities_saves_none_and_starts_them_at_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -286,8 +288,9 @@ def test_torch_tensors_go_straight_back_as_priorities() -> None:
     td = torch.linspace(0.5, 4.0, 8, requires_grad=True) * 2.0  # a loss's TD errors, still in the graph
     buffer.update_priorities(batch.idx, td.abs() + 1e-6)
     buffer.set_memory_weights(batch.idx, td.abs())
-    np.testing.assert_allclose(buffer.sample_transitions(idx=np.arange(8)).memory_weights, td.detach().numpy(),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        buffer.sample_transitions(idx=np.arange(8)).memory_weights, td.detach().numpy(), rtol=1e-6
+    )
     priority = np.concatenate([td.detach().numpy() + 1e-6, np.ones(12)]) ** 0.6  # rows 8-19 kept their 1
     drawn = buffer.sample_transitions(2_000, prioritized=True, beta=1.0)
     np.testing.assert_allclose(drawn.weights, priority.min() / priority[drawn.idx], rtol=1e-5)
@@ -304,11 +307,18 @@ def test_priorities_of_another_shape_than_idx_are_refused_naming_both() -> None:
 
 LANE_ROWS = 2500  # two lanes, 5,000 rows: 8,192 leaves, so draws search level 11 and descend 2 more; 64 blocks
 PRIORITY = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5, 7.0])  # few values: ties, and rows at 0
-TREE_OPS = st.lists(st.one_of(
-    st.tuples(st.just("record"), st.integers(0, 1), st.integers(1, 1200)),  # an episode; the ring wraps
-    st.tuples(st.just("update"), st.lists(st.tuples(st.integers(0, 10**6), PRIORITY), min_size=1, max_size=40),
-              st.booleans()),  # rows picked among the live ones (repeats too), and maybe a forgotten one
-), min_size=3, max_size=25)
+TREE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("record"), st.integers(0, 1), st.integers(1, 1200)),  # an episode; the ring wraps
+        st.tuples(
+            st.just("update"),
+            st.lists(st.tuples(st.integers(0, 10**6), PRIORITY), min_size=1, max_size=40),
+            st.booleans(),
+        ),  # rows picked among the live ones (repeats too), and maybe a forgotten one
+    ),
+    min_size=3,
+    max_size=25,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -354,8 +364,9 @@ def test_priorities_follow_a_plain_model_through_records_wraps_and_updates(ops: 
             continue
         batch = buffer.sample_transitions(64, prioritized=True, beta=1.0)
         assert set(batch.idx.tolist()) <= set(positive)
-        np.testing.assert_allclose(batch.weights, [min(positive.values()) / positive[r] for r in batch.idx.tolist()],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            batch.weights, [min(positive.values()) / positive[r] for r in batch.idx.tolist()], rtol=1e-6
+        )
     assert buffer.max_priority == highest
 
 

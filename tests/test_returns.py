@@ -19,10 +19,10 @@ gamma_st = st.sampled_from([0.0, 0.5, 0.9, 0.99, 1.0]) | st.floats(0, 1)
 @given(rewards=rewards_st, gamma=gamma_st, bootstrap=st.floats(-50, 50))
 def test_episode_returns_equal_a_plain_loop(rewards: np.ndarray, gamma: float, bootstrap: float) -> None:
     expected = plain_returns(list(rewards), gamma, bootstrap)
-    np.testing.assert_allclose(episode_returns(rewards[None], gamma, np.array([bootstrap]))[0], expected,
-                               rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(discounted_returns(rewards, gamma, bootstrap=bootstrap), expected,
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        episode_returns(rewards[None], gamma, np.array([bootstrap]))[0], expected, rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(discounted_returns(rewards, gamma, bootstrap=bootstrap), expected, rtol=1e-6, atol=1e-6)
 
 
 @settings(max_examples=100, deadline=None)
@@ -38,16 +38,20 @@ def test_segmented_returns_equal_a_loop_per_episode(lengths: list[int], gamma: f
     expected: list[float] = []
     start = 0
     for length, boot in zip(lengths, boots):
-        expected += plain_returns(list(rewards[start:start + length]), gamma, boot)
+        expected += plain_returns(list(rewards[start : start + length]), gamma, boot)
         start += length
-    np.testing.assert_allclose(discounted_returns(rewards, gamma, ends=ends, bootstrap=bootstrap), expected,
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        discounted_returns(rewards, gamma, ends=ends, bootstrap=bootstrap), expected, rtol=1e-6, atol=1e-6
+    )
     np.testing.assert_allclose(segmented_scan(rewards + gamma * bootstrap, gamma, ends), expected, rtol=1e-6, atol=1e-6)
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=40), gamma=st.sampled_from([0.9, 0.99, 0.999]),
-       data=st.data())
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=40),
+    gamma=st.sampled_from([0.9, 0.99, 0.999]),
+    data=st.data(),
+)
 def test_many_long_episodes_back_to_back_stay_precise(lengths: list[int], gamma: float, data: st.DataObject) -> None:
     """The vector recorder's path: thousands of episodes, some long enough to take the scan."""
     rewards = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1))).normal(5.0, 3.0, sum(lengths))
@@ -59,8 +63,12 @@ def test_many_long_episodes_back_to_back_stay_precise(lengths: list[int], gamma:
     got = segmented_scan(rewards + gamma * bootstrap, gamma, ends)
     start = 0
     for length, boot in zip(lengths, boots):
-        np.testing.assert_allclose(got[start:start + length], plain_returns(list(rewards[start:start + length]),
-                                                                             gamma, boot), rtol=1e-7, atol=1e-7)
+        np.testing.assert_allclose(
+            got[start : start + length],
+            plain_returns(list(rewards[start : start + length]), gamma, boot),
+            rtol=1e-7,
+            atol=1e-7,
+        )
         start += length
 
 
@@ -88,7 +96,9 @@ def plain_scan(x: np.ndarray, c: float, ends: np.ndarray) -> list[float]:
 
 
 #: mostly ordinary rewards, with NaN and infinities among them
-wild_st = st.one_of(st.floats(-10, 10), st.floats(-10, 10), st.floats(-10, 10), st.sampled_from([np.nan, np.inf, -np.inf]))
+wild_st = st.one_of(
+    st.floats(-10, 10), st.floats(-10, 10), st.floats(-10, 10), st.sampled_from([np.nan, np.inf, -np.inf])
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -105,8 +115,9 @@ def test_nan_and_inf_stay_inside_their_own_episode(data: st.DataObject, n: int, 
         np.testing.assert_allclose(advantages, expected, rtol=1e-7, atol=1e-7)
         starts = np.concatenate([[0], np.flatnonzero(ends)[:-1] + 1])
         for start, end in zip(starts, np.flatnonzero(ends) + 1):
-            np.testing.assert_allclose(episode_returns(x[None, start:end], c)[0], expected[start:end],
-                                       rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(
+                episode_returns(x[None, start:end], c)[0], expected[start:end], rtol=1e-6, atol=1e-6
+            )
 
 
 @settings(max_examples=150, deadline=None)

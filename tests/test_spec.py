@@ -39,8 +39,9 @@ def test_discrete_observation_honours_start() -> None:
 
 
 def test_pettingzoo_style_dict_records_the_mask_not_as_obs() -> None:
-    space = spaces.Dict({"observation": spaces.Box(0, 1, (3, 3, 2), np.int8),
-                         "action_mask": spaces.Box(0, 1, (9,), np.int8)})
+    space = spaces.Dict(
+        {"observation": spaces.Box(0, 1, (3, 3, 2), np.int8), "action_mask": spaces.Box(0, 1, (9,), np.int8)}
+    )
     spec = fe.infer_spec(ToyEnv(space, spaces.Discrete(9)))
     assert (spec.obs_size, spec.obs_dtype, spec.action_mask) == (18, "int8", True)
 
@@ -49,15 +50,27 @@ def test_pettingzoo_style_dict_records_the_mask_not_as_obs() -> None:
     ("space", "heads", "starts", "continuous"),
     [
         (spaces.Discrete(6, start=2), (6,), (2,), 0),
-        (spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[1, 0], [0, -2]])),
-         (2, 3, 4, 5), (1, 0, 0, -2), 0),
+        (
+            spaces.MultiDiscrete(np.array([[2, 3], [4, 5]]), start=np.array([[1, 0], [0, -2]])),
+            (2, 3, 4, 5),
+            (1, 0, 0, -2),
+            0,
+        ),
         (spaces.MultiBinary(3), (2, 2, 2), (0, 0, 0), 0),
         (spaces.Box(-1, 1, (2, 3)), (), (), 6),
-        (spaces.Tuple((spaces.Box(-1, 1, (2,)), spaces.Discrete(3, start=-1), spaces.MultiDiscrete([4, 2]))),
-         (3, 4, 2), (-1, 0, 0), 2),
+        (
+            spaces.Tuple((spaces.Box(-1, 1, (2,)), spaces.Discrete(3, start=-1), spaces.MultiDiscrete([4, 2]))),
+            (3, 4, 2),
+            (-1, 0, 0),
+            2,
+        ),
         # Gymnasium sorts a Dict's keys: aim, fire, move
-        (spaces.Dict({"move": spaces.Discrete(4), "aim": spaces.Box(-1, 1, (3,)), "fire": spaces.MultiBinary(1)}),
-         (2, 4), (0, 0), 3),
+        (
+            spaces.Dict({"move": spaces.Discrete(4), "aim": spaces.Box(-1, 1, (3,)), "fire": spaces.MultiBinary(1)}),
+            (2, 4),
+            (0, 0),
+            3,
+        ),
     ],
 )
 def test_action_layout(space: spaces.Space, heads: tuple, starts: tuple, continuous: int) -> None:
@@ -76,8 +89,12 @@ def test_mixed_action_encoding_puts_heads_then_continuous_in_order() -> None:
 
 @pytest.mark.parametrize(
     "space",
-    [spaces.Text(5), spaces.Graph(spaces.Box(-1, 1, (2,)), None), spaces.Sequence(spaces.Discrete(2)),
-     spaces.Tuple((spaces.Discrete(2), spaces.Text(3)))],
+    [
+        spaces.Text(5),
+        spaces.Graph(spaces.Box(-1, 1, (2,)), None),
+        spaces.Sequence(spaces.Discrete(2)),
+        spaces.Tuple((spaces.Discrete(2), spaces.Text(3))),
+    ],
 )
 def test_unsupported_spaces_name_the_space_and_what_is_supported(space: spaces.Space) -> None:
     with pytest.raises(fe.UnsupportedSpaceError, match="observation space.*supported observation spaces: Box"):

@@ -46,7 +46,7 @@ def test_an_image_transition_costs_one_frame_and_samples_as_the_env_gave_it(trun
     buffer = env.buffer
     assert buffer.nbytes <= 1.10 * 1000 * FRAME.shape[0] * FRAME.shape[1] * FRAME.shape[2]
     kept = list(buffer.episodes())
-    for batch, obs in zip(kept, reference[-len(kept):]):
+    for batch, obs in zip(kept, reference[-len(kept) :]):
         np.testing.assert_array_equal(batch.obs, np.reshape(obs[:-1], (len(obs) - 1, -1)))
         np.testing.assert_array_equal(batch.obs_, np.reshape(obs[1:], (len(obs) - 1, -1)))
         assert (batch.truncated[-1], batch.terminated[-1]) == (truncate, not truncate)
@@ -92,8 +92,8 @@ def test_next_observations_written_an_episode_at_a_time_are_stored_once() -> Non
     for start in range(0, 1000, 50):
         buffer.begin_episode()
         rows = buffer.claim_rows(50)
-        buffer.field("obs")[0, rows] = trajectory[start:start + 50]
-        buffer.write_next("obs_", rows, expected[None, start:start + 50])
+        buffer.field("obs")[0, rows] = trajectory[start : start + 50]
+        buffer.write_next("obs_", rows, expected[None, start : start + 50])
         buffer.end_episode()
     assert buffer.nbytes < 1000 * 64 * 4 * 1.2  # obs once, not obs and obs_
     batch = buffer.sample_transitions(idx=(np.arange(1000) + 30) % 1000)  # in recording order

@@ -101,14 +101,16 @@ def cmd_record(args: argparse.Namespace) -> int:
     else:
         capacity = _default_capacity(spec, None if to_log else args.steps)
     if longest is not None and longest > capacity:
-        print(f"flexibuff-envs record: note: the buffer holds {capacity:,} rows per sub-env, but an episode "
-              f"of {choice.label} may last {longest:,} rows; longer episodes are not kept whole. "
-              f"Pass --capacity {longest} to keep them", file=sys.stderr)
+        print(
+            f"flexibuff-envs record: note: the buffer holds {capacity:,} rows per sub-env, but an episode "
+            f"of {choice.label} may last {longest:,} rows; longer episodes are not kept whole. "
+            f"Pass --capacity {longest} to keep them",
+            file=sys.stderr,
+        )
     try:  # seeded, so that the same command writes the same file
         buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity, gamma=args.gamma, seed=args.seed)
     except MemoryError as exc:
-        raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller "
-                         "--capacity") from exc
+        raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller --capacity") from exc
     if to_log:
         buffer.log_to(out)
     recorder = fe.record(env, buffer)
@@ -124,10 +126,12 @@ def cmd_record(args: argparse.Namespace) -> int:
             recorder.close()
             logged = buffer.close_log()
         if rollout.episodes and not (logged[0] if to_log else buffer.n_episodes):
-            raise fe.FlexibuffError(f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
-                                    f"({rollout.episodes:,} ended), so nothing was {'logged' if to_log else 'saved'}; "
-                                    f"pass a larger "
-                                    f"--capacity (the longest episode's rows or more)")
+            raise fe.FlexibuffError(
+                f"no episode fit whole in the buffer's {capacity:,} rows per sub-env "
+                f"({rollout.episodes:,} ended), so nothing was {'logged' if to_log else 'saved'}; "
+                f"pass a larger "
+                f"--capacity (the longest episode's rows or more)"
+            )
         path = out if to_log else buffer.save(out)
     print(record_report(choice, rollout, buffer, path, logged if to_log else None))
     stopped_by = rollout.interrupted or (noted[0] if noted else 0)
@@ -153,8 +157,10 @@ def _writable(out: str, *, log: bool, resume: bool) -> None:
         if is_log(out) and not resume:
             raise UsageError(f"--out {out} holds an episode log already; pass --resume to continue it")
         if os.path.isdir(out) and os.listdir(out) and not is_log(out):
-            raise UsageError(f"--out {out} is a directory holding other files; give a new directory for an "
-                             "episode log, or a file name ending in .fbuf")
+            raise UsageError(
+                f"--out {out} is a directory holding other files; give a new directory for an "
+                "episode log, or a file name ending in .fbuf"
+            )
     elif resume:
         raise UsageError("--resume continues an episode log: give --out a directory")
     target = os.path.abspath(out) if log else os.path.dirname(os.path.abspath(out))
@@ -193,8 +199,16 @@ def _progress_bar(budget: Budget, label: str) -> tuple[Any, Progress]:
     from tqdm import tqdm
 
     by_episode = budget.episodes is not None
-    bar = tqdm(total=budget.total, desc=label, unit="episode" if by_episode else "step", file=sys.stderr,
-               disable=None, delay=PROGRESS_DELAY, leave=False, dynamic_ncols=True)
+    bar = tqdm(
+        total=budget.total,
+        desc=label,
+        unit="episode" if by_episode else "step",
+        file=sys.stderr,
+        disable=None,
+        delay=PROGRESS_DELAY,
+        leave=False,
+        dynamic_ncols=True,
+    )
 
     def progress(episodes: int, steps: int) -> None:
         bar.update((episodes if by_episode else steps) - bar.n)
@@ -222,17 +236,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         print(inspect_dataset_report(path, parquet_summary(path)))
     else:
-        raise fe.BufferFileError(f"{path}: neither an episode log, a flashbax vault nor a Parquet dataset of "
-                                 "flexibuff_envs")
+        raise fe.BufferFileError(
+            f"{path}: neither an episode log, a flashbax vault nor a Parquet dataset of flexibuff_envs"
+        )
     return 0
 
 
 def _vault_in(path: str) -> str | None:
     """The vault ``path`` is, or the one vault under it (``vault_uid`` or ``vault_name/vault_uid``),
     or None; several under it are a usage error naming them."""
-    found = [d for d in [path, *sorted(glob.glob(os.path.join(glob.escape(path), "*"))),
-                         *sorted(glob.glob(os.path.join(glob.escape(path), "*", "*")))]
-             if os.path.isfile(os.path.join(d, "metadata.json"))]
+    found = [
+        d
+        for d in [
+            path,
+            *sorted(glob.glob(os.path.join(glob.escape(path), "*"))),
+            *sorted(glob.glob(os.path.join(glob.escape(path), "*", "*"))),
+        ]
+        if os.path.isfile(os.path.join(d, "metadata.json"))
+    ]
     if len(found) > 1 and found[0] != path:
         raise UsageError(f"{path} holds {len(found)} vaults; name one: {', '.join(found)}")
     return found[0] if found else None
@@ -264,16 +285,25 @@ def cmd_export(args: argparse.Namespace) -> int:
         from flexibuff_envs.integrations.vault import to_vault
 
         name = args.vault_name or os.path.splitext(os.path.basename(os.path.normpath(args.file)))[0] + ".vlt"
-        path = to_vault(_opened(args.file, mmap=True), args.vault, vault_name=name, vault_uid=args.vault_uid,
-                        compression=args.compression)
-        print(f"wrote vault {path}: flashbax reads it as Vault({name!r}, rel_dir={args.vault!r}, "
-              f"vault_uid={os.path.basename(path)!r})")
+        path = to_vault(
+            _opened(args.file, mmap=True),
+            args.vault,
+            vault_name=name,
+            vault_uid=args.vault_uid,
+            compression=args.compression,
+        )
+        print(
+            f"wrote vault {path}: flashbax reads it as Vault({name!r}, rel_dir={args.vault!r}, "
+            f"vault_uid={os.path.basename(path)!r})"
+        )
         return 0
     if args.parquet is not None:
         from flexibuff_envs.integrations.parquet import to_parquet
 
-        print(f"wrote Parquet dataset {to_parquet(_opened(args.file, mmap=True), args.parquet)}: tables agents/ "
-              "and steps/")
+        print(
+            f"wrote Parquet dataset {to_parquet(_opened(args.file, mmap=True), args.parquet)}: tables agents/ "
+            "and steps/"
+        )
         return 0
     return _export_minari(args)
 
@@ -286,9 +316,14 @@ def _export_minari(args: argparse.Namespace) -> int:
     if args.all_agents and args.agent is not None:
         raise UsageError("--all-agents writes every agent's dataset; drop --agent NAME")
     if buffer.spec.n_agents > 1 and not args.all_agents and args.agent not in ids:
-        raise UsageError(f"{args.file} holds {len(ids)} agents ({', '.join(ids)}) and a Minari dataset holds one: "
-                         + ("pass --agent NAME, or --all-agents for one dataset per agent" if args.agent is None
-                            else f"--agent {args.agent} is none of them"))
+        raise UsageError(
+            f"{args.file} holds {len(ids)} agents ({', '.join(ids)}) and a Minari dataset holds one: "
+            + (
+                "pass --agent NAME, or --all-agents for one dataset per agent"
+                if args.agent is None
+                else f"--agent {args.agent} is none of them"
+            )
+        )
     credits = {key: getattr(args, key) for key in DATASET_CREDITS if getattr(args, key) is not None}
     if args.description is not None:
         credits["description"] = args.description
@@ -307,12 +342,16 @@ def _export_minari(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     for dataset in datasets.values():
-        print(f"wrote Minari dataset {dataset.spec.dataset_id}: {dataset.total_episodes} episodes, "
-              f"{dataset.total_steps} steps")
+        print(
+            f"wrote Minari dataset {dataset.spec.dataset_id}: {dataset.total_episodes} episodes, "
+            f"{dataset.total_steps} steps"
+        )
     missing = [flag for key, flag in DATASET_CREDITS.items() if key not in credits]
     if missing:
-        print(f"flexibuff-envs export: note: Minari asks datasets to say who made them; pass {', '.join(missing)}",
-              file=sys.stderr)
+        print(
+            f"flexibuff-envs export: note: Minari asks datasets to say who made them; pass {', '.join(missing)}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -329,8 +368,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = log.verify(args.log)
     print(f"{args.log}: {report.episodes:,} whole episodes, {report.rows:,} rows, every checksum holds")
     for torn in report.torn:
-        print(f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "
-              f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)")
+        print(
+            f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "
+            f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)"
+        )
     return 1 if report.torn else 0
 
 
@@ -348,8 +389,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     before = log.report(args.out).episodes if log.is_log(args.out) else 0
     report = log.merge(args.logs, args.out)
-    print(f"{args.out}: {report.episodes - before:,} whole episodes appended from {len(args.logs)} log(s); it holds "
-          f"{report.episodes:,} episodes and {report.rows:,} rows ({size(report.nbytes)})")
+    print(
+        f"{args.out}: {report.episodes - before:,} whole episodes appended from {len(args.logs)} log(s); it holds "
+        f"{report.episodes:,} episodes and {report.rows:,} rows ({size(report.nbytes)})"
+    )
     return 0
 
 
@@ -384,36 +427,55 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="flexibuff-envs", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="flexibuff-envs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {fe.__version__}")
-    commands = parser.add_subparsers(dest="command", required=True,
-                                     metavar="{record,inspect,plot,export,verify,repair}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{record,inspect,plot,export,verify,repair}"
+    )
 
     rec = commands.add_parser("record", help="record an env with random legal actions and save the buffer")
-    rec.add_argument("env", nargs="?", default=DEFAULT_ENV,
-                     help="Gymnasium id (CartPole-v1), PettingZoo id (classic/tictactoe-v3) or module "
-                          f"(mpe2.simple_spread_v3); default {DEFAULT_ENV}, a game with action masks")
+    rec.add_argument(
+        "env",
+        nargs="?",
+        default=DEFAULT_ENV,
+        help="Gymnasium id (CartPole-v1), PettingZoo id (classic/tictactoe-v3) or module "
+        f"(mpe2.simple_spread_v3); default {DEFAULT_ENV}, a game with action masks",
+    )
     budget = rec.add_mutually_exclusive_group()
     budget.add_argument("--episodes", type=_positive, help=f"episodes to record (default {DEFAULT_EPISODES})")
     budget.add_argument("--steps", type=_positive, help="env steps to record instead (all sub-envs count)")
-    rec.add_argument("--out", help="a directory: an episode log every episode is appended to as it ends, in "
-                                   "flat memory (default ./<env name>.log, or -2.log, ... if taken); or a file "
-                                   "ending in .fbuf that the whole recording is saved to at the end; missing "
-                                   "directories are created")
+    rec.add_argument(
+        "--out",
+        help="a directory: an episode log every episode is appended to as it ends, in "
+        "flat memory (default ./<env name>.log, or -2.log, ... if taken); or a file "
+        "ending in .fbuf that the whole recording is saved to at the end; missing "
+        "directories are created",
+    )
     rec.add_argument("--resume", action="store_true", help="continue the episode log --out names")
     rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")
-    rec.add_argument("--num-envs", type=_positive, default=1,
-                     help="Gymnasium sub-envs stepped together through a vector env (default 1)")
+    rec.add_argument(
+        "--num-envs",
+        type=_positive,
+        default=1,
+        help="Gymnasium sub-envs stepped together through a vector env (default 1)",
+    )
     rec.add_argument("--gamma", type=_gamma, default=0.99, help="discount of the recorded returns G (default 0.99)")
-    rec.add_argument("--env-kwargs", type=_json_object, metavar="JSON",
-                     help="keywords for the env's constructor, as a JSON object")
-    rec.add_argument("--api", choices=("aec", "parallel"),
-                     help="PettingZoo API to record through (default: parallel when the env has one)")
-    rec.add_argument("--capacity", type=_positive, metavar="ROWS",
-                     help=f"buffer rows per sub-env (default: --steps, else {DEFAULT_CAPACITY:,} or what "
-                          f"fits in {MEMORY_BUDGET >> 30} GiB); when full, the oldest episodes are "
-                          "forgotten whole")
+    rec.add_argument(
+        "--env-kwargs", type=_json_object, metavar="JSON", help="keywords for the env's constructor, as a JSON object"
+    )
+    rec.add_argument(
+        "--api",
+        choices=("aec", "parallel"),
+        help="PettingZoo API to record through (default: parallel when the env has one)",
+    )
+    rec.add_argument(
+        "--capacity",
+        type=_positive,
+        metavar="ROWS",
+        help=f"buffer rows per sub-env (default: --steps, else {DEFAULT_CAPACITY:,} or what "
+        f"fits in {MEMORY_BUDGET >> 30} GiB); when full, the oldest episodes are "
+        "forgotten whole",
+    )
     rec.set_defaults(run=cmd_record)
 
     ins = commands.add_parser("inspect", help="describe a saved buffer, an episode log, a vault or a Parquet dataset")
@@ -425,33 +487,57 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="PNG", help="image to write (default: FILE with .png)")
     plot.set_defaults(run=cmd_plot)
 
-    export = commands.add_parser("export", help="write the whole episodes of a buffer file or episode log as a "
-                                                "Minari dataset, a flashbax vault or Parquet tables")
+    export = commands.add_parser(
+        "export",
+        help="write the whole episodes of a buffer file or episode log as a "
+        "Minari dataset, a flashbax vault or Parquet tables",
+    )
     export.add_argument("file")
     target = export.add_mutually_exclusive_group(required=True)
-    target.add_argument("--minari", metavar="DATASET_ID",
-                        help="the dataset id, like cartpole/recorded-v0 (pip install 'flexibuff_envs[minari]')")
-    target.add_argument("--vault", metavar="DIR", help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's "
-                                                       "rel_dir; pip install 'flexibuff_envs[vault]')")
-    target.add_argument("--parquet", metavar="DIR", help="Parquet tables in the new directory DIR "
-                                                         "(pip install 'flexibuff_envs[parquet]')")
+    target.add_argument(
+        "--minari",
+        metavar="DATASET_ID",
+        help="the dataset id, like cartpole/recorded-v0 (pip install 'flexibuff_envs[minari]')",
+    )
+    target.add_argument(
+        "--vault",
+        metavar="DIR",
+        help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's "
+        "rel_dir; pip install 'flexibuff_envs[vault]')",
+    )
+    target.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="Parquet tables in the new directory DIR (pip install 'flexibuff_envs[parquet]')",
+    )
     export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
     export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
-    export.add_argument("--compression", choices=["lz4", "zstd", "gzip", "none"], default="lz4",
-                        help="the vault's compressor: lz4 (default) writes fastest, zstd smallest, gzip as flashbax "
-                             "does by default")
-    export.add_argument("--env", help="the env the buffer recorded, as record takes it: its spaces, and Minari's "
-                                      "record of a Gymnasium env (default: spaces rebuilt from the buffer's layout)")
+    export.add_argument(
+        "--compression",
+        choices=["lz4", "zstd", "gzip", "none"],
+        default="lz4",
+        help="the vault's compressor: lz4 (default) writes fastest, zstd smallest, gzip as flashbax does by default",
+    )
+    export.add_argument(
+        "--env",
+        help="the env the buffer recorded, as record takes it: its spaces, and Minari's "
+        "record of a Gymnasium env (default: spaces rebuilt from the buffer's layout)",
+    )
     export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")
-    export.add_argument("--all-agents", action="store_true",
-                        help="one Minari dataset per agent, NAME/AGENT-v0 each, under the namespace --minari NAME")
+    export.add_argument(
+        "--all-agents",
+        action="store_true",
+        help="one Minari dataset per agent, NAME/AGENT-v0 each, under the namespace --minari NAME",
+    )
     export.add_argument("--author", help="who made the dataset (Minari's author)")
     export.add_argument("--author-email", help="how to reach them (Minari's author_email)")
     export.add_argument("--code-permalink", help="a link to the code that recorded it (Minari's code_permalink)")
     export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
     export.set_defaults(run=cmd_export)
 
-    verify = commands.add_parser("verify", help="check every commit and checksum of an episode log; exit 1 if its tail is torn")
+    verify = commands.add_parser(
+        "verify", help="check every commit and checksum of an episode log; exit 1 if its tail is torn"
+    )
     verify.add_argument("log", metavar="DIR")
     verify.set_defaults(run=cmd_verify)
     repair = commands.add_parser("repair", help="cut a torn tail off an episode log, keeping every whole episode")

@@ -52,12 +52,12 @@ def resolve(name: str, *, api: str | None, num_envs: int) -> EnvChoice:
         return EnvChoice(name, "vector" if num_envs > 1 else "gymnasium", _label(name))
     target = registered or name
     if num_envs > 1:
-        raise UsageError(f"--num-envs {num_envs}: PettingZoo envs are recorded one at a time; "
-                         f"{name} is a PettingZoo env")
+        raise UsageError(
+            f"--num-envs {num_envs}: PettingZoo envs are recorded one at a time; {name} is a PettingZoo env"
+        )
     has_parallel = "parallel_env" in _creators(target, registered is not None)
     if api == "parallel" and not has_parallel:
-        raise UsageError(f"--api parallel: {name} has no parallel API (its agents take turns); "
-                         "use --api aec")
+        raise UsageError(f"--api parallel: {name} has no parallel API (its agents take turns); use --api aec")
     return EnvChoice(target, api or ("parallel" if has_parallel else "aec"), _label(target))
 
 
@@ -106,8 +106,7 @@ def _creators(name: str, registered: bool) -> set[str]:
     module = _import(name)
     found = {c for c in ("env", "parallel_env") if callable(getattr(module, c, None))}
     if not found:
-        raise UsageError(f"{name} is a module but has neither env() nor parallel_env(): "
-                         "not a PettingZoo env")
+        raise UsageError(f"{name} is a module but has neither env() nor parallel_env(): not a PettingZoo env")
     return found
 
 
@@ -118,10 +117,10 @@ def _import(name: str) -> Any:
         missing = exc.name or ""
         hint = f" ({PETTINGZOO_EXTRA})" if missing in ("pettingzoo", "pygame", "mpe2") else ""
         if hint or missing and not (name == missing or name.startswith(missing + ".")):
-            raise UsageError(f"importing {name} needs the module {missing}, which is not "
-                             f"installed{hint}") from exc
-        raise UsageError(f"unknown env {name}: not a Gymnasium id, a PettingZoo id or an importable "
-                         f"module{_suggestion(name)}") from exc
+            raise UsageError(f"importing {name} needs the module {missing}, which is not installed{hint}") from exc
+        raise UsageError(
+            f"unknown env {name}: not a Gymnasium id, a PettingZoo id or an importable module{_suggestion(name)}"
+        ) from exc
 
 
 def _suggestion(name: str) -> str:

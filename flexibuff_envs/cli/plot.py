@@ -33,7 +33,7 @@ def plot_buffer(buffer: FlexibleBuffer, out: str, *, title: str) -> None:
     for agent, r in zip(buffer.spec.agent_ids, returns.T):
         (raw,) = left.plot(episodes, r, alpha=0.25 if window > 1 else 1.0, linewidth=0.8)
         if window > 1:
-            left.plot(episodes[window - 1:], moving_mean(r, window), color=raw.get_color(), label=agent)
+            left.plot(episodes[window - 1 :], moving_mean(r, window), color=raw.get_color(), label=agent)
         else:
             raw.set_label(agent)
     smoothing = f" (lines: mean of {window})" if window > 1 else ""

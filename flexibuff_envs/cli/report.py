@@ -14,8 +14,12 @@ from flexibuff_envs.integrations.tables import Summary
 from flexibuff_envs.rollout import Rollout
 from flexibuff_envs.spec import BufferSpec
 
-API_NAMES = {"gymnasium": "Gymnasium", "vector": "Gymnasium vector", "parallel": "PettingZoo parallel",
-             "aec": "PettingZoo AEC"}
+API_NAMES = {
+    "gymnasium": "Gymnasium",
+    "vector": "Gymnasium vector",
+    "parallel": "PettingZoo parallel",
+    "aec": "PettingZoo AEC",
+}
 
 
 def size(n: float) -> str:
@@ -28,34 +32,57 @@ def _line(key: str, text: str) -> str:
     return f"  {key:<9} {text}"
 
 
-def record_report(choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, path: str,
-                  logged: tuple[int, int] | None = None) -> str:
+def record_report(
+    choice: EnvChoice, rollout: Rollout, buffer: FlexibleBuffer, path: str, logged: tuple[int, int] | None = None
+) -> str:
     """What a ``record`` run did and what it left: the report printed at the end (``logged``: the
     episodes and rows a run appended to the episode log ``path``)."""
     spec = buffer.spec
-    stop = "" if not rollout.interrupted else " (stopped by Ctrl-C)" if rollout.interrupted == signal.SIGINT \
+    stop = (
+        ""
+        if not rollout.interrupted
+        else " (stopped by Ctrl-C)"
+        if rollout.interrupted == signal.SIGINT
         else f" (stopped by {signal.Signals(rollout.interrupted).name})"
-    lines = [(f"recorded {choice.name} ({API_NAMES[choice.api]}, {_agents(spec)}) "
-             f"with random legal actions{stop}")]
+    )
+    lines = [(f"recorded {choice.name} ({API_NAMES[choice.api]}, {_agents(spec)}) with random legal actions{stop}")]
     kept = buffer.n_episodes
-    forgotten = "" if kept >= rollout.episodes or logged is not None else \
-        f"; the ring kept the last {kept:,} whole (raise --capacity to keep more)"
-    lines.append(_line("episodes", f"{rollout.episodes:,} ended, {rollout.steps:,} env steps in "
-                                   f"{rollout.seconds:.2f} s ({rollout.steps / max(rollout.seconds, 1e-9):,.0f} "
-                                   f"steps/s){forgotten}"))
+    forgotten = (
+        ""
+        if kept >= rollout.episodes or logged is not None
+        else f"; the ring kept the last {kept:,} whole (raise --capacity to keep more)"
+    )
+    lines.append(
+        _line(
+            "episodes",
+            f"{rollout.episodes:,} ended, {rollout.steps:,} env steps in "
+            f"{rollout.seconds:.2f} s ({rollout.steps / max(rollout.seconds, 1e-9):,.0f} "
+            f"steps/s){forgotten}",
+        )
+    )
     if logged is not None and kept < logged[0]:
         lines.append(_line("newest", f"{kept:,} whole episodes, still in memory:"))
     lines += _episode_lines(buffer)
     lines.append(_line("layout", _layout(spec)))
     empty = buffer.num_steps * spec.n_envs - len(buffer)  # the rest is held rows and final observations
-    lines.append(_line("memory", f"{size(buffer.nbytes - buffer.nbytes_per_row * empty)} in {len(buffer):,} rows "
-                                 f"({size(buffer.nbytes)} reserved for {buffer.num_steps:,} rows"
-                                 f"{' per lane' if spec.n_envs > 1 else ''})"))
+    lines.append(
+        _line(
+            "memory",
+            f"{size(buffer.nbytes - buffer.nbytes_per_row * empty)} in {len(buffer):,} rows "
+            f"({size(buffer.nbytes)} reserved for {buffer.num_steps:,} rows"
+            f"{' per lane' if spec.n_envs > 1 else ''})",
+        )
+    )
     if logged is None:
         lines.append(_line("file", f"{os.path.abspath(path)} ({size(os.path.getsize(path))})"))
     else:
-        lines.append(_line("log", f"{os.path.abspath(path)} ({size(_log_bytes(path))}): {logged[0]:,} whole "
-                                  f"episodes and {logged[1]:,} rows appended"))
+        lines.append(
+            _line(
+                "log",
+                f"{os.path.abspath(path)} ({size(_log_bytes(path))}): {logged[0]:,} whole "
+                f"episodes and {logged[1]:,} rows appended",
+            )
+        )
     return "\n".join(lines)
 
 
@@ -68,8 +95,12 @@ def _log_bytes(directory: str) -> int:
 def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     """Everything a buffer file holds, without reading its rows into memory."""
     spec = buffer.spec
-    lines = [(f"{path}: {size(os.path.getsize(path))}, {_agents(spec)}, "
-             f"{spec.n_envs} lane{'s' if spec.n_envs > 1 else ''} x {buffer.num_steps:,} rows")]
+    lines = [
+        (
+            f"{path}: {size(os.path.getsize(path))}, {_agents(spec)}, "
+            f"{spec.n_envs} lane{'s' if spec.n_envs > 1 else ''} x {buffer.num_steps:,} rows"
+        )
+    ]
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("obs", _obs(spec)))
     lines.append(_line("actions", _actions(spec)))
@@ -77,7 +108,9 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     lines.append(_line("state", _state(spec)))
     lines += _held_lines(buffer)
     if spec.extra_fields:
-        lines.append(_line("yours", ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in spec.extra_fields)))
+        lines.append(
+            _line("yours", ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in spec.extra_fields))
+        )
     if buffer.max_priority is not None:
         lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
     return "\n".join(lines)
@@ -96,26 +129,40 @@ def inspect_log_report(path: str) -> str:
     lines.append(_line("layout", _layout(spec)))
     lines += _held_lines(buffer)
     for torn in logged.torn:
-        lines.append(_line("torn", f"{torn.size:,} bytes at the end of {os.path.basename(torn.path)}, "
-                                   f"left out (flexibuff-envs repair {path} cuts them)"))
+        lines.append(
+            _line(
+                "torn",
+                f"{torn.size:,} bytes at the end of {os.path.basename(torn.path)}, "
+                f"left out (flexibuff-envs repair {path} cuts them)",
+            )
+        )
     return "\n".join(lines)
 
 
 def inspect_dataset_report(path: str, summary: Summary) -> str:
     """What a vault or Parquet dataset holds (`flexibuff_envs.integrations.tables.Summary`)."""
-    return "\n".join([
-        f"{path}: {summary.kind}, {len(summary.agents)} agent{'s' if len(summary.agents) != 1 else ''}",
-        _line("agents", ", ".join(summary.agents)),
-        _line("rows", f"{summary.steps:,} steps, {summary.episodes:,} whole episode{'' if summary.episodes == 1 else 's'}"),
-        _line("fields", ", ".join(f"{name} {what}" for name, what in summary.fields.items()))])
+    return "\n".join(
+        [
+            f"{path}: {summary.kind}, {len(summary.agents)} agent{'s' if len(summary.agents) != 1 else ''}",
+            _line("agents", ", ".join(summary.agents)),
+            _line(
+                "rows",
+                f"{summary.steps:,} steps, {summary.episodes:,} whole episode{'' if summary.episodes == 1 else 's'}",
+            ),
+            _line("fields", ", ".join(f"{name} {what}" for name, what in summary.fields.items())),
+        ]
+    )
 
 
 def _held_lines(buffer: FlexibleBuffer) -> list[str]:
     """The discounts, rows, episodes and fields a file or a log holds, a line each."""
     whole = buffer.n_episodes
-    return [_line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"),
-            _line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"),
-            *_episode_lines(buffer), _line("fields", ", ".join(buffer.fields))]
+    return [
+        _line("returns", f"gamma {buffer.gamma}, gae_lambda {buffer.gae_lambda}"),
+        _line("rows", f"{len(buffer):,} held, {whole:,} whole episode{'' if whole == 1 else 's'}"),
+        *_episode_lines(buffer),
+        _line("fields", ", ".join(buffer.fields)),
+    ]
 
 
 def _agents(spec: BufferSpec) -> str:
@@ -137,8 +184,10 @@ def _actions(spec: BufferSpec) -> str:
     if spec.continuous_action_dimension:
         parts.append(f"{spec.continuous_action_dimension} continuous")
     if len(set(spec.agent_discrete_action_cardinalities)) > 1:
-        parts.append("per agent " + ", ".join(f"{a} {list(c)}" for a, c in
-                                              zip(spec.agent_ids, spec.agent_discrete_action_cardinalities)))
+        parts.append(
+            "per agent "
+            + ", ".join(f"{a} {list(c)}" for a, c in zip(spec.agent_ids, spec.agent_discrete_action_cardinalities))
+        )
     return ", ".join(parts) or "none"
 
 
@@ -167,6 +216,10 @@ def _stat_lines(lengths: np.ndarray, returns: np.ndarray | None, spec: BufferSpe
     lines = [_line("length", f"mean {lengths.mean():.1f} rows (min {lengths.min()}, max {lengths.max()})")]
     width = max(map(len, spec.agent_ids))
     for key, agent, r in zip(["return"] + [""] * spec.n_agents, spec.agent_ids, [] if returns is None else returns.T):
-        lines.append(_line(key, f"{agent:<{width}}  mean {r.mean():+.3g}  std {np.std(r):.3g}  "
-                                f"min {r.min():+.3g}  max {r.max():+.3g}"))
+        lines.append(
+            _line(
+                key,
+                f"{agent:<{width}}  mean {r.mean():+.3g}  std {np.std(r):.3g}  min {r.min():+.3g}  max {r.max():+.3g}",
+            )
+        )
     return lines

@@ -30,22 +30,34 @@ try:
     from minari.data_collector.episode_buffer import EpisodeBuffer
     from minari.namespace import create_namespace, list_local_namespaces
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError("flexibuff_envs.integrations.minari needs Minari: "
-                            "pip install 'flexibuff_envs[minari]'") from error
+    raise MissingExtraError(
+        "flexibuff_envs.integrations.minari needs Minari: pip install 'flexibuff_envs[minari]'"
+    ) from error
 
 
 def _spaces(spec: BufferSpec) -> tuple[spaces.Space, spaces.Space]:
     """Observation and action spaces a buffer's layout stands for (when no env is given)."""
     if spec.obs_categories:
-        obs: spaces.Space = (spaces.Discrete(spec.obs_categories[0]) if len(spec.obs_categories) == 1
-                             else spaces.MultiDiscrete(list(spec.obs_categories)))
+        obs: spaces.Space = (
+            spaces.Discrete(spec.obs_categories[0])
+            if len(spec.obs_categories) == 1
+            else spaces.MultiDiscrete(list(spec.obs_categories))
+        )
     else:
         obs = spaces.Box(-np.inf, np.inf, spec.obs_shape, np.dtype(spec.obs_dtype))
     cards, starts = spec.discrete_action_cardinalities, spec.discrete_action_starts
-    discrete = (spaces.Discrete(cards[0], start=starts[0]) if len(cards) == 1
-                else spaces.MultiDiscrete(list(cards), start=list(starts)) if cards else None)
-    continuous = (spaces.Box(-np.inf, np.inf, (spec.continuous_action_dimension,), np.float32)
-                  if spec.continuous_action_dimension else None)
+    discrete = (
+        spaces.Discrete(cards[0], start=starts[0])
+        if len(cards) == 1
+        else spaces.MultiDiscrete(list(cards), start=list(starts))
+        if cards
+        else None
+    )
+    continuous = (
+        spaces.Box(-np.inf, np.inf, (spec.continuous_action_dimension,), np.float32)
+        if spec.continuous_action_dimension
+        else None
+    )
     if discrete is not None and continuous is not None:
         return obs, spaces.Tuple((discrete, continuous))
     return obs, discrete if discrete is not None else continuous  # type: ignore[return-value]
@@ -55,7 +67,7 @@ def _observations(batch: FlexiBatch, agent: int | None, space: spaces.Space) -> 
     """An episode's observations and its final one (``T + 1``), as values of ``space``."""
     flat = np.concatenate([_agent(batch.obs, agent), _agent(batch.obs_, agent)[-1:]])
     if isinstance(space, spaces.Box):  # an agent smaller than others is padded in the buffer
-        flat = flat.reshape(len(flat), -1)[:, :spaces.flatdim(space)]
+        flat = flat.reshape(len(flat), -1)[:, : spaces.flatdim(space)]
         return flat.reshape((len(flat), *space.shape)).astype(space.dtype, copy=False)
     if isinstance(space, spaces.Discrete):  # batches show categories one-hot
         return np.argmax(flat, axis=-1) + space.start
@@ -86,8 +98,9 @@ def _agent(value: np.ndarray, agent: int | None) -> np.ndarray:
     return value if agent is None else value[agent]
 
 
-def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent: str | None = None,
-              **metadata: Any) -> Any:
+def to_minari(
+    buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent: str | None = None, **metadata: Any
+) -> Any:
     """Write ``buffer``'s whole ended episodes as the Minari dataset ``dataset_id`` and return it
     (`minari.MinariDataset`). Each episode's observations are its steps' and its final one.
 
@@ -113,10 +126,13 @@ def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent
     index: int | None = None
     if spec.n_agents > 1:
         if agent not in spec.agent_ids:
-            raise InvalidArgumentError(f"Minari datasets are single-agent and this buffer holds {spec.n_agents} agents "
-                             f"{list(spec.agent_ids)}: export one dataset per agent, "
-                             f"to_minari(buffer, dataset_id, agent=...) or to_minari_agents(buffer, namespace)"
-                             if agent is None else f"to_minari: agent {agent!r} is not one of {list(spec.agent_ids)}")
+            raise InvalidArgumentError(
+                f"Minari datasets are single-agent and this buffer holds {spec.n_agents} agents "
+                f"{list(spec.agent_ids)}: export one dataset per agent, "
+                f"to_minari(buffer, dataset_id, agent=...) or to_minari_agents(buffer, namespace)"
+                if agent is None
+                else f"to_minari: agent {agent!r} is not one of {list(spec.agent_ids)}"
+            )
         index = spec.agent_ids.index(agent)
     env = _made(env)
     spaces_of = _spaces_of(env, spec)
@@ -127,22 +143,31 @@ def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent
             batch = _rows(batch, np.asarray(batch.active[index]))
             if not len(batch.idx):
                 continue
-        episodes.append(EpisodeBuffer(
-            id=len(episodes), observations=_observations(batch, index, obs_space),
-            actions=_actions(batch, index, action_space),
-            rewards=np.asarray(_agent(batch.individual_rewards, index), dtype=np.float64),
-            terminations=_agent(batch.terminated, index), truncations=_agent(batch.truncated, index),
-            infos=_infos(batch, index, spec, spaces_of)))
+        episodes.append(
+            EpisodeBuffer(
+                id=len(episodes),
+                observations=_observations(batch, index, obs_space),
+                actions=_actions(batch, index, action_space),
+                rewards=np.asarray(_agent(batch.individual_rewards, index), dtype=np.float64),
+                terminations=_agent(batch.terminated, index),
+                truncations=_agent(batch.truncated, index),
+                infos=_infos(batch, index, spec, spaces_of),
+            )
+        )
     if not episodes:
-        raise EmptyBufferError("to_minari: the buffer holds no whole ended episode" +
-                               (f" of agent {agent!r}" if agent else ""))
+        raise EmptyBufferError(
+            "to_minari: the buffer holds no whole ended episode" + (f" of agent {agent!r}" if agent else "")
+        )
     pettingzoo = env is not None and env_kind(env) in ("parallel", "aec")
     name = (env.metadata.get("name") or type(env.unwrapped).__name__) if pettingzoo else None
     metadata.setdefault("algorithm_name", "flexibuff_envs")
     metadata.setdefault("jpeg_encoding", False)
-    metadata.setdefault("description", f"{len(episodes)} whole episodes recorded with flexibuff_envs"
-                        + (f" from the PettingZoo env {name}" if pettingzoo else "")
-                        + (f" (agent {agent!r} of {list(spec.agent_ids)})" if agent is not None else ""))
+    metadata.setdefault(
+        "description",
+        f"{len(episodes)} whole episodes recorded with flexibuff_envs"
+        + (f" from the PettingZoo env {name}" if pettingzoo else "")
+        + (f" (agent {agent!r} of {list(spec.agent_ids)})" if agent is not None else ""),
+    )
     if env is not None and not pettingzoo:
         metadata.setdefault("eval_env", env.spec if getattr(env, "spec", None) is not None else None)
     with warnings.catch_warnings():
@@ -151,23 +176,34 @@ def to_minari(buffer: FlexibleBuffer, dataset_id: str, env: Any = None, *, agent
 
             metadata.setdefault("requirements", [f"pettingzoo=={library.__version__}"])
             warnings.filterwarnings("ignore", message=r"(`eval_env` is set to None|env_spec is None)")
-        return minari.create_dataset_from_buffers(dataset_id, episodes, env=None if pettingzoo else env,
-                                                  observation_space=obs_space, action_space=action_space, **metadata)
+        return minari.create_dataset_from_buffers(
+            dataset_id,
+            episodes,
+            env=None if pettingzoo else env,
+            observation_space=obs_space,
+            action_space=action_space,
+            **metadata,
+        )
 
 
-def to_minari_agents(buffer: FlexibleBuffer, namespace: str, env: Any = None, *, version: int = 0,
-                     **metadata: Any) -> dict[str, Any]:
+def to_minari_agents(
+    buffer: FlexibleBuffer, namespace: str, env: Any = None, *, version: int = 0, **metadata: Any
+) -> dict[str, Any]:
     """One Minari dataset per agent of a multi-agent ``buffer``, ``NAMESPACE/AGENT-vVERSION``
     each (`to_minari`'s), under the namespace ``namespace`` (made when missing, described as the
     recording). Returns the datasets by agent. None is written when one of the ids is taken."""
     ids = {agent: f"{namespace}/{agent}-v{version}" for agent in buffer.spec.agent_ids}
     taken = [dataset_id for dataset_id in ids.values() if dataset_id in minari.list_local_datasets()]
     if taken:
-        raise InvalidArgumentError(f"to_minari_agents: Minari already holds {', '.join(taken)}; "
-                         "pick another namespace or version, or minari.delete_dataset them")
+        raise InvalidArgumentError(
+            f"to_minari_agents: Minari already holds {', '.join(taken)}; "
+            "pick another namespace or version, or minari.delete_dataset them"
+        )
     if namespace not in list_local_namespaces():
-        create_namespace(namespace, description=f"one dataset per agent of a recording with flexibuff_envs: "
-                                                       f"{', '.join(ids.values())}")
+        create_namespace(
+            namespace,
+            description=f"one dataset per agent of a recording with flexibuff_envs: {', '.join(ids.values())}",
+        )
     env = _made(env)
     return {agent: to_minari(buffer, dataset_id, env, agent=agent, **metadata) for agent, dataset_id in ids.items()}
 
@@ -198,8 +234,12 @@ def _observed(space: spaces.Space) -> spaces.Space:
     return space
 
 
-def _infos(batch: FlexiBatch, index: int | None, spec: BufferSpec,
-           spaces_of: Callable[[str | None], tuple[spaces.Space, spaces.Space]]) -> dict[str, Any]:
+def _infos(
+    batch: FlexiBatch,
+    index: int | None,
+    spec: BufferSpec,
+    spaces_of: Callable[[str | None], tuple[spaces.Space, spaces.Space]],
+) -> dict[str, Any]:
     """What an episode carries beside the agent's own transitions, ``T + 1`` values each as Minari
     keeps infos: ``state`` (the global state at each observation, the final one included) and
     ``action_mask`` (the agent's legal actions at each observation) when recorded, and for every
@@ -213,8 +253,9 @@ def _infos(batch: FlexiBatch, index: int | None, spec: BufferSpec,
         infos["action_mask"] = np.concatenate([_agent(mask, index), _agent(final, index)[-1:]])
     if index is not None:
         others = [k for k in range(spec.n_agents) if k != index]
-        infos["actions"] = {spec.agent_ids[k]: _padded(_actions(batch, k, spaces_of(spec.agent_ids[k])[1]))
-                            for k in others}
+        infos["actions"] = {
+            spec.agent_ids[k]: _padded(_actions(batch, k, spaces_of(spec.agent_ids[k])[1])) for k in others
+        }
         infos["active"] = {spec.agent_ids[k]: _padded(np.asarray(batch.active[k])) for k in others}
     return infos
 
@@ -240,8 +281,16 @@ def _rows(batch: FlexiBatch, rows: np.ndarray) -> FlexiBatch:
     return FlexiBatch(**kept)
 
 
-_PER_AGENT = {"obs", "obs_", "discrete_actions", "continuous_actions", "individual_rewards", "terminated",
-              "truncated", "active"}
+_PER_AGENT = {
+    "obs",
+    "obs_",
+    "discrete_actions",
+    "continuous_actions",
+    "individual_rewards",
+    "terminated",
+    "truncated",
+    "active",
+}
 _GLOBAL = {"idx", "state", "state_"}
 _MASKS = {"action_mask", "action_mask_"}
 
@@ -259,8 +308,10 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
     buffer_options.setdefault("num_steps", max(int(dataset.total_steps), 1))
     buffer = FlexibleBuffer.from_spec(spec, **buffer_options)
     stored = obs.compact() if spec.obs_categories else obs
-    fields = {name: buffer.field(name) for name in ("obs", "obs_", "individual_rewards", "global_rewards",
-                                                      "terminated", "truncated")}
+    fields = {
+        name: buffer.field(name)
+        for name in ("obs", "obs_", "individual_rewards", "global_rewards", "terminated", "truncated")
+    }
     discrete = buffer.field("discrete_actions") if action.cardinalities else None
     continuous = buffer.field("continuous_actions") if action.continuous_dim else None
     for episode in dataset.iterate_episodes():
@@ -278,7 +329,7 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
         if discrete is not None:
             discrete[0, rows] = heads
         if continuous is not None:
-            continuous[0, rows, :action.continuous_dim] = values
+            continuous[0, rows, : action.continuous_dim] = values
         fields["individual_rewards"][0, rows] = fields["global_rewards"][rows] = episode.rewards
         fields["terminated"][0, rows] = episode.terminations
         fields["truncated"][0, rows] = episode.truncations

@@ -52,8 +52,9 @@ try:
     import pyarrow as pa
     import pyarrow.parquet as pq
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError("flexibuff_envs.integrations.parquet needs pyarrow: "
-                            "pip install 'flexibuff_envs[parquet]'") from error
+    raise MissingExtraError(
+        "flexibuff_envs.integrations.parquet needs pyarrow: pip install 'flexibuff_envs[parquet]'"
+    ) from error
 
 #: the schema metadata key holding the buffer's layout
 KEY = b"flexibuff_envs"
@@ -89,12 +90,16 @@ def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
             for table, columns in _tables(block, buffer.spec, episodes).items():
                 if columns:
                     meta = {KEY: json.dumps(_layout(buffer.spec, buffer.gamma, buffer.gae_lambda, block)).encode()}
-                    pq.write_table(pa.table(columns).replace_schema_metadata(meta),
-                                   os.path.join(partial, table, f"part-{part:05d}.parquet"), **WRITE_OPTIONS)
+                    pq.write_table(
+                        pa.table(columns).replace_schema_metadata(meta),
+                        os.path.join(partial, table, f"part-{part:05d}.parquet"),
+                        **WRITE_OPTIONS,
+                    )
             episodes += len(block[0])
         if not episodes:
-            raise EmptyBufferError(f"to_parquet: {'the buffer' if source is buffer else source} holds no whole "
-                                   "ended episode")
+            raise EmptyBufferError(
+                f"to_parquet: {'the buffer' if source is buffer else source} holds no whole ended episode"
+            )
         os.rename(partial, path)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -104,9 +109,16 @@ def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
 
 def _layout(spec: BufferSpec, gamma: float, gae_lambda: float, block: Block) -> dict[str, Any]:
     arrays = block[1]
-    return {"format": 1, "spec": spec.to_dict(), "gamma": gamma, "gae_lambda": gae_lambda,
-            "fields": {name: {"shape": list(values.shape[1 if name in GLOBAL else 2:]), "dtype": values.dtype.name}
-                       for name, values in arrays.items()}}
+    return {
+        "format": 1,
+        "spec": spec.to_dict(),
+        "gamma": gamma,
+        "gae_lambda": gae_lambda,
+        "fields": {
+            name: {"shape": list(values.shape[1 if name in GLOBAL else 2 :]), "dtype": values.dtype.name}
+            for name, values in arrays.items()
+        },
+    }
 
 
 def _tables(block: Block, spec: BufferSpec, first: int) -> dict[str, dict[str, pa.Array]]:
@@ -116,9 +128,11 @@ def _tables(block: Block, spec: BufferSpec, first: int) -> dict[str, dict[str, p
     episode = np.repeat(np.arange(first, first + len(lengths)), lengths)
     step = np.arange(steps) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     agents: dict[str, pa.Array] = {
-        "episode": pa.array(np.repeat(episode, n)), "step": pa.array(np.repeat(step, n).astype(np.int32)),
-        "agent": pa.DictionaryArray.from_arrays(pa.array(np.tile(np.arange(n, dtype=np.int32), steps)),
-                                                pa.array(list(spec.agent_ids))),
+        "episode": pa.array(np.repeat(episode, n)),
+        "step": pa.array(np.repeat(step, n).astype(np.int32)),
+        "agent": pa.DictionaryArray.from_arrays(
+            pa.array(np.tile(np.arange(n, dtype=np.int32), steps)), pa.array(list(spec.agent_ids))
+        ),
     }
     per_step: dict[str, pa.Array] = {"episode": pa.array(episode), "step": pa.array(step.astype(np.int32))}
     for name, values in arrays.items():
@@ -163,8 +177,9 @@ def from_parquet(directory: str | os.PathLike[str], **buffer_options: Any) -> Fl
     except (OSError, pa.ArrowException) as exc:
         raise BufferFileError(f"{path}: a part cannot be read ({exc})") from None
     width = int(np.prod(fields["continuous_log_probs"]["shape"])) if "continuous_log_probs" in fields else 0
-    return into_buffer(spec, fields.keys(), _blocks(parts, spec, fields), rows=rows, where=path,
-                       log_prob_width=width, **buffer_options)
+    return into_buffer(
+        spec, fields.keys(), _blocks(parts, spec, fields), rows=rows, where=path, log_prob_width=width, **buffer_options
+    )
 
 
 def _parts(path: str) -> list[tuple[str, str | None]]:
@@ -174,8 +189,10 @@ def _parts(path: str) -> list[tuple[str, str | None]]:
     if not names:
         raise BufferFileError(f"{path}: not a Parquet dataset of flexibuff_envs (no agents/*.parquet)")
     steps = os.path.join(path, "steps")
-    return [(os.path.join(agents, name), os.path.join(steps, name) if os.path.exists(os.path.join(steps, name))
-             else None) for name in names]
+    return [
+        (os.path.join(agents, name), os.path.join(steps, name) if os.path.exists(os.path.join(steps, name)) else None)
+        for name in names
+    ]
 
 
 def _read_layout(file: str) -> dict[str, Any]:
@@ -250,5 +267,10 @@ def summary(path: str) -> Summary:
             raise BufferFileError(f"{agents_file}: cannot be read ({exc})") from None
         episodes += len(np.unique(episode))
         rows += len(episode)
-    return Summary("Parquet dataset", spec.agent_ids, episodes, rows // spec.n_agents,
-                   {name: f"{field['shape']} {field['dtype']}" for name, field in sorted(layout["fields"].items())})
+    return Summary(
+        "Parquet dataset",
+        spec.agent_ids,
+        episodes,
+        rows // spec.n_agents,
+        {name: f"{field['shape']} {field['dtype']}" for name, field in sorted(layout["fields"].items())},
+    )

@@ -32,8 +32,9 @@ try:
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
     from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError("flexibuff_envs.integrations.sb3 needs Stable-Baselines3: "
-                            "pip install 'flexibuff_envs[sb3]'") from error
+    raise MissingExtraError(
+        "flexibuff_envs.integrations.sb3 needs Stable-Baselines3: pip install 'flexibuff_envs[sb3]'"
+    ) from error
 
 
 def _timeouts(dones: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:
@@ -52,17 +53,36 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
             (``num_steps`` per sub-env; ``bootstrap_fn(obs_)`` values time-limited episodes).
     """
 
-    def __init__(self, venv: VecEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, gae_lambda: float | None = None,
-                 bootstrap_fn: VectorBootstrapFn | None = None, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        venv: VecEnv,
+        buffer: FlexibleBuffer | None = None,
+        *,
+        num_steps: int = 100_000,
+        gamma: float | None = None,
+        gae_lambda: float | None = None,
+        bootstrap_fn: VectorBootstrapFn | None = None,
+        seed: int | None = None,
+    ) -> None:
         super().__init__(venv)
         obs, action = obs_codec(venv.observation_space), action_codec(venv.action_space)
-        self.buffer = prepare_buffer(spec_from_codecs(obs, action, n_envs=venv.num_envs), buffer,
-                                     num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, seed=seed)
+        self.buffer = prepare_buffer(
+            spec_from_codecs(obs, action, n_envs=venv.num_envs),
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            seed=seed,
+        )
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
-            writer, obs, action, writer.claim_lanes(venv.num_envs), mode=AutoresetMode.SAME_STEP,
-            bootstrap_fn=bootstrap_fn)
+            writer,
+            obs,
+            action,
+            writer.claim_lanes(venv.num_envs),
+            mode=AutoresetMode.SAME_STEP,
+            bootstrap_fn=bootstrap_fn,
+        )
         self._actions: Any = None
 
     @property
@@ -111,30 +131,51 @@ class ReplayBuffer(buffers.ReplayBuffer):
     the block's fixed cost (about 50 us) at each read (`benchmarks/bench_sb3.py` measures both).
     """
 
-    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
-                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
-                 handle_timeout_termination: bool = True) -> None:
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+    ) -> None:
         if not isinstance(observation_space, spaces.Box):
-            raise ArgumentTypeError(f"ReplayBuffer keeps Box observations; got {observation_space!r} "
-                            "(SB3 keeps Dict ones in DictReplayBuffer)")
+            raise ArgumentTypeError(
+                f"ReplayBuffer keeps Box observations; got {observation_space!r} "
+                "(SB3 keeps Dict ones in DictReplayBuffer)"
+            )
         buffers.BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self.optimize_memory_usage = optimize_memory_usage
         self.handle_timeout_termination = handle_timeout_termination
         obs, action = obs_codec(observation_space), action_codec(action_space)
         # draws follow numpy's global generator, which SB3 seeds (set_random_seed), as its own buffer's do
-        self.buffer = FlexibleBuffer.from_spec(spec_from_codecs(obs, action, n_envs=n_envs),
-                                               num_steps=self.buffer_size, global_reward=False,
-                                               seed=int(np.random.randint(2**31)))
+        self.buffer = FlexibleBuffer.from_spec(
+            spec_from_codecs(obs, action, n_envs=n_envs),
+            num_steps=self.buffer_size,
+            global_reward=False,
+            seed=int(np.random.randint(2**31)),
+        )
         writer = Writer(self.buffer, self)
-        self._lanes = [LaneRecorder(writer, [obs], [action], lane=lane, global_reward="none")
-                       for lane in writer.claim_lanes(n_envs)]
+        self._lanes = [
+            LaneRecorder(writer, [obs], [action], lane=lane, global_reward="none")
+            for lane in writer.claim_lanes(n_envs)
+        ]
         self._action_shape = (n_envs, *(action_space.shape or ()))
         self._continuous = isinstance(action_space, spaces.Box)
 
     @holding
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
-            infos: list[dict[str, Any]]) -> None:
+    def add(
+        self,
+        obs: np.ndarray,
+        next_obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: list[dict[str, Any]],
+    ) -> None:
         """One transition per sub-env: ``next_obs`` is the final observation where ``done``."""
         done = np.asarray(done, dtype=bool)
         truncated = _timeouts(done, infos) if self.handle_timeout_termination else np.zeros_like(done)
@@ -160,14 +201,25 @@ class ReplayBuffer(buffers.ReplayBuffer):
     def sample(self, batch_size: int, env: VecNormalize | None = None) -> ReplayBufferSamples:
         """``batch_size`` transitions drawn uniformly over every sub-env's, as SB3's tensors."""
         as_torch = env is None  # else VecNormalize scales numpy arrays first
-        batch = self.buffer.sample_transitions(batch_size, fields=(
-            "obs", "obs_", "continuous_actions" if self._continuous else "discrete_actions",
-            "individual_rewards", "terminated"), as_torch=as_torch, device=self.device if as_torch else None)
+        batch = self.buffer.sample_transitions(
+            batch_size,
+            fields=(
+                "obs",
+                "obs_",
+                "continuous_actions" if self._continuous else "discrete_actions",
+                "individual_rewards",
+                "terminated",
+            ),
+            as_torch=as_torch,
+            device=self.device if as_torch else None,
+        )
         shape = (batch_size, *self.obs_shape)
         actions = batch.continuous_actions if self._continuous else batch.discrete_actions
-        data = (self._normalize_obs(batch.obs.reshape(shape), env),
-                actions.reshape(batch_size, self.action_dim),
-                self._normalize_obs(batch.obs_.reshape(shape), env),
-                batch.terminated.reshape(-1, 1) if as_torch else batch.terminated.astype(np.float32).reshape(-1, 1),
-                self._normalize_reward(batch.individual_rewards.reshape(-1, 1), env))
+        data = (
+            self._normalize_obs(batch.obs.reshape(shape), env),
+            actions.reshape(batch_size, self.action_dim),
+            self._normalize_obs(batch.obs_.reshape(shape), env),
+            batch.terminated.reshape(-1, 1) if as_torch else batch.terminated.astype(np.float32).reshape(-1, 1),
+            self._normalize_reward(batch.individual_rewards.reshape(-1, 1), env),
+        )
         return ReplayBufferSamples(*(data if as_torch else map(self.to_torch, data)))

@@ -35,10 +35,15 @@ DRAWN = frozenset({"idx", "valid", "weights", "discounts", "n_steps", "extra"})
 #: fields a buffer computes when an episode ends; an import writes the given ones over them
 COMPUTED = ("G", "advantages", "returns")
 #: the `FlexibleBuffer` keyword that allocates each optional field
-_OPTION = {"global_rewards": "global_reward", "individual_rewards": "individual_reward",
-           "global_auxiliary_rewards": "global_auxiliary_reward",
-           "individual_auxiliary_rewards": "individual_auxiliary_reward",
-           "discrete_log_probs": "log_prob_discrete", "values": "values", "memory_weights": "memory_weights"}
+_OPTION = {
+    "global_rewards": "global_reward",
+    "individual_rewards": "individual_reward",
+    "global_auxiliary_rewards": "global_auxiliary_reward",
+    "individual_auxiliary_rewards": "individual_auxiliary_reward",
+    "discrete_log_probs": "log_prob_discrete",
+    "values": "values",
+    "memory_weights": "memory_weights",
+}
 
 
 def open_source(source: Source, *, mmap: bool = True) -> FlexibleBuffer:
@@ -93,9 +98,17 @@ class _Runs:
             first = stop
 
 
-def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Block], *, rows: int, where: str,
-                log_prob_width: int = 0, log: str | os.PathLike[str] | None = None,
-                **options: object) -> FlexibleBuffer:
+def into_buffer(
+    spec: BufferSpec,
+    fields: Collection[str],
+    source: Iterable[Block],
+    *,
+    rows: int,
+    where: str,
+    log_prob_width: int = 0,
+    log: str | os.PathLike[str] | None = None,
+    **options: object,
+) -> FlexibleBuffer:
     """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
     ``rows`` in all, read one at a time), one lane, each episode ended as a recording ends it: ``G`` (and GAE, with
     values) computed, unless the blocks give them. ``options`` go to `FlexibleBuffer.from_spec`
@@ -112,12 +125,17 @@ def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Bloc
     if first is not None:  # the widest fields, checked before a ring of their width is reserved
         for name, width in (("obs", spec.obs_size), ("state", spec.state_size)):
             if name in first[1] and first[1][name].shape[-1] != width:
-                raise BufferFileError(f"{where}: its layout gives {name} {width:,} values a row and its arrays "
-                                      f"hold {first[1][name].shape[-1]:,}")
+                raise BufferFileError(
+                    f"{where}: its layout gives {name} {width:,} values a row and its arrays "
+                    f"hold {first[1][name].shape[-1]:,}"
+                )
     options.setdefault("num_steps", max(rows, 1))
     allocated = {keyword: name in fields for name, keyword in _OPTION.items()}
-    buffer = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), log_prob_continuous=log_prob_width,
-                                      **{**allocated, **options})  # type: ignore[arg-type]
+    buffer = FlexibleBuffer.from_spec(
+        dataclasses.replace(spec, n_envs=1),
+        log_prob_continuous=log_prob_width,
+        **{**allocated, **options},  # type: ignore[arg-type]
+    )
     if log is not None:
         buffer.log_to(log)
     try:
@@ -129,11 +147,14 @@ def into_buffer(spec: BufferSpec, fields: Collection[str], source: Iterable[Bloc
             buffer.close_log()
 
 
-def _fill(buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Iterable[Block],
-          log_prob_width: int) -> FlexibleBuffer:
+def _fill(
+    buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Iterable[Block], log_prob_width: int
+) -> FlexibleBuffer:
     names = [name for name in fields if name not in COMPUTED and name not in NEXT]
-    targets = {name: buffer.field(name, width=log_prob_width if name == "continuous_log_probs" else None)
-               for name in [*names, *(name for name in COMPUTED if name in fields)]}
+    targets = {
+        name: buffer.field(name, width=log_prob_width if name == "continuous_log_probs" else None)
+        for name in [*names, *(name for name in COMPUTED if name in fields)]
+    }
     following = [name for name in NEXT if name in fields]
     for lengths, arrays in source:
         stored = {name: encode(spec, name, arrays[name]) for name in [*targets, *following]}

@@ -70,8 +70,9 @@ from flexibuff_envs.spec import BufferSpec
 try:
     import tensorstore as ts
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError("flexibuff_envs.integrations.vault needs TensorStore: "
-                            "pip install 'flexibuff_envs[vault]'") from error
+    raise MissingExtraError(
+        "flexibuff_envs.integrations.vault needs TensorStore: pip install 'flexibuff_envs[vault]'"
+    ) from error
 
 #: flashbax's vault format version we write (and the major version we read)
 VERSION = 1.2
@@ -93,10 +94,18 @@ COMPRESSION: dict[str, dict[str, Any] | None] = {
     "none": None,
 }
 #: each field's leaf, where OG-MARL has a name for it (every other field goes to ``infos.<field>``)
-LEAVES = {"obs": "observations", "individual_rewards": "rewards", "terminated": "terminals",
-          "truncated": "truncations", "action_mask": "infos.legals", "state": "infos.state",
-          "active": "infos.alive", "obs_": "infos.next_observations", "state_": "infos.next_state",
-          "action_mask_": "infos.next_legals"}
+LEAVES = {
+    "obs": "observations",
+    "individual_rewards": "rewards",
+    "terminated": "terminals",
+    "truncated": "truncations",
+    "action_mask": "infos.legals",
+    "state": "infos.state",
+    "active": "infos.alive",
+    "obs_": "infos.next_observations",
+    "state_": "infos.next_state",
+    "action_mask_": "infos.next_legals",
+}
 #: fields written as float32 0/1, as OG-MARL's datasets hold them
 FLAGS = ("terminated", "truncated", "action_mask", "action_mask_", "active")
 EPISODE_ENDS = "infos.episode_ends"
@@ -124,13 +133,25 @@ def _laid_out(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
 
 
 def _store_spec(base: str, leaf: str) -> dict[str, Any]:
-    return {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{os.path.abspath(base)}", "path": f"{leaf}."
-                                          if leaf != "vault_index" else leaf}}
+    return {
+        "driver": "zarr",
+        "kvstore": {
+            "driver": "ocdbt",
+            "base": f"file://{os.path.abspath(base)}",
+            "path": f"{leaf}." if leaf != "vault_index" else leaf,
+        },
+    }
 
 
-def to_vault(source: Source, directory: str | os.PathLike[str], *, vault_name: str = "recording.vlt",
-             vault_uid: str | None = None, metadata: Mapping[str, Any] | None = None,
-             compression: str = "lz4") -> str:
+def to_vault(
+    source: Source,
+    directory: str | os.PathLike[str],
+    *,
+    vault_name: str = "recording.vlt",
+    vault_uid: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    compression: str = "lz4",
+) -> str:
     """Write the whole episodes of ``source`` (a buffer, or a buffer file or episode log's path,
     read episode by episode) as the vault ``directory/vault_name/vault_uid`` and return its path.
 
@@ -167,13 +188,21 @@ def to_vault(source: Source, directory: str | os.PathLike[str], *, vault_name: s
         raise
     if not rows:
         shutil.rmtree(path)
-        raise EmptyBufferError(f"to_vault: {source if not isinstance(source, FlexibleBuffer) else 'the buffer'} "
-                               "holds no whole ended episode")
+        raise EmptyBufferError(
+            f"to_vault: {source if not isinstance(source, FlexibleBuffer) else 'the buffer'} "
+            "holds no whole ended episode"
+        )
     return path
 
 
-def _write(base: str, source: Iterator[Block], spec: BufferSpec, buffer: FlexibleBuffer,
-           metadata: dict[str, Any], compressor: dict[str, Any] | None) -> int:
+def _write(
+    base: str,
+    source: Iterator[Block],
+    spec: BufferSpec,
+    buffer: FlexibleBuffer,
+    metadata: dict[str, Any],
+    compressor: dict[str, Any] | None,
+) -> int:
     """Every block of ``source`` appended along T; then ``vault_index`` and ``metadata.json``."""
     stores: dict[str, Any] = {}
     leaves: dict[str, str] = {}
@@ -187,10 +216,16 @@ def _write(base: str, source: Iterator[Block], spec: BufferSpec, buffer: Flexibl
         for leaf, values in laid.items():
             if leaf not in stores:
                 steps = max(1, min(len(values), CHUNK_BYTES // max(values[:1].nbytes, 1)))
-                stores[leaf] = ts.open({**_store_spec(base, leaf), "metadata": {
-                    "compressor": compressor, "chunks": [1, steps, *values.shape[1:]]}},
-                    shape=(1, TIME_AXIS, *values.shape[1:]), dtype=values.dtype.name, create=True).result()
-        writes = [stores[leaf][0, filled:filled + len(ends)].write(values) for leaf, values in laid.items()]
+                stores[leaf] = ts.open(
+                    {
+                        **_store_spec(base, leaf),
+                        "metadata": {"compressor": compressor, "chunks": [1, steps, *values.shape[1:]]},
+                    },
+                    shape=(1, TIME_AXIS, *values.shape[1:]),
+                    dtype=values.dtype.name,
+                    create=True,
+                ).result()
+        writes = [stores[leaf][0, filled : filled + len(ends)].write(values) for leaf, values in laid.items()]
         for write in writes:
             write.result()
         filled += len(ends)
@@ -203,11 +238,24 @@ def _write(base: str, source: Iterator[Block], spec: BufferSpec, buffer: Flexibl
     for leaf, store in stores.items():
         _nest(shapes, leaf, str((1, filled, *store.shape[2:])))
         _nest(dtypes, leaf, store.dtype.numpy_dtype.name)
-    ours = {"format": 1, "spec": spec.to_dict(), "gamma": buffer.gamma, "gae_lambda": buffer.gae_lambda,
-            "fields": leaves}
+    ours = {
+        "format": 1,
+        "spec": spec.to_dict(),
+        "gamma": buffer.gamma,
+        "gae_lambda": buffer.gae_lambda,
+        "fields": leaves,
+    }
     with open(os.path.join(base, "metadata.json"), "w") as out:
-        json.dump({**metadata, "version": VERSION, "structure_shape": shapes, "structure_dtype": dtypes,
-                   "flexibuff_envs": ours}, out)
+        json.dump(
+            {
+                **metadata,
+                "version": VERSION,
+                "structure_shape": shapes,
+                "structure_dtype": dtypes,
+                "flexibuff_envs": ours,
+            },
+            out,
+        )
     return filled
 
 
@@ -218,8 +266,12 @@ def _nest(tree: dict[str, Any], leaf: str, value: Any) -> None:
     tree[name] = value
 
 
-def from_vault(directory: str | os.PathLike[str], vault_name: str | None = None, vault_uid: str | None = None,
-               **buffer_options: Any) -> FlexibleBuffer:
+def from_vault(
+    directory: str | os.PathLike[str],
+    vault_name: str | None = None,
+    vault_uid: str | None = None,
+    **buffer_options: Any,
+) -> FlexibleBuffer:
     """A buffer holding every whole episode of a vault, read with TensorStore (no JAX).
 
     ``directory`` is the vault itself (holding ``metadata.json``), or, with ``vault_name``, the
@@ -272,8 +324,15 @@ def from_vault(directory: str | os.PathLike[str], vault_name: str | None = None,
     width = fields["continuous_log_probs"].shape[-1] if "continuous_log_probs" in fields else 0
     step_bytes = sum(int(np.prod(value.shape[2:])) * value.dtype.itemsize for value in fields.values())
     names = [*fields, *(name for name, base in NEXTS if base in fields and name not in fields)]
-    return into_buffer(spec, names, _streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1))),
-                       rows=rows, where=path, log_prob_width=width, **buffer_options)
+    return into_buffer(
+        spec,
+        names,
+        _streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1))),
+        rows=rows,
+        where=path,
+        log_prob_width=width,
+        **buffer_options,
+    )
 
 
 def _vault_path(directory: str, vault_name: str | None, vault_uid: str | None) -> str:
@@ -302,8 +361,14 @@ class _Leaf:
     """A vault leaf's filled part, read a stretch of steps at a time: ``[T, B, ...]`` as
     `shape` says, through ``transform`` (a reshape or a cast of what is read)."""
 
-    def __init__(self, store: Any, filled: int, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-                 shape: tuple[int, ...] | None = None, dtype: np.dtype | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        filled: int,
+        transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        shape: tuple[int, ...] | None = None,
+        dtype: np.dtype | None = None,
+    ) -> None:
         self.store, self.filled, self.transform = store, filled, transform
         self.shape = shape or (filled, store.shape[0], *store.shape[2:])
         self.dtype = dtype or store.dtype.numpy_dtype
@@ -340,13 +405,22 @@ def _open(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[
         raise BufferFileError(f"{path}: a vault's arrays cannot be opened ({exc})") from None
     for leaf, store in stores.items():
         if store.rank < 2 or filled < 0 or filled > store.shape[1]:
-            raise BufferFileError(f"{path}: leaf {leaf!r} of shape {tuple(store.shape)} cannot hold the "
-                                  f"{filled:,} steps vault_index says it holds")
-    claimed = sum(int(np.prod(store.shape[2:])) * store.shape[0] * store.dtype.numpy_dtype.itemsize
-                  for store in stores.values()) * filled
+            raise BufferFileError(
+                f"{path}: leaf {leaf!r} of shape {tuple(store.shape)} cannot hold the "
+                f"{filled:,} steps vault_index says it holds"
+            )
+    claimed = (
+        sum(
+            int(np.prod(store.shape[2:])) * store.shape[0] * store.dtype.numpy_dtype.itemsize
+            for store in stores.values()
+        )
+        * filled
+    )
     if claimed > 2 * available_memory():  # read a block at a time, into a buffer about half its size
-        raise BufferFileError(f"{path}: its {filled:,} steps take {claimed / 2**30:,.1f} GiB, more than "
-                              f"the {available_memory() / 2**30:,.1f} GiB of memory available")
+        raise BufferFileError(
+            f"{path}: its {filled:,} steps take {claimed / 2**30:,.1f} GiB, more than "
+            f"the {available_memory() / 2**30:,.1f} GiB of memory available"
+        )
     return {leaf: _Leaf(store, filled) for leaf, store in stores.items()}
 
 
@@ -355,8 +429,9 @@ def _foreign(path: str, leaves: Mapping[str, _Leaf]) -> tuple[BufferSpec, dict[s
     and state read as they go, the rest whole."""
     missing = [leaf for leaf in ("observations", "actions", "rewards", "terminals") if leaf not in leaves]
     if missing:
-        raise BufferFileError(f"{path}: the vault has no {', '.join(missing)} (OG-MARL's leaves); it holds "
-                              f"{sorted(leaves)}")
+        raise BufferFileError(
+            f"{path}: the vault has no {', '.join(missing)} (OG-MARL's leaves); it holds {sorted(leaves)}"
+        )
     obs = leaves["observations"]
     steps, streams, agents = obs.shape[:3]
     fields: dict[str, Values] = {"obs": _flattened(obs, 3)}
@@ -365,8 +440,11 @@ def _foreign(path: str, leaves: Mapping[str, _Leaf]) -> tuple[BufferSpec, dict[s
     options: dict[str, Any] = {}
     if np.issubdtype(actions.dtype, np.integer) or legals is not None:
         heads = actions.reshape(steps, streams, agents, -1).astype(np.int64)
-        cards = ((legals.shape[-1],) if legals is not None and heads.shape[-1] == 1
-                 else tuple(int(n) + 1 for n in heads.reshape(-1, heads.shape[-1]).max(axis=0, initial=0)))
+        cards = (
+            (legals.shape[-1],)
+            if legals is not None and heads.shape[-1] == 1
+            else tuple(int(n) + 1 for n in heads.reshape(-1, heads.shape[-1]).max(axis=0, initial=0))
+        )
         fields["discrete_actions"] = heads
         options = {"discrete_action_cardinalities": cards, "discrete_action_starts": (0,) * len(cards)}
         if legals is not None:
@@ -377,24 +455,38 @@ def _foreign(path: str, leaves: Mapping[str, _Leaf]) -> tuple[BufferSpec, dict[s
         options = {"continuous_action_dimension": fields["continuous_actions"].shape[-1]}
     rewards = leaves["rewards"].read().reshape(steps, streams, agents).astype(np.float32)
     fields.update(individual_rewards=rewards, global_rewards=rewards.mean(axis=-1))
-    for name, leaf, absent in (("terminated", "terminals", False), ("truncated", "truncations", False),
-                               ("active", "infos.alive", True)):
-        fields[name] = (leaves[leaf].read().reshape(steps, streams, agents) != 0 if leaf in leaves
-                        else np.full(rewards.shape, absent))
+    for name, leaf, absent in (
+        ("terminated", "terminals", False),
+        ("truncated", "truncations", False),
+        ("active", "infos.alive", True),
+    ):
+        fields[name] = (
+            leaves[leaf].read().reshape(steps, streams, agents) != 0
+            if leaf in leaves
+            else np.full(rewards.shape, absent)
+        )
     if "infos.state" in leaves:
         state = fields["state"] = _flattened(leaves["infos.state"], 2)
         options.update(state_size=state.shape[-1], state_dtype=state.dtype.name)
-    spec = BufferSpec(obs_size=fields["obs"].shape[-1], obs_dtype=obs.dtype.name, n_agents=agents,
-                      agent_ids=tuple(f"agent_{i}" for i in range(agents)), obs_shape=tuple(obs.shape[3:]),
-                      **options)
+    spec = BufferSpec(
+        obs_size=fields["obs"].shape[-1],
+        obs_dtype=obs.dtype.name,
+        n_agents=agents,
+        agent_ids=tuple(f"agent_{i}" for i in range(agents)),
+        obs_shape=tuple(obs.shape[3:]),
+        **options,
+    )
     return spec, fields
 
 
 def _flattened(leaf: _Leaf, keep: int) -> _Leaf:
     """``leaf`` with its axes after the first ``keep`` (``[T, B, ...]``) flattened into one."""
     tail = len(leaf.shape) - keep
-    return leaf.like(lambda values: values.reshape(*values.shape[:values.ndim - tail], -1),
-                     (*leaf.shape[:keep], int(np.prod(leaf.shape[keep:]))), leaf.dtype)
+    return leaf.like(
+        lambda values: values.reshape(*values.shape[: values.ndim - tail], -1),
+        (*leaf.shape[:keep], int(np.prod(leaf.shape[keep:]))),
+        leaf.dtype,
+    )
 
 
 def _streams(spec: BufferSpec, fields: Mapping[str, Values], ends: list[np.ndarray], steps: int) -> Iterator[Block]:
@@ -468,5 +560,10 @@ def summary(path: str) -> Summary:
         done = sum((arrays[leaf] != 0).astype(np.int8) for leaf in arrays) > 0
         last = done.reshape(*done.shape[:2], -1).all(axis=-1)
     steps = int(next(iter(arrays.values())).shape[0] * next(iter(arrays.values())).shape[1]) if arrays else 0
-    return Summary("flashbax vault", agents, int(np.count_nonzero(last)), steps,
-                   {leaf: f"{list(shape[2:])} {dtype}" for leaf, (shape, dtype) in sorted(leaves.items())})
+    return Summary(
+        "flashbax vault",
+        agents,
+        int(np.count_nonzero(last)),
+        steps,
+        {leaf: f"{list(shape[2:])} {dtype}" for leaf, (shape, dtype) in sorted(leaves.items())},
+    )

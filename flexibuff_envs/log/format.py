@@ -54,7 +54,7 @@ class Column:
     @classmethod
     def of(cls, part: Part) -> Column:
         shape = part.shape
-        return cls(part.name, part.part, part.per_agent, part.dtype, shape[:part.axis] + shape[part.axis + 1:])
+        return cls(part.name, part.part, part.per_agent, part.dtype, shape[: part.axis] + shape[part.axis + 1 :])
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -69,8 +69,13 @@ class Column:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "part": self.part, "per_agent": self.per_agent, "dtype": self.dtype.str,
-                "shape": list(self.shape)}
+        return {
+            "name": self.name,
+            "part": self.part,
+            "per_agent": self.per_agent,
+            "dtype": self.dtype.str,
+            "shape": list(self.shape),
+        }
 
 
 EPISODE_LENGTHS = Column("lengths", None, False, np.dtype("<i8"), ())
@@ -131,8 +136,15 @@ def is_log(directory: str) -> bool:
 
 
 def header_bytes(header: LogHeader, columns: Sequence[Column]) -> bytes:
-    blob = json.dumps({"format": "flexibuff_envs episode log", "spec": header.spec.to_dict(), "gamma": header.gamma,
-                       "gae_lambda": header.gae_lambda, "columns": [c.to_dict() for c in columns]}).encode()
+    blob = json.dumps(
+        {
+            "format": "flexibuff_envs episode log",
+            "spec": header.spec.to_dict(),
+            "gamma": header.gamma,
+            "gae_lambda": header.gae_lambda,
+            "columns": [c.to_dict() for c in columns],
+        }
+    ).encode()
     prefix = _HEADER.pack(_HEADER_MAGIC, VERSION, len(blob)) + blob
     return prefix + struct.pack("<I", zlib.crc32(prefix))
 
@@ -140,7 +152,9 @@ def header_bytes(header: LogHeader, columns: Sequence[Column]) -> bytes:
 def read_header(directory: str) -> tuple[LogHeader, list[Column]]:
     path = os.path.join(directory, HEADER)
     if not os.path.isdir(directory):
-        raise BufferFileError(f"{directory}: {'not a directory; an episode log is one' if os.path.exists(directory) else 'no such episode log'}")
+        raise BufferFileError(
+            f"{directory}: {'not a directory; an episode log is one' if os.path.exists(directory) else 'no such episode log'}"
+        )
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -189,7 +203,9 @@ def expected(spec: BufferSpec, name: str, part: str | None, width: int | None = 
         raise BadHeader(f"no buffer of this layout stores a part {part!r} of {name!r}")
     array = probe.ensure(name, width=width if name == "continuous_log_probs" else None)
     per_agent = probe.fields[name].per_agent
-    return Column(name, None, per_agent, array.dtype, (spec.n_agents, *array.shape[2:]) if per_agent else array.shape[1:])
+    return Column(
+        name, None, per_agent, array.dtype, (spec.n_agents, *array.shape[2:]) if per_agent else array.shape[1:]
+    )
 
 
 def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
@@ -200,12 +216,20 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
         if not isinstance(item, dict) or set(item) != {"name", "part", "per_agent", "dtype", "shape"}:
             raise BadHeader(f"column {k} must hold name, part, per_agent, dtype and shape, got {short_repr(item)}")
         shape = item["shape"]
-        if not isinstance(item["name"], str) or not isinstance(shape, list) or not all(
-                isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**31 for n in shape):
+        if (
+            not isinstance(item["name"], str)
+            or not isinstance(shape, list)
+            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**31 for n in shape)
+        ):
             raise BadHeader(f"column {k} has name {short_repr(item['name'])} and shape {short_repr(shape)}")
         width = shape[-1] if item["name"] == "continuous_log_probs" and shape else None
-        column = Column(item["name"], item["part"], bool(item["per_agent"]), plain_dtype(f"column {k} dtype", item["dtype"]),
-                        tuple(shape))
+        column = Column(
+            item["name"],
+            item["part"],
+            bool(item["per_agent"]),
+            plain_dtype(f"column {k} dtype", item["dtype"]),
+            tuple(shape),
+        )
         if column != expected(spec, column.name, column.part, width) or column.key in {c.key for c in columns}:
             raise BadHeader(f"column {k} ({column.file}) is not one a buffer of this layout stores, or twice")
         columns.append(column)
@@ -216,12 +240,10 @@ def parse_entry(entry: bytes, number: int) -> tuple[Commit, int] | None:
     """The commit entry ``number`` names and its data crc, or None if it is not whole and in place."""
     if len(entry) < ENTRY_BYTES:
         return None
-    body, (crc,) = entry[:_ENTRY.size], struct.unpack("<I", entry[_ENTRY.size:])
+    body, (crc,) = entry[: _ENTRY.size], struct.unpack("<I", entry[_ENTRY.size :])
     if zlib.crc32(body) != crc:
         return None
     magic, at, rows, episodes, *rest = _ENTRY.unpack(body)
     if magic != _COMMIT_MAGIC or at != number:
         return None
     return Commit(at, rows, episodes, tuple(rest[:-1])), rest[-1]
-
-

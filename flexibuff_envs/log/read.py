@@ -48,10 +48,15 @@ class State:
         return [EPISODE_LENGTHS, *self.columns]
 
     def torn(self) -> tuple[Torn, ...]:
-        counted = {COMMITS: (self.commit.number + 1) * ENTRY_BYTES,
-                   **{column.file: self.commit.length(column) for column in self.files}}
-        return tuple(Torn(os.path.join(self.directory, name), counted[name], self.sizes[name] - counted[name])
-                     for name in counted if self.sizes[name] > counted[name])
+        counted = {
+            COMMITS: (self.commit.number + 1) * ENTRY_BYTES,
+            **{column.file: self.commit.length(column) for column in self.files},
+        }
+        return tuple(
+            Torn(os.path.join(self.directory, name), counted[name], self.sizes[name] - counted[name])
+            for name in counted
+            if self.sizes[name] > counted[name]
+        )
 
 
 def file_sizes(directory: str, files: Sequence[Column]) -> dict[str, int]:
@@ -85,8 +90,11 @@ class Reader:
     def holds(self, before: Commit, after: Commit, crc: int) -> bool:
         """Whether commit ``after`` follows ``before`` and the bytes it adds are in place."""
         state = self.state
-        if not (after.rows >= before.rows and after.episodes >= before.episodes
-                and all(b <= a for b, a in zip(before.tails, after.tails))):
+        if not (
+            after.rows >= before.rows
+            and after.episodes >= before.episodes
+            and all(b <= a for b, a in zip(before.tails, after.tails))
+        ):
             return False
         if any(state.sizes[column.file] < after.length(column) for column in state.files):
             return False
@@ -124,8 +132,10 @@ def state_of(directory: str, *, every: bool = False) -> State:
                 item = reader.entry(k)
                 if item is None or not reader.holds(before, *item):
                     if any(reader.entry(later) is not None for later in range(k + 1, count)):
-                        raise fail(os.path.join(directory, COMMITS), f"damaged at commit {k}, before whole ones: "
-                                    "a crash leaves only the newest commits torn")
+                        raise fail(
+                            os.path.join(directory, COMMITS),
+                            f"damaged at commit {k}, before whole ones: a crash leaves only the newest commits torn",
+                        )
                     break
                 before = item[0]
             state.commit = before
@@ -144,8 +154,11 @@ def _counted(state: State) -> State:
     by hand: no crash does that)."""
     for column in state.files:
         if state.sizes[column.file] < state.commit.length(column):
-            raise fail(state.path(column), f"holds {state.sizes[column.file]:,} bytes, fewer than the "
-                                            f"{state.commit.length(column):,} its commits count")
+            raise fail(
+                state.path(column),
+                f"holds {state.sizes[column.file]:,} bytes, fewer than the "
+                f"{state.commit.length(column):,} its commits count",
+            )
     return state
 
 
@@ -175,14 +188,21 @@ def check_values(state: State) -> None:
     commit, spec = state.commit, state.header.spec
     lengths = np.concatenate([*blocks(state, EPISODE_LENGTHS, commit.episodes), np.zeros(0, np.int64)])
     if (lengths < 1).any() or int(lengths.sum()) != commit.rows:
-        raise fail(state.path(EPISODE_LENGTHS), f"corrupt: episode lengths must be positive and sum to the {commit.rows} "
-                                          "rows committed")
+        raise fail(
+            state.path(EPISODE_LENGTHS),
+            f"corrupt: episode lengths must be positive and sum to the {commit.rows} rows committed",
+        )
     categories = np.asarray(spec.obs_categories)
     ends = np.cumsum(lengths) - 1
     for column in state.columns:
         if column.part == "tail":
-            if column.name == "obs_" and categories.size and any(
-                    (block > categories).any() for block in blocks(state, column, commit.tails[CHAINS.index("obs_")])):
+            if (
+                column.name == "obs_"
+                and categories.size
+                and any(
+                    (block > categories).any() for block in blocks(state, column, commit.tails[CHAINS.index("obs_")])
+                )
+            ):
                 raise fail(state.path(column), "corrupt: a value names a category past its space's size")
             continue
         if column.dtype == bool or (column.name == "obs" and categories.size) or column.part == "index":
@@ -228,9 +248,13 @@ def report(directory: str | os.PathLike[str]) -> LogReport:
 
 
 def report_of(state: State) -> LogReport:
-    return LogReport(state.header, state.commit.episodes, state.commit.rows,
-                     sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES,
-                     state.torn())
+    return LogReport(
+        state.header,
+        state.commit.episodes,
+        state.commit.rows,
+        sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES,
+        state.torn(),
+    )
 
 
 def repair(directory: str | os.PathLike[str]) -> LogReport:
@@ -305,5 +329,3 @@ def _mapped(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     if hasattr(mmap, "MADV_RANDOM"):
         memory.madvise(mmap.MADV_RANDOM)
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
-
-

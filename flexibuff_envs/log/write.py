@@ -65,8 +65,14 @@ class LogWriter:
         BufferFileError: the directory holds a log of another layout, or a damaged one.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], header: LogHeader, *, fsync: FsyncPolicy = "interval",
-                 every: float = 5.0) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        header: LogHeader,
+        *,
+        fsync: FsyncPolicy = "interval",
+        every: float = 5.0,
+    ) -> None:
         if fsync not in ("interval", "always", "close"):
             raise InvalidArgumentError(f"fsync must be 'interval', 'always' or 'close', got {fsync!r}")
         self.directory = os.fspath(directory)
@@ -77,9 +83,11 @@ class LogWriter:
             state = repaired(self.directory)
             if state.header != header:
                 check_layout(state.header.spec, header.spec, f"the episode log {self.directory}")
-                raise BufferFileError(f"{self.directory}: the log's discounts (gamma {state.header.gamma}, "
-                                      f"gae_lambda {state.header.gae_lambda}) differ from the recording's "
-                                      f"({header.gamma}, {header.gae_lambda})")
+                raise BufferFileError(
+                    f"{self.directory}: the log's discounts (gamma {state.header.gamma}, "
+                    f"gae_lambda {state.header.gae_lambda}) differ from the recording's "
+                    f"({header.gamma}, {header.gae_lambda})"
+                )
         else:
             state = State(self.directory, header, [], Commit())
             self._write_header([])
@@ -89,8 +97,10 @@ class LogWriter:
                 os.unlink(os.path.join(self.directory, name))
         self.columns, self.commit = state.columns, state.commit
         probe = Storage(header.spec, 1)
-        self._fills = {(name, part): 0 if part is not None else probe.fill(name) for name, part in
-                       [(name, None) for name in probe.fields] + [(name, "index") for name in NEXT]}
+        self._fills = {
+            (name, part): 0 if part is not None else probe.fill(name)
+            for name, part in [(name, None) for name in probe.fields] + [(name, "index") for name in NEXT]
+        }
         self._files = {c.key: self._append_to(c.file) for c in state.files}
         self._sizes = {key: os.fstat(target.fileno()).st_size for key, target in self._files.items()}
         self._commits = self._append_to(COMMITS)
@@ -121,7 +131,9 @@ class LogWriter:
                 elif self._fills[column.key]:
                     row = np.full(column.shape, self._fills[column.key], dtype=column.dtype).tobytes()
                     per_piece = max(1, PIECE // len(row))
-                    out.writelines(row * min(per_piece, self.commit.rows - lo) for lo in range(0, self.commit.rows, per_piece))
+                    out.writelines(
+                        row * min(per_piece, self.commit.rows - lo) for lo in range(0, self.commit.rows, per_piece)
+                    )
                 else:  # zeros: the file system stores none of them
                     out.truncate(self.commit.rows * column.row_bytes)
                 out.flush()
@@ -151,8 +163,10 @@ class LogWriter:
             if column.per_agent and column.part != "tail":  # the file holds each row's agents together
                 array = array.swapaxes(0, 1)
             if array.shape[1:] != column.shape or array.dtype != column.dtype:
-                raise SpecMismatchError(f"the chunk's {column.file} rows are {array.shape[1:]} {array.dtype}; "
-                                        f"the log's are {column.shape} {column.dtype}")
+                raise SpecMismatchError(
+                    f"the chunk's {column.file} rows are {array.shape[1:]} {array.dtype}; "
+                    f"the log's are {column.shape} {column.dtype}"
+                )
             if column.part == "tail":
                 array = array[1:]  # slot 0 (zeros) is the log's own
             elif column.part == "index":
@@ -170,8 +184,9 @@ class LogWriter:
             check_layout(self.header.spec, chunk.spec, "the chunk")
         pieces = self._pieces(chunk)
         added = tuple(len(pieces.get((name, "tail"), ())) for name in CHAINS)
-        self._commit(((key, piece.data.cast("B")) for key, piece in pieces.items()),
-                     chunk.rows, chunk.n_episodes, added)
+        self._commit(
+            ((key, piece.data.cast("B")) for key, piece in pieces.items()), chunk.rows, chunk.n_episodes, added
+        )
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:
@@ -182,14 +197,18 @@ class LogWriter:
         check_values(state)
         if state.header != self.header:
             check_layout(self.header.spec, state.header.spec, f"the episode log {state.directory}")
-            raise BufferFileError(f"{state.directory}: its discounts (gamma {state.header.gamma}, gae_lambda "
-                                  f"{state.header.gae_lambda}) differ from the log's ({self.header.gamma}, "
-                                  f"{self.header.gae_lambda})")
+            raise BufferFileError(
+                f"{state.directory}: its discounts (gamma {state.header.gamma}, gae_lambda "
+                f"{state.header.gae_lambda}) differ from the log's ({self.header.gamma}, "
+                f"{self.header.gae_lambda})"
+            )
         for column in state.columns:
             mine = next((c for c in self.columns if c.key == column.key), column)
             if mine != column:
-                raise SpecMismatchError(f"{state.path(column)} holds rows of {column.shape} {column.dtype}; the "
-                                        f"log's are {mine.shape} {mine.dtype}")
+                raise SpecMismatchError(
+                    f"{state.path(column)} holds rows of {column.shape} {column.dtype}; the "
+                    f"log's are {mine.shape} {mine.dtype}"
+                )
         if not state.commit.episodes:
             return
         if any(c.key not in self._files for c in state.columns):
@@ -214,13 +233,18 @@ class LogWriter:
         added = tuple(state.commit.tails[k] - 1 for k in range(len(CHAINS)))
         self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
 
-    def _commit(self, pieces: Iterable[tuple[tuple[str, str | None], Any]], rows: int, episodes: int,
-                added: tuple[int, ...]) -> None:
+    def _commit(
+        self, pieces: Iterable[tuple[tuple[str, str | None], Any]], rows: int, episodes: int, added: tuple[int, ...]
+    ) -> None:
         """Write ``pieces`` (column key, bytes) in order, then the commit entry counting ``rows``,
         ``episodes`` and each chain's ``added`` slots. If a write fails (a full disk), every file
         goes back to the last commit and `BufferSaveError` names the one that failed."""
-        commit = Commit(self.commit.number + 1, self.commit.rows + rows, self.commit.episodes + episodes,
-                        tuple(t + n for t, n in zip(self.commit.tails, added)))
+        commit = Commit(
+            self.commit.number + 1,
+            self.commit.rows + rows,
+            self.commit.episodes + episodes,
+            tuple(t + n for t, n in zip(self.commit.tails, added)),
+        )
         crc = 0
         sizes = dict(self._sizes)
         target = self._commits
@@ -235,8 +259,12 @@ class LogWriter:
             for key, size in self._sizes.items():
                 os.ftruncate(self._files[key].fileno(), size)
             if isinstance(exc, OSError):
-                raise BufferSaveError(exc.errno, f"cannot append to the episode log ({exc.strerror or exc}; every "
-                                      "episode appended before is intact)", str(target.name)) from exc
+                raise BufferSaveError(
+                    exc.errno,
+                    f"cannot append to the episode log ({exc.strerror or exc}; every "
+                    "episode appended before is intact)",
+                    str(target.name),
+                ) from exc
             raise
         self._sizes = sizes
         self.commit = commit
@@ -266,7 +294,7 @@ def _write(target: BinaryIO, view: memoryview, crc: int) -> int:
     """Write all of ``view``; returns ``crc`` carried over it."""
     crc = zlib.crc32(view, crc)
     while view:
-        view = view[target.write(view):]
+        view = view[target.write(view) :]
     return crc
 
 
@@ -294,15 +322,21 @@ class Follower:
             if not len(ended) or ended[-1].end <= self._after[i]:
                 continue
             new = slice(int(np.searchsorted(ended.ends, self._after[i], side="right")), None)
-            for start, end, whole in zip(ended.starts[new].tolist(), ended.ends[new].tolist(), ended.whole[new].tolist()):
+            for start, end, whole in zip(
+                ended.starts[new].tolist(), ended.ends[new].tolist(), ended.whole[new].tolist()
+            ):
                 if whole:
                     segments += lane.segments(start, end)
                     lengths.append(end - start)
                 elif not self.outgrown:  # its first rows were forgotten before it ended
                     self.outgrown = True
-                    warnings.warn(f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
-                                  f"episode log {self.writer.directory} (nor is any other that does): give the "
-                                  "buffer more rows than the longest episode", RuntimeWarning, stacklevel=2)
+                    warnings.warn(
+                        f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
+                        f"episode log {self.writer.directory} (nor is any other that does): give the "
+                        "buffer more rows than the longest episode",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
             marks[i] = ended[-1].end
         if not lengths:
             self._after = marks
@@ -337,8 +371,9 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     for path, header in zip(paths, headers):
         if header != headers[0]:
             check_layout(headers[0].spec, header.spec, f"the episode log {path}")
-            raise BufferFileError(f"{path}: its discounts (gamma {header.gamma}, gae_lambda {header.gae_lambda}) "
-                                  f"differ from {paths[0]}'s")
+            raise BufferFileError(
+                f"{path}: its discounts (gamma {header.gamma}, gae_lambda {header.gae_lambda}) differ from {paths[0]}'s"
+            )
     writer = LogWriter(out, headers[0], fsync="close")
     try:
         for path in paths:
@@ -346,4 +381,3 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     finally:
         writer.close()
     return report(out)
-

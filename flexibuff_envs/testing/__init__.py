@@ -43,8 +43,16 @@ class RecorderReport:
     problems: list[str] = field(default_factory=list)
 
 
-def check_recorder(env: Any, *, steps: int = 200, episodes: int = 4, seed: int = 0, num_steps: int | None = None,
-                   gamma: float = 0.99, strict: bool = True) -> RecorderReport:
+def check_recorder(
+    env: Any,
+    *,
+    steps: int = 200,
+    episodes: int = 4,
+    seed: int = 0,
+    num_steps: int | None = None,
+    gamma: float = 0.99,
+    strict: bool = True,
+) -> RecorderReport:
     """Drive ``env`` through its recorder beside a plain reference loop; report any difference.
 
     The env must be deterministic under ``reset(seed=...)`` (the check plays it twice). The env is
@@ -62,11 +70,14 @@ def check_recorder(env: Any, *, steps: int = 200, episodes: int = 4, seed: int =
     """
     kind = env_kind(env)
     if kind == "vector":
-        raise NotAnEnvError("check_recorder takes one env; a vector env's sub-envs are recorded like single "
-                            "envs, so check one of them (for example gymnasium.make(env_id))")
+        raise NotAnEnvError(
+            "check_recorder takes one env; a vector env's sub-envs are recorded like single "
+            "envs, so check one of them (for example gymnasium.make(env_id))"
+        )
     if kind is None:
-        raise NotAnEnvError(f"check_recorder needs a gymnasium.Env or a PettingZoo ParallelEnv/AECEnv, "
-                            f"got {type(env).__name__}")
+        raise NotAnEnvError(
+            f"check_recorder needs a gymnasium.Env or a PettingZoo ParallelEnv/AECEnv, got {type(env).__name__}"
+        )
     from flexibuff_envs.wrappers import record
 
     problems: list[str] = []
@@ -74,14 +85,18 @@ def check_recorder(env: Any, *, steps: int = 200, episodes: int = 4, seed: int =
         log = play(env, seed=seed, steps=steps)
         recorder = record(env, num_steps=num_steps or max(steps, 1), gamma=gamma)
         replay = play(recorder, seed=seed, steps=steps, actions=log.actions)
-        problems += _drop_in(log.returned, replay.returned,
-                             lambda: play(env, seed=seed, steps=steps, actions=log.actions).returned)
+        problems += _drop_in(
+            log.returned, replay.returned, lambda: play(env, seed=seed, steps=steps, actions=log.actions).returned
+        )
         expected, spans = _from_log(log, gamma), log.episodes
     elif kind == "parallel":
         reference, returned = play_parallel(env, seed=seed, steps=steps)
         recorder = record(env, num_steps=num_steps or max(steps, 1), gamma=gamma)
-        problems += _drop_in(returned, replay_parallel(recorder, seed, reference.actions),
-                             lambda: replay_parallel(env, seed, reference.actions))
+        problems += _drop_in(
+            returned,
+            replay_parallel(recorder, seed, reference.actions),
+            lambda: replay_parallel(env, seed, reference.actions),
+        )
         expected, spans = _from_expected(reference, gamma), reference.episodes
     else:
         reference = play_aec(env, seed=seed, episodes=episodes)
@@ -118,8 +133,12 @@ def _drop_in(bare: list, wrapped: list, again: Any) -> list[str]:
     for call, (x, y) in enumerate(zip(bare, wrapped)):
         if not same(x, y):
             if not all(same(p, q) for p, q in zip(bare, again())):
-                return [("the bare env is not deterministic under reset(seed=...), so nothing was compared "
-                         "with what the wrapped env returned")]
+                return [
+                    (
+                        "the bare env is not deterministic under reset(seed=...), so nothing was compared "
+                        "with what the wrapped env returned"
+                    )
+                ]
             return [f"drop-in: call {call} (reset or step) of the wrapped env returned {y!r}, the bare env {x!r}"]
     if len(bare) != len(wrapped):
         return [f"drop-in: the wrapped env made {len(wrapped)} reset/step calls, the bare env {len(bare)}"]
@@ -130,11 +149,13 @@ def _from_log(log: Log, gamma: float) -> dict[str, np.ndarray | None]:
     """A Gymnasium log as the arrays of a batch of every step (no agent axis)."""
     heads, conts = np.array(log.discrete), np.array(log.continuous, dtype=np.float32)
     return {
-        "obs": np.stack(log.obs), "obs_": np.stack(log.obs_),
+        "obs": np.stack(log.obs),
+        "obs_": np.stack(log.obs_),
         "discrete_actions": heads if heads.size else None,
         "continuous_actions": conts if conts.size else None,
         "individual_rewards": np.array(log.reward, dtype=np.float32),
-        "terminated": np.array(log.terminated), "truncated": np.array(log.truncated),
+        "terminated": np.array(log.terminated),
+        "truncated": np.array(log.truncated),
         "action_mask": None if log.mask[0] is None else np.stack(log.mask),  # type: ignore[arg-type]
         "action_mask_": None if log.mask_[0] is None else np.stack(log.mask_),  # type: ignore[arg-type]
         "G": log.G(gamma),
@@ -144,10 +165,16 @@ def _from_log(log: Log, gamma: float) -> dict[str, np.ndarray | None]:
 def _from_expected(expected: Expected, gamma: float) -> dict[str, np.ndarray | None]:
     """A PettingZoo reference as the arrays of a batch of every row (agent axis first)."""
     return {
-        "active": expected.active, "obs": expected.obs, "obs_": expected.obs_,
-        "discrete_actions": expected.discrete, "continuous_actions": expected.continuous,
-        "individual_rewards": expected.rewards, "terminated": expected.terminated,
-        "truncated": expected.truncated, "action_mask": expected.mask, "action_mask_": expected.mask_,
+        "active": expected.active,
+        "obs": expected.obs,
+        "obs_": expected.obs_,
+        "discrete_actions": expected.discrete,
+        "continuous_actions": expected.continuous,
+        "individual_rewards": expected.rewards,
+        "terminated": expected.terminated,
+        "truncated": expected.truncated,
+        "action_mask": expected.mask,
+        "action_mask_": expected.mask_,
         "G": expected.G(gamma),
     }
 
@@ -186,18 +213,21 @@ def _compare_rows(buffer: Any, expected: dict[str, np.ndarray | None], rows: int
         got = _recorded(batch, name)
         if want is None or got is None:
             if (want is None) != (got is None):
-                problems.append(f"{name}: {'recorded' if got is not None else 'not recorded'}, but the "
-                                f"reference {'has' if want is not None else 'has no'} such field")
+                problems.append(
+                    f"{name}: {'recorded' if got is not None else 'not recorded'}, but the "
+                    f"reference {'has' if want is not None else 'has no'} such field"
+                )
             continue
-        tail = want[:, total - rows:] if multi else want[total - rows:]
+        tail = want[:, total - rows :] if multi else want[total - rows :]
         problem = _first_difference(name, np.asarray(got), tail, total - rows, multi)
         if problem:
             problems.append(problem)
     return problems
 
 
-def _compare_episodes(buffer: Any, expected: dict[str, np.ndarray | None], spans: list[tuple[int, int]],
-                      rows: int) -> tuple[int, list[str]]:
+def _compare_episodes(
+    buffer: Any, expected: dict[str, np.ndarray | None], spans: list[tuple[int, int]], rows: int
+) -> tuple[int, list[str]]:
     """Every ended episode still wholly in the buffer comes back whole, in order, and no other."""
     total = expected["individual_rewards"].shape[-1]  # type: ignore[union-attr]
     ends = np.asarray(expected["terminated"]) | np.asarray(expected["truncated"])

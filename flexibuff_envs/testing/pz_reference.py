@@ -84,7 +84,7 @@ class Table:
         out = np.zeros(sum(self.padded), dtype=bool)
         offset, pos = 0, 0
         for head, card in enumerate(own):
-            out[offset: offset + card] = flat[pos: pos + card]
+            out[offset : offset + card] = flat[pos : pos + card]
             offset += self.padded[head]
             pos += card
         return out
@@ -102,8 +102,9 @@ class Table:
         obs_dtype = next(iter(self.rows[0]["obs"].values())).dtype
         has_discrete = bool(self.padded)
         cont = max(_cont(s) for s in self.act_spaces.values())
-        masked = any(isinstance(s, spaces.Dict) and "action_mask" in s.spaces for s in self.obs_spaces.values()) \
-            or any(c != self.padded for c in self.cards)
+        masked = any(isinstance(s, spaces.Dict) and "action_mask" in s.spaces for s in self.obs_spaces.values()) or any(
+            c != self.padded for c in self.cards
+        )
         return Expected(
             actions=actions,
             obs=gather("obs", 0, obs_dtype, (self.obs_size,)),
@@ -160,10 +161,19 @@ def play_parallel(env: Any, *, seed: int, steps: int) -> tuple[Expected, list[tu
                 padded = np.zeros(cont, dtype=np.float32)
                 padded[: values["continuous"].size] = values["continuous"]
                 values["continuous"] = padded
-            table.put(k, agent, obs=table.flat(agent, obs[agent]), obs_=table.flat(agent, o),
-                      reward=rewards[agent], terminated=terms[agent], truncated=truncs[agent], active=True,
-                      mask=table.mask(agent, obs[agent], infos.get(agent, {})),
-                      mask_=table.mask(agent, o, infos_.get(agent, {})), **values)
+            table.put(
+                k,
+                agent,
+                obs=table.flat(agent, obs[agent]),
+                obs_=table.flat(agent, o),
+                reward=rewards[agent],
+                terminated=terms[agent],
+                truncated=truncs[agent],
+                active=True,
+                mask=table.mask(agent, obs[agent], infos.get(agent, {})),
+                mask_=table.mask(agent, o, infos_.get(agent, {})),
+                **values,
+            )
         table.row(k)
         obs, infos = nxt, infos_
         if not env.agents:
@@ -194,10 +204,19 @@ def play_aec(env: Any, *, seed: int, episodes: int) -> Expected:
             obs, reward, term, trunc, info = env.last()
             if agent in pending:
                 before, mask, action = pending.pop(agent)
-                table.put(first_row + turns[agent], agent, obs=table.flat(agent, before), obs_=table.flat(agent, obs),
-                          reward=reward + before_first[agent], terminated=term, truncated=trunc, active=True,
-                          mask=mask, mask_=table.mask(agent, obs, info),
-                          **_action_values(table.act_spaces[agent], action))
+                table.put(
+                    first_row + turns[agent],
+                    agent,
+                    obs=table.flat(agent, before),
+                    obs_=table.flat(agent, obs),
+                    reward=reward + before_first[agent],
+                    terminated=term,
+                    truncated=trunc,
+                    active=True,
+                    mask=mask,
+                    mask_=table.mask(agent, obs, info),
+                    **_action_values(table.act_spaces[agent], action),
+                )
                 before_first[agent] = 0.0
                 turns[agent] += 1
             elif agent not in acted:

@@ -89,8 +89,14 @@ class Log:
         return out
 
 
-def play(env: gym.Env, *, seed: int, steps: int, actions: list[Any] | None = None,
-         policy: Callable[[gym.Env, Any, dict], Any] | None = None) -> Log:
+def play(
+    env: gym.Env,
+    *,
+    seed: int,
+    steps: int,
+    actions: list[Any] | None = None,
+    policy: Callable[[gym.Env, Any, dict], Any] | None = None,
+) -> Log:
     """Run ``steps`` steps (resetting after each episode); ``actions`` replays a list."""
     log = Log()
     env.action_space.seed(seed)

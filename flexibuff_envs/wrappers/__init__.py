@@ -21,32 +21,70 @@ __all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "VectorRecorder", "
 
 
 @overload
-def record(env: gym.Env, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None, alpha: float | None = None,
-           extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> GymRecorder: ...
+def record(
+    env: gym.Env,
+    buffer: FlexibleBuffer | None = None,
+    *,
+    num_steps: int = 100_000,
+    gamma: float | None = None,
+    gae_lambda: float | None = None,
+    bootstrap_fn: BootstrapFn | None = None,
+    seed: int | None = None,
+    alpha: float | None = None,
+    extra_fields: Mapping[str, Any] | None = None,
+    log: LogPath | None = None,
+) -> GymRecorder: ...
 
 
 @overload
-def record(env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None, alpha: float | None = None,
-           extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> VectorRecorder: ...
+def record(
+    env: VectorEnv,
+    buffer: FlexibleBuffer | None = None,
+    *,
+    num_steps: int = 100_000,
+    gamma: float | None = None,
+    gae_lambda: float | None = None,
+    bootstrap_fn: BootstrapFn | None = None,
+    seed: int | None = None,
+    alpha: float | None = None,
+    extra_fields: Mapping[str, Any] | None = None,
+    log: LogPath | None = None,
+) -> VectorRecorder: ...
 
 
 @overload
-def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None, global_reward: GlobalReward = "sum", record_state: bool = True,
-           alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
-           log: LogPath | None = None) -> Any: ...
+def record(
+    env: Any,
+    buffer: FlexibleBuffer | None = None,
+    *,
+    num_steps: int = 100_000,
+    gamma: float | None = None,
+    gae_lambda: float | None = None,
+    bootstrap_fn: BootstrapFn | None = None,
+    seed: int | None = None,
+    global_reward: GlobalReward = "sum",
+    record_state: bool = True,
+    alpha: float | None = None,
+    extra_fields: Mapping[str, Any] | None = None,
+    log: LogPath | None = None,
+) -> Any: ...
 
 
-def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-           gamma: float | None = None, gae_lambda: float | None = None, bootstrap_fn: BootstrapFn | None = None,
-           seed: int | None = None, global_reward: GlobalReward | None = None,
-           record_state: bool | None = None, alpha: float | None = None,
-           extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> Any:
+def record(
+    env: Any,
+    buffer: FlexibleBuffer | None = None,
+    *,
+    num_steps: int = 100_000,
+    gamma: float | None = None,
+    gae_lambda: float | None = None,
+    bootstrap_fn: BootstrapFn | None = None,
+    seed: int | None = None,
+    global_reward: GlobalReward | None = None,
+    record_state: bool | None = None,
+    alpha: float | None = None,
+    extra_fields: Mapping[str, Any] | None = None,
+    log: LogPath | None = None,
+) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
     Args:
@@ -83,29 +121,55 @@ def record(env: Any, buffer: FlexibleBuffer | None = None, *, num_steps: int = 1
     """
     kind = env_kind(env)
     if kind in ("gymnasium", "vector"):
-        extra = [name for name, value in (("global_reward", global_reward), ("record_state", record_state))
-                 if value is not None]
+        extra = [
+            name
+            for name, value in (("global_reward", global_reward), ("record_state", record_state))
+            if value is not None
+        ]
         if extra:
-            raise ArgumentTypeError(f"record(): {', '.join(extra)} apply to PettingZoo envs only, not to a "
-                            f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}")
+            raise ArgumentTypeError(
+                f"record(): {', '.join(extra)} apply to PettingZoo envs only, not to a "
+                f"{'Gymnasium env' if kind == 'gymnasium' else 'vector env'}"
+            )
         gymnasium = GymRecorder if kind == "gymnasium" else VectorRecorder
-        return gymnasium(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                         bootstrap_fn=bootstrap_fn, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
+        return gymnasium(
+            env,
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            bootstrap_fn=bootstrap_fn,
+            seed=seed,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
     if kind in ("parallel", "aec"):
         if kind == "parallel":
             from flexibuff_envs.wrappers.pettingzoo_parallel import ParallelRecorder as recorder
         else:
             from flexibuff_envs.wrappers.pettingzoo_aec import AECRecorder as recorder
-        return recorder(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                        bootstrap_fn=bootstrap_fn, seed=seed,
-                        global_reward="sum" if global_reward is None else global_reward,
-                        record_state=True if record_state is None else record_state, alpha=alpha,
-                        extra_fields=extra_fields, log=log)
+        return recorder(
+            env,
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            bootstrap_fn=bootstrap_fn,
+            seed=seed,
+            global_reward="sum" if global_reward is None else global_reward,
+            record_state=True if record_state is None else record_state,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
     got = f"{type(env).__module__}.{type(env).__qualname__}"
     sb3 = sys.modules.get("stable_baselines3.common.vec_env")
     if sb3 is not None and isinstance(env, sb3.VecEnv):
-        raise NotAnEnvError(f"record(env): {got} is a Stable-Baselines3 VecEnv; record it with "
-                            "flexibuff_envs.integrations.sb3.RecordingVecEnv(venv), which SB3's algorithms take as is")
+        raise NotAnEnvError(
+            f"record(env): {got} is a Stable-Baselines3 VecEnv; record it with "
+            "flexibuff_envs.integrations.sb3.RecordingVecEnv(venv), which SB3's algorithms take as is"
+        )
     raise NotAnEnvError(f"record(env): expected one of {ENV_KINDS}; got {got}")
 
 

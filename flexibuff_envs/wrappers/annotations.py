@@ -28,23 +28,37 @@ def checked(writer: Writer, name: str, value: Any, rows: int, who: str) -> np.nd
         shape, dtype = own[name]
         want = (rows, *shape) if rows > 1 else shape
         if np.shape(value) != want and not (rows == 1 and np.shape(value) == (1, *shape)):
-            raise InvalidArgumentError(f"annotate: {name} of {who} must have shape {want} (extra_fields), "
-                             f"got {np.shape(value)}")
+            raise InvalidArgumentError(
+                f"annotate: {name} of {who} must have shape {want} (extra_fields), got {np.shape(value)}"
+            )
         return np.asarray(value).astype(dtype, copy=False).reshape(rows, *shape)
     if name not in ANNOTATIONS:
-        raise InvalidArgumentError(f"annotate: unknown field {name!r} for {who}; known fields: "
-                         + ", ".join([*(f"{k} ({v})" for k, v in ANNOTATIONS.items()),
-                                      *(f"{k} (yours, {shape} {dtype})" for k, (shape, dtype) in own.items())]))
+        raise InvalidArgumentError(
+            f"annotate: unknown field {name!r} for {who}; known fields: "
+            + ", ".join(
+                [
+                    *(f"{k} ({v})" for k, v in ANNOTATIONS.items()),
+                    *(f"{k} (yours, {shape} {dtype})" for k, (shape, dtype) in own.items()),
+                ]
+            )
+        )
     if rows > 1 and np.shape(value)[:1] != (rows,):
-        raise InvalidArgumentError(f"annotate: {name} needs a leading axis of {rows} sub-envs, got shape {np.shape(value)}")
+        raise InvalidArgumentError(
+            f"annotate: {name} needs a leading axis of {rows} sub-envs, got shape {np.shape(value)}"
+        )
     values = np.asarray(value, dtype=np.float32).reshape(rows, -1)
-    expected = {"discrete_log_probs": len(writer.buffer.spec.discrete_action_cardinalities),
-                "values": 1, "memory_weights": 1}.get(name)
+    expected = {
+        "discrete_log_probs": len(writer.buffer.spec.discrete_action_cardinalities),
+        "values": 1,
+        "memory_weights": 1,
+    }.get(name)
     if name == "continuous_log_probs":  # any width, the same for every step once stored
         expected = writer.column(name).shape[-1] if writer.has(name) else values.shape[1]
     if values.shape[1] != expected or expected == 0:
-        raise InvalidArgumentError(f"annotate: {name} of {who} must have {expected} value(s) ({ANNOTATIONS[name]}); "
-                         f"got shape {np.shape(value)}")
+        raise InvalidArgumentError(
+            f"annotate: {name} of {who} must have {expected} value(s) ({ANNOTATIONS[name]}); "
+            f"got shape {np.shape(value)}"
+        )
     if name == "memory_weights" and not (np.isfinite(values).all() and (values >= 0).all()):
         raise InvalidArgumentError(f"annotate: memory_weights must be finite and >= 0 ({who}), got {value!r}")
     return values
@@ -71,7 +85,8 @@ class Annotations:
         for name, value in checked.items():
             if name not in self.fields:
                 self._stores[name] = self.writer.column(
-                    name, width=np.size(value) if name == "continuous_log_probs" else None)
+                    name, width=np.size(value) if name == "continuous_log_probs" else None
+                )
                 self.fields.append(name)
         self.pending[index].update(checked)
 

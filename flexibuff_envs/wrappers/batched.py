@@ -47,8 +47,16 @@ class BatchRecorder:
     (at the latest when the buffer is next read).
     """
 
-    def __init__(self, writer: Writer, obs: ObsCodec, action: ActionCodec, lanes: list[int], *,
-                 mode: AutoresetMode, bootstrap_fn: VectorBootstrapFn | None = None) -> None:
+    def __init__(
+        self,
+        writer: Writer,
+        obs: ObsCodec,
+        action: ActionCodec,
+        lanes: list[int],
+        *,
+        mode: AutoresetMode,
+        bootstrap_fn: VectorBootstrapFn | None = None,
+    ) -> None:
         self.writer = writer
         self.owner = writer.owner  # the recorder: its lanes are freed when it is closed or dropped
         buffer = writer.buffer
@@ -65,8 +73,11 @@ class BatchRecorder:
         self._action = action
         self._discrete = writer.column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
         self._discrete_rows = as_rows(self._discrete)
-        self._continuous = (writer.column("continuous_actions")[0][:, :action.continuous_dim]
-                            if action.continuous_dim else np.zeros((0, 0)))
+        self._continuous = (
+            writer.column("continuous_actions")[0][:, : action.continuous_dim]
+            if action.continuous_dim
+            else np.zeros((0, 0))
+        )
         self.obs = HeldBatch(writer.chain("obs_"), 0, n)
         self._rewards = writer.column("individual_rewards")[0]
         self._team = writer.column("global_rewards") if writer.has("global_rewards") else None
@@ -74,8 +85,9 @@ class BatchRecorder:
         self._truncated = writer.column("truncated")[0]
         self._mask_width = sum(action.cardinalities)
         # the staging block: per step, what each sub-env returned
-        step_bytes = n * (codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities)
-                          + 4 * action.continuous_dim + 8)
+        step_bytes = n * (
+            codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities) + 4 * action.continuous_dim + 8
+        )
         # lanes make room for blocks an eighth of their ring at a time: at most that much of a lane
         # (and the episode it cuts into) is forgotten before the single-env recorder would
         self._block = max(1, min(max(64, min(256, _BLOCK // n)), buffer.num_steps // 8, _STAGE_BYTES // step_bytes))
@@ -86,8 +98,10 @@ class BatchRecorder:
         self._obs[0] = self.obs.values()
         self._final: np.ndarray | None = None  # SAME_STEP: the finished sub-envs' last obs_ per step
         self._has_final = [False] * k
-        self._actions = (np.zeros((k, n, len(action.cardinalities)), dtype=np.int64),
-                         np.zeros((k, n, action.continuous_dim), dtype=np.float32))
+        self._actions = (
+            np.zeros((k, n, len(action.cardinalities)), dtype=np.int64),
+            np.zeros((k, n, action.continuous_dim), dtype=np.float32),
+        )
         self._staged_rewards = np.zeros((k, n), dtype=np.float32)
         self._flags = np.zeros((2, k, n), dtype=bool)  # terminated, truncated
         self.mask: HeldBatch | None = None
@@ -158,7 +172,7 @@ class BatchRecorder:
                 self._running_episode(lane, int(first[lo]))  # the first may be the episode running there
                 lane.running.end = int(last[lo])  # type: ignore[union-attr]
                 lane.end()
-                lane.ended.extend(first[lo + 1:hi], last[lo + 1:hi])
+                lane.ended.extend(first[lo + 1 : hi], last[lo + 1 : hi])
             self.writer.write_run_returns(self._lane_array[which], starts, ends, boots)
         for lane, pos, start, running in zip(lanes, self.pos.tolist(), self.start.tolist(), self.running.tolist()):
             lane.written = pos
@@ -179,9 +193,18 @@ class BatchRecorder:
     # ----------------------------------------------------------------- staging
 
     @holding
-    def step(self, actions: Any, obs: Any, rewards: Any, terminated: np.ndarray, truncated: np.ndarray, *,
-             final: tuple[np.ndarray, list[Any]] | None = None, masks: np.ndarray | None = None,
-             masks_: np.ndarray | None = None) -> None:
+    def step(
+        self,
+        actions: Any,
+        obs: Any,
+        rewards: Any,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        *,
+        final: tuple[np.ndarray, list[Any]] | None = None,
+        masks: np.ndarray | None = None,
+        masks_: np.ndarray | None = None,
+    ) -> None:
         """Stage one vector step: ``obs`` is what each sub-env returned (and holds next);
         ``final`` (SAME_STEP), the sub-envs whose transition ends elsewhere and their final
         observations; ``masks``/``masks_``, the legal actions of ``obs`` and of the transitions'
@@ -276,17 +299,36 @@ class BatchRecorder:
             reset = resets.any(axis=0)
             # the pending row chains on unless the lane's first event here is a reset (a lone step
             # comes before its own reset)
-            chained = stepped if k == 1 else stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
+            chained = (
+                stepped if k == 1 else stepped & (~reset | (np.argmax(steps, axis=0) <= np.argmax(resets, axis=0)))
+            )
             touched = stepped | reset
             finished = flat[ended]  # in the transitions' order
             end_obs = self._ends_of(self._obs, self._final, finished)
-            self.obs.write(rows, lanes, self._obs[:k].reshape(k * self.n, -1).take(flat, axis=0), ended, end_obs,
-                           newest, chained, touched, self._obs[k])
+            self.obs.write(
+                rows,
+                lanes,
+                self._obs[:k].reshape(k * self.n, -1).take(flat, axis=0),
+                ended,
+                end_obs,
+                newest,
+                chained,
+                touched,
+                self._obs[k],
+            )
             self._obs[0] = self._obs[k]
             if self.mask is not None:
-                self.mask.write(rows, lanes, self._masks[:k].reshape(k * self.n, -1).take(flat, axis=0), ended,
-                                self._ends_of(self._masks, self._final_masks, finished), newest, chained, touched,
-                                self._masks[k])
+                self.mask.write(
+                    rows,
+                    lanes,
+                    self._masks[:k].reshape(k * self.n, -1).take(flat, axis=0),
+                    ended,
+                    self._ends_of(self._masks, self._final_masks, finished),
+                    newest,
+                    chained,
+                    touched,
+                    self._masks[k],
+                )
                 self._masks[0] = self._masks[k]
             starts = np.maximum.accumulate(np.where(resets, positions, -1), axis=0)  # latest episode start
             if finished.size:
@@ -311,8 +353,11 @@ class BatchRecorder:
         # would need it within that many rows: the lanes then make room together, seldom
         ahead = np.maximum(counts, self._capacity // 8)
         lanes = np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened))
-        lo, hi = np.array([ring[i].make_room(int(ahead[i]), defer=True) for i in lanes.tolist()],
-                          dtype=np.int64).reshape(-1, 2).T
+        lo, hi = (
+            np.array([ring[i].make_room(int(ahead[i]), defer=True) for i in lanes.tolist()], dtype=np.int64)
+            .reshape(-1, 2)
+            .T
+        )
         self.writer.forget_rows(span_rows(self._offsets[lanes], self._capacity, lo, hi))
         self._reload()
 
@@ -331,8 +376,9 @@ class BatchRecorder:
         self._terminated[rows] = self._flags[0, :k].reshape(-1).take(flat)
         self._truncated[rows] = self._flags[1, :k].reshape(-1).take(flat)
         if self._action.cardinalities:
-            self._discrete_rows[rows] = as_rows(self._actions[0][:k].reshape(-1, self._discrete.shape[1]).take(
-                flat, axis=0))
+            self._discrete_rows[rows] = as_rows(
+                self._actions[0][:k].reshape(-1, self._discrete.shape[1]).take(flat, axis=0)
+            )
         if self._action.continuous_dim:
             self._continuous[rows] = self._actions[1][:k].reshape(-1, self._action.continuous_dim).take(flat, axis=0)
         for store, _, staged in self._annotated.values():
@@ -347,8 +393,14 @@ class BatchRecorder:
             values[own] = final.reshape(-1, held.shape[-1]).take(finished[own], axis=0)
         return values
 
-    def _end_block(self, finished: np.ndarray, starts: np.ndarray, positions: np.ndarray, end_obs: np.ndarray,
-                   truncated: np.ndarray) -> None:
+    def _end_block(
+        self,
+        finished: np.ndarray,
+        starts: np.ndarray,
+        positions: np.ndarray,
+        end_obs: np.ndarray,
+        truncated: np.ndarray,
+    ) -> None:
         """The episodes that ended in this block (``finished``: flat indices of their last
         transitions, each lane's in step order), queued for `commit` with their bootstraps."""
         at, lanes = np.divmod(finished, self.n)
@@ -407,8 +459,10 @@ class BatchRecorder:
         if masks is None:
             return self._all_legal
         if masks.shape[-1] != self._mask_width:
-            raise SpecMismatchError(f"action_mask has {masks.shape[-1]} entries but the discrete action "
-                                    f"heads have {self._mask_width} actions in all")
+            raise SpecMismatchError(
+                f"action_mask has {masks.shape[-1]} entries but the discrete action "
+                f"heads have {self._mask_width} actions in all"
+            )
         return pack_mask(masks)
 
     def _cut(self, lanes: np.ndarray, *, bootstrap: bool) -> None:
@@ -438,8 +492,10 @@ class BatchRecorder:
             self._push()
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
-            add_note("flexibuff_envs: this vector step was not recorded; each sub-env's episode is kept up to "
-                     "its last whole step (as truncated) and its recording resumes at its next reset")
+            add_note(
+                "flexibuff_envs: this vector step was not recorded; each sub-env's episode is kept up to "
+                "its last whole step (as truncated) and its recording resumes at its next reset"
+            )
 
     # ----------------------------------------------------------------- what the agent adds
 
@@ -455,8 +511,11 @@ class BatchRecorder:
                 self._drain()  # earlier steps of the block were not annotated
                 store = self.writer.column(name, width=values.shape[1] if name == "continuous_log_probs" else None)
                 missing = self.writer.missing(name)
-                self._annotated[name] = (store if name == "memory_weights" else store[0], missing,
-                                         np.full((self._block, *values.shape), missing, dtype=store.dtype))
+                self._annotated[name] = (
+                    store if name == "memory_weights" else store[0],
+                    missing,
+                    np.full((self._block, *values.shape), missing, dtype=store.dtype),
+                )
             self._given[name] = values
 
     @holding
@@ -465,10 +524,12 @@ class BatchRecorder:
         episode before while the running one has no step)."""
         ring = self.writer.lane(self.lane_ids[lane])
         running = ring.running
-        episode = (running if running is not None and running.end > running.start
-                   else ring.ended[-1] if ring.ended else None)
+        episode = (
+            running if running is not None and running.end > running.start else ring.ended[-1] if ring.ended else None
+        )
         steps = 0 if episode is None else episode.end - episode.start
         if not -steps <= step < steps:
-            raise InvalidArgumentError(f"add_feedback: step={step} is not a recorded step of sub-env {lane} "
-                             f"({steps} in its current episode)")
+            raise InvalidArgumentError(
+                f"add_feedback: step={step} is not a recorded step of sub-env {lane} ({steps} in its current episode)"
+            )
         add_feedback(self.writer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]

@@ -56,25 +56,43 @@ def reducer(global_reward: GlobalReward) -> Callable[[np.ndarray, np.ndarray], f
     return _REDUCERS[global_reward]
 
 
-def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
-                   gae_lambda: float | None, seed: int | None, global_reward: GlobalReward = "sum",
-                   alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
-                   log: LogPath | None = None) -> FlexibleBuffer:
+def prepare_buffer(
+    spec: BufferSpec,
+    buffer: FlexibleBuffer | None,
+    *,
+    num_steps: int,
+    gamma: float | None,
+    gae_lambda: float | None,
+    seed: int | None,
+    global_reward: GlobalReward = "sum",
+    alpha: float | None = None,
+    extra_fields: Mapping[str, Any] | None = None,
+    log: LogPath | None = None,
+) -> FlexibleBuffer:
     """A new buffer for ``spec`` (with ``extra_fields``), or the user's, checked against it
     (``seed`` reseeds its sampler); with ``log``, it appends every episode that ends to that log."""
     spec = dataclasses.replace(spec, extra_fields=extra_fields_of(extra_fields))
     if buffer is None:
-        buffer = FlexibleBuffer.from_spec(spec, num_steps=num_steps, gamma=0.99 if gamma is None else gamma,
-                                          gae_lambda=0.95 if gae_lambda is None else gae_lambda, seed=seed,
-                                          global_reward=global_reward != "none",
-                                          **({} if alpha is None else {"alpha": alpha}))
+        buffer = FlexibleBuffer.from_spec(
+            spec,
+            num_steps=num_steps,
+            gamma=0.99 if gamma is None else gamma,
+            gae_lambda=0.95 if gae_lambda is None else gae_lambda,
+            seed=seed,
+            global_reward=global_reward != "none",
+            **({} if alpha is None else {"alpha": alpha}),
+        )
     else:
         buffer.check_matches(spec)
-        for name, value, check in (("gamma", gamma, check_gamma), ("gae_lambda", gae_lambda, check_gamma),
-                                   ("alpha", alpha, check_alpha)):
+        for name, value, check in (
+            ("gamma", gamma, check_gamma),
+            ("gae_lambda", gae_lambda, check_gamma),
+            ("alpha", alpha, check_alpha),
+        ):
             if value is not None and check(value, name) != getattr(buffer, name):
-                raise SpecMismatchError(f"{name}={value!r} differs from the given buffer's "
-                                        f"{name}={getattr(buffer, name)!r}")
+                raise SpecMismatchError(
+                    f"{name}={value!r} differs from the given buffer's {name}={getattr(buffer, name)!r}"
+                )
         if seed is not None:
             buffer.rng = np.random.default_rng(seed)
     if log is not None:
@@ -83,16 +101,34 @@ def prepare_buffer(spec: BufferSpec, buffer: FlexibleBuffer | None, *, num_steps
 
 
 #: reward types recorded as they come; anything else goes through `number`
-_NUMBERS = frozenset({int, float, bool, np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.int8,
-                      np.uint64, np.uint32, np.uint16, np.uint8, np.bool_})
+_NUMBERS = frozenset(
+    {
+        int,
+        float,
+        bool,
+        np.float64,
+        np.float32,
+        np.float16,
+        np.int64,
+        np.int32,
+        np.int16,
+        np.int8,
+        np.uint64,
+        np.uint32,
+        np.uint16,
+        np.uint8,
+        np.bool_,
+    }
+)
 
 
 def number(value: Any, what: str) -> float:
     """``value`` (a reward) as a float if it is a real number, else `EnvValueError` naming
     ``what``: text and None are refused, not converted. The per-step paths test
     ``value.__class__ in _NUMBERS`` first and call this only for other types."""
-    if isinstance(value, numbers.Real) or (isinstance(value, np.ndarray) and value.shape == ()
-                                           and value.dtype.kind in "biuf"):
+    if isinstance(value, numbers.Real) or (
+        isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "biuf"
+    ):
         return float(value)
     raise EnvValueError(f"{what} must be a number, got {short_repr(value)}")
 
@@ -113,8 +149,7 @@ class MaskCodec:
         width = sum(padded)
         self.size = mask_bytes(width)
         offsets = np.cumsum((0, *padded[:-1])).astype(int)
-        self._positions = None if own == padded else np.concatenate(
-            [np.arange(o, o + c) for o, c in zip(offsets, own)])
+        self._positions = None if own == padded else np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, own)])
         self._row = np.zeros(width, dtype=bool)
         legal = np.zeros(width, dtype=bool)
         legal[self._positions if self._positions is not None else slice(None)] = True
@@ -154,8 +189,9 @@ class AgentSlot:
         self._write_obs = self.obs.write
         self._write_action = action.writer(
             writer.column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
-            writer.column("continuous_actions")[index][:, :action.continuous_dim]
-            if action.continuous_dim else np.zeros((0, 0)),
+            writer.column("continuous_actions")[index][:, : action.continuous_dim]
+            if action.continuous_dim
+            else np.zeros((0, 0)),
         )
         self.rewards = writer.column("individual_rewards")[index]
         self.terminated = writer.column("terminated")[index]
@@ -190,7 +226,8 @@ class AgentSlot:
             if mask is not None and np.size(_flat_mask(mask)) != self.own_width:
                 raise SpecMismatchError(
                     f"action_mask of agent {self.name!r} has {np.size(_flat_mask(mask))} entries but its "
-                    f"discrete action heads have {self.own_width} actions in all")
+                    f"discrete action heads have {self.own_width} actions in all"
+                )
             self.mask.hold(mask)
 
     def replace(self, obs_: Any, info: Mapping[str, Any]) -> None:
@@ -202,14 +239,16 @@ class AgentSlot:
             self.obs.replace(value)
             self.mask.replace(mask_)
 
-    def write(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
-              info: Mapping[str, Any]) -> None:
+    def write(
+        self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
+    ) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
         self.write_values(row, action, obs_, reward, terminated, truncated, info)
         self.active[row] = True
 
-    def write_values(self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any,
-                     info: Mapping[str, Any]) -> None:
+    def write_values(
+        self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
+    ) -> None:
         """`write` without marking the agent active (a single-agent buffer's rows always are)."""
         if self.mask is None:
             self._write_obs(row, obs_)
@@ -324,8 +363,9 @@ class LaneRecorder:
         replay buffer's adds need not follow one another): its next row starts from ``obs``."""
         self.slots[index].obs.hold_unless_held(obs)
 
-    def step_single(self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool,
-                    info: Mapping[str, Any]) -> None:
+    def step_single(
+        self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool, info: Mapping[str, Any]
+    ) -> None:
         """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
         with HOLD:
             rows = len(self.rows)
@@ -381,8 +421,18 @@ class LaneRecorder:
         if len(written) < len(self.slots):
             self.writer.clear_row(row, [i for i in range(len(self.slots)) if i not in written])
 
-    def write(self, row: int, index: int, action: Any, obs_: Any, reward: Any, terminated: Any,
-              truncated: Any, info: Mapping[str, Any], given: dict[str, Any] | None = None) -> None:
+    def write(
+        self,
+        row: int,
+        index: int,
+        action: Any,
+        obs_: Any,
+        reward: Any,
+        terminated: Any,
+        truncated: Any,
+        info: Mapping[str, Any],
+        given: dict[str, Any] | None = None,
+    ) -> None:
         """Agent ``index``'s transition into ``row``, with the annotations ``given`` for it (by
         default those held for the agent's next step)."""
         if reward.__class__ not in _NUMBERS:
@@ -397,8 +447,9 @@ class LaneRecorder:
         if self._summing:
             self.global_rewards[row] += reward  # type: ignore[index]
 
-    def sit_out(self, index: int, obs_: Any, reward: Any, terminated: Any, truncated: Any,
-                info: Mapping[str, Any]) -> None:
+    def sit_out(
+        self, index: int, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
+    ) -> None:
         """Agent ``index`` is in a step without acting: its latest transition runs on (this
         reward added, ``obs_`` its next observation, these end flags); before its first action,
         ``obs_`` is what it will act on and the reward waits for its first transition."""
@@ -436,7 +487,8 @@ class LaneRecorder:
         if self.reduce is not None and not self._summing:
             field = self.writer.column
             self.global_rewards[row] = self.reduce(  # type: ignore[index]
-                field("individual_rewards")[:, row], field("active")[:, row])
+                field("individual_rewards")[:, row], field("active")[:, row]
+            )
 
     def write_state(self, row: int, state_: Any) -> None:
         """``state[row]`` = the held state, ``state_[row]`` = ``state_`` (None: missing)."""
@@ -458,8 +510,10 @@ class LaneRecorder:
         if not len(rows):
             rows = self.own_rows(index, self.previous_rows)
         if not -len(rows) <= step < len(rows):
-            raise InvalidArgumentError(f"add_feedback: step={step} is not a recorded step of agent "
-                             f"{self.slots[index].name!r} ({len(rows)} in its current episode)")
+            raise InvalidArgumentError(
+                f"add_feedback: step={step} is not a recorded step of agent "
+                f"{self.slots[index].name!r} ({len(rows)} in its current episode)"
+            )
         add_feedback(self.writer, int(rows[step]), index, value)
 
     def close(self, indices: Sequence[int], bootstrap: Sequence[bool]) -> None:
@@ -471,8 +525,7 @@ class LaneRecorder:
                     self.unrewarded(index, 0.0, self.rows[-1] if self.rows else self.row(0))
             elif boot and self.bootstrap_fn is not None:
                 values = np.zeros(len(self.slots)) if values is None else values
-                values[index] = self.bootstrap_fn(self.writer.next_obs(self.last[index], index),
-                                                  self.slots[index].name)
+                values[index] = self.bootstrap_fn(self.writer.next_obs(self.last[index], index), self.slots[index].name)
             self.open[index] = False
         if self.end_with_last_agent and not any(self.open):  # the episode ends with these agents
             self.writer.end_episode(self.lane, values)
@@ -503,8 +556,10 @@ class LaneRecorder:
             self.cut(bootstrap=False, flush=False)  # a log that fails too must not hide ``error``
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
-            add_note(f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
-                     f"{len(self.rows)} (as truncated) and recording resumes at the next reset")
+            add_note(
+                f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
+                f"{len(self.rows)} (as truncated) and recording resumes at the next reset"
+            )
 
     @holding
     def cut(self, bootstrap: bool = True, *, flush: bool = True) -> None:

@@ -54,17 +54,35 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         log: LogPath | None = None,
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
-            self, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn, seed=seed,
-            alpha=alpha, extra_fields=extra_fields,
+            self,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            bootstrap_fn=bootstrap_fn,
+            seed=seed,
+            alpha=alpha,
+            extra_fields=extra_fields,
         )
         gym.Wrapper.__init__(self, env)
-        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
-                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
+        self.buffer = prepare_buffer(
+            infer_spec(env),
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            seed=seed,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
         self._log_opened = log is not None
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
         self._recorder = LaneRecorder(
-            self._writer, [obs_codec(env.observation_space)], [action_codec(env.action_space)], lane=lane,
+            self._writer,
+            [obs_codec(env.observation_space)],
+            [action_codec(env.action_space)],
+            lane=lane,
             bootstrap_fn=None if bootstrap_fn is None else lambda obs_, agent: bootstrap_fn(obs_),
         )
 

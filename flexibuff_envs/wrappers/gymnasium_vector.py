@@ -45,21 +45,44 @@ class VectorRecorder(Unpicklable, VectorWrapper):
     per sub-env.
     """
 
-    def __init__(self, env: VectorEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, gae_lambda: float | None = None,
-                 bootstrap_fn: VectorBootstrapFn | None = None, seed: int | None = None,
-                 alpha: float | None = None, extra_fields: Mapping[str, Any] | None = None,
-                 log: LogPath | None = None) -> None:
+    def __init__(
+        self,
+        env: VectorEnv,
+        buffer: FlexibleBuffer | None = None,
+        *,
+        num_steps: int = 100_000,
+        gamma: float | None = None,
+        gae_lambda: float | None = None,
+        bootstrap_fn: VectorBootstrapFn | None = None,
+        seed: int | None = None,
+        alpha: float | None = None,
+        extra_fields: Mapping[str, Any] | None = None,
+        log: LogPath | None = None,
+    ) -> None:
         super().__init__(env)
-        self.buffer = prepare_buffer(infer_spec(env), buffer, num_steps=num_steps, gamma=gamma,
-                                     gae_lambda=gae_lambda, seed=seed, alpha=alpha, extra_fields=extra_fields, log=log)
+        self.buffer = prepare_buffer(
+            infer_spec(env),
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            seed=seed,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
         self._log_opened = log is not None
         mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._same_step = mode == AutoresetMode.SAME_STEP
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
-            writer, obs_codec(env.single_observation_space), action_codec(env.single_action_space),
-            writer.claim_lanes(env.num_envs), mode=mode, bootstrap_fn=bootstrap_fn)
+            writer,
+            obs_codec(env.single_observation_space),
+            action_codec(env.single_action_space),
+            writer.claim_lanes(env.num_envs),
+            mode=mode,
+            bootstrap_fn=bootstrap_fn,
+        )
 
     @property
     def buffer_spec(self) -> BufferSpec:
@@ -90,8 +113,7 @@ class VectorRecorder(Unpicklable, VectorWrapper):
             final_masks = batch_masks(info.get("final_info", {}), self.num_envs)
             if final_masks is not None:  # each finished sub-env's last mask in place of its reset one
                 masks_ = final_masks if masks is None else np.where(done[:, None], final_masks, masks)
-        self._recorder.step(actions, obs, rewards, terminations, truncations, final=final, masks=masks,
-                            masks_=masks_)
+        self._recorder.step(actions, obs, rewards, terminations, truncations, final=final, masks=masks, masks_=masks_)
         return result
 
     def close(self, **kwargs: Any) -> None:

@@ -24,8 +24,13 @@ from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 #: PettingZoo's own wrappers (each env's ``env()`` adds some): they keep no rewards, flags or
 #: infos of their own (TerminateIllegalWrapper writes the raw env's), so ``last()`` through them
 #: is the raw env's
-_FORWARDING = (AssertOutOfBoundsWrapper, CaptureStdoutWrapper, ClipOutOfBoundsWrapper, OrderEnforcingWrapper,
-               TerminateIllegalWrapper)
+_FORWARDING = (
+    AssertOutOfBoundsWrapper,
+    CaptureStdoutWrapper,
+    ClipOutOfBoundsWrapper,
+    OrderEnforcingWrapper,
+    TerminateIllegalWrapper,
+)
 
 
 def forwards_last(env: AECEnv) -> bool:
@@ -55,15 +60,37 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     Args: as `ParallelRecorder`.
     """
 
-    def __init__(self, env: AECEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, gae_lambda: float | None = None,
-                 bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
-                 global_reward: GlobalReward = "sum", record_state: bool = True, alpha: float | None = None,
-                 extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> None:
+    def __init__(
+        self,
+        env: AECEnv,
+        buffer: FlexibleBuffer | None = None,
+        *,
+        num_steps: int = 100_000,
+        gamma: float | None = None,
+        gae_lambda: float | None = None,
+        bootstrap_fn: BootstrapFn | None = None,
+        seed: int | None = None,
+        global_reward: GlobalReward = "sum",
+        record_state: bool = True,
+        alpha: float | None = None,
+        extra_fields: Mapping[str, Any] | None = None,
+        log: LogPath | None = None,
+    ) -> None:
         BaseWrapper.__init__(self, env)
-        self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
-                    seed=seed, global_reward=global_reward, record_state=record_state, alpha=alpha,
-                    extra_fields=extra_fields, log=log)
+        self._setup(
+            env,
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            bootstrap_fn=bootstrap_fn,
+            seed=seed,
+            global_reward=global_reward,
+            record_state=record_state,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward
         # them (_direct, saving each wrapper's forwarding), else through the wrappers
@@ -94,8 +121,13 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         raw = self._direct
         if raw is not None:  # the inner wrappers only forward these: read them on the raw env
             agent = raw.agent_selection
-            result = (self.env.observe(agent) if observe else None, raw._cumulative_rewards[agent],
-                      raw.terminations[agent], raw.truncations[agent], raw.infos[agent])
+            result = (
+                self.env.observe(agent) if observe else None,
+                raw._cumulative_rewards[agent],
+                raw.terminations[agent],
+                raw.truncations[agent],
+                raw.infos[agent],
+            )
         else:
             agent = self.env.agent_selection
             result = self.env.last(observe)
@@ -125,7 +157,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         recorder = self._recorder
         seen = self._seen
         obs, reward, terminated, truncated, info = (
-            seen[1] if seen is not None and seen[0] == self._source.agent_selection else self.last())
+            seen[1] if seen is not None and seen[0] == self._source.agent_selection else self.last()
+        )
         given = recorder.annotations.take(i)  # given before this action: they belong to what it opens
         if recorder.open[i] and self._actions[i] is not None:
             self._close_turn(i, obs, reward, terminated, truncated, info)
@@ -135,11 +168,13 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         elif reward:  # it leaves without ever acting (a poker hand folded before its turn)
             recorder.unrewarded(i, reward, recorder.row(recorder.steps[i]))
         self._held[i] = given if action is not None else {}
-        self._actions[i] = None if action is None else np.array(action, copy=True) \
-            if isinstance(action, np.ndarray) else action
+        self._actions[i] = (
+            None if action is None else np.array(action, copy=True) if isinstance(action, np.ndarray) else action
+        )
 
-    def _close_turn(self, i: int, obs: Any, reward: Any, terminated: bool, truncated: bool,
-                    info: dict[str, Any]) -> None:
+    def _close_turn(
+        self, i: int, obs: Any, reward: Any, terminated: bool, truncated: bool, info: dict[str, Any]
+    ) -> None:
         recorder = self._recorder
         k = recorder.steps[i]
         new_row = k == len(recorder.rows)

@@ -37,23 +37,45 @@ class PettingZooRecorderMixin(Unpicklable):
     buffer: FlexibleBuffer
     env: Any
 
-    def _setup(self, env: Any, buffer: FlexibleBuffer | None, *, num_steps: int, gamma: float | None,
-               gae_lambda: float | None, bootstrap_fn: BootstrapFn | None, seed: int | None,
-               global_reward: GlobalReward, record_state: bool, alpha: float | None,
-               extra_fields: Mapping[str, Any] | None, log: LogPath | None) -> None:
+    def _setup(
+        self,
+        env: Any,
+        buffer: FlexibleBuffer | None,
+        *,
+        num_steps: int,
+        gamma: float | None,
+        gae_lambda: float | None,
+        bootstrap_fn: BootstrapFn | None,
+        seed: int | None,
+        global_reward: GlobalReward,
+        record_state: bool,
+        alpha: float | None,
+        extra_fields: Mapping[str, Any] | None,
+        log: LogPath | None,
+    ) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
         spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
-        self.buffer = prepare_buffer(spec, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda,
-                                     seed=seed, global_reward=global_reward, alpha=alpha, extra_fields=extra_fields,
-                                     log=log)
+        self.buffer = prepare_buffer(
+            spec,
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            seed=seed,
+            global_reward=global_reward,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
         self._log_opened = log is not None
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
-        self._recorder = LaneRecorder(self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn,
-                                      global_reward=global_reward, state=state)
+        self._recorder = LaneRecorder(
+            self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward, state=state
+        )
         self._raw = env.unwrapped
         # the raw env's state(): the wrappers around it only check that reset came first
         self._state = self._raw.state if state is not None else None
@@ -72,8 +94,11 @@ class PettingZooRecorderMixin(Unpicklable):
         except Exception as exc:  # noqa: BLE001 - any failure of the env's own state()
             if not self._state_failed:
                 self._state_failed = True
-                warnings.warn(f"state() of {self._env_name} raised {exc!r}; such steps record the "
-                              "state as missing (NaN)", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"state() of {self._env_name} raised {exc!r}; such steps record the state as missing (NaN)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return None
 
     def close(self) -> None:

@@ -38,21 +38,42 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             calls the env's ``state()``, which on mpe2 costs about as much as recording itself.
     """
 
-    def __init__(self, env: ParallelEnv, buffer: FlexibleBuffer | None = None, *, num_steps: int = 100_000,
-                 gamma: float | None = None, gae_lambda: float | None = None,
-                 bootstrap_fn: BootstrapFn | None = None, seed: int | None = None,
-                 global_reward: GlobalReward = "sum", record_state: bool = True, alpha: float | None = None,
-                 extra_fields: Mapping[str, Any] | None = None, log: LogPath | None = None) -> None:
+    def __init__(
+        self,
+        env: ParallelEnv,
+        buffer: FlexibleBuffer | None = None,
+        *,
+        num_steps: int = 100_000,
+        gamma: float | None = None,
+        gae_lambda: float | None = None,
+        bootstrap_fn: BootstrapFn | None = None,
+        seed: int | None = None,
+        global_reward: GlobalReward = "sum",
+        record_state: bool = True,
+        alpha: float | None = None,
+        extra_fields: Mapping[str, Any] | None = None,
+        log: LogPath | None = None,
+    ) -> None:
         BaseParallelWrapper.__init__(self, env)
-        self._setup(env, buffer, num_steps=num_steps, gamma=gamma, gae_lambda=gae_lambda, bootstrap_fn=bootstrap_fn,
-                    seed=seed, global_reward=global_reward, record_state=record_state, alpha=alpha,
-                    extra_fields=extra_fields, log=log)
+        self._setup(
+            env,
+            buffer,
+            num_steps=num_steps,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            bootstrap_fn=bootstrap_fn,
+            seed=seed,
+            global_reward=global_reward,
+            record_state=record_state,
+            alpha=alpha,
+            extra_fields=extra_fields,
+            log=log,
+        )
 
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         obs, infos = self.env.reset(seed=seed, options=options)
-        self._recorder.begin([(self._index[a], o, infos.get(a, {})) for a, o in obs.items()],
-                             self._read_state())
+        self._recorder.begin([(self._index[a], o, infos.get(a, {})) for a, o in obs.items()], self._read_state())
         return obs, infos
 
     @property
@@ -68,8 +89,9 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             recorder.record(lambda: self._record(recorder.next_row(), actions, *result))
         return result
 
-    def _record(self, row: int, actions: dict, obs: dict, rewards: dict, terminations: dict,
-                truncations: dict, infos: dict) -> None:
+    def _record(
+        self, row: int, actions: dict, obs: dict, rewards: dict, terminations: dict, truncations: dict, infos: dict
+    ) -> None:
         recorder = self._recorder
         index, is_open = self._index, recorder.open
         written: list[int] = []
