@@ -35,3 +35,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_log_read.py
 	$(PY) benchmarks/bench_log_memory.py
 	$(PY) benchmarks/bench_exports.py
+	$(PY) benchmarks/bench_by_agent.py

@@ -2,7 +2,8 @@
 
 The AEC env is wrapped once. Row k of the buffer holds each player's k-th move: its board, its
 legal-move mask, the move, the reward that move earned (a loss lands on the loser's last move),
-and the board and mask at its next turn. Each learner reads its own agent's slice of sampled rows.
+and the board and mask at its next turn. Each learner reads its own agent's rows of a sampled
+batch by name (`batch.by_agent()`: `batch.obs["player_1"]`, as AgileRL's learners read theirs).
 In training, every game puts one learner against a uniformly random opponent (seats alternate);
 Q-learning is off-policy, so both learners also learn from the rows of the random seat.
 
@@ -69,15 +70,16 @@ def win_rate(q: nn.Module, seat: int, games: int, seed: int) -> float:
 
 
 def learn(
-    q: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer, batch: fe.FlexiBatch, seat: int, gamma: float
+    q: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer, batch: fe.FlexiBatch, agent: str, gamma: float
 ) -> None:
-    """One DQN step on ``seat``'s slice of the rows (rows where that player did not move are skipped)."""
-    active = batch.active[seat].bool()
-    obs, obs_ = batch.obs[seat][active].view(-1, 18), batch.obs_[seat][active].view(-1, 18)
-    action = batch.discrete_actions[seat][active][:, 0]
-    reward = batch.individual_rewards[seat][active]
-    ended = batch.terminated[seat][active] + batch.truncated[seat][active]
-    legal_next = batch.action_mask_[0][seat][active].bool()
+    """One DQN step on ``agent``'s rows of a batch keyed by agent (`FlexiBatch.by_agent`, as
+    AgileRL's learners read theirs); rows where that player did not move are skipped."""
+    active = batch.active[agent].bool()
+    obs, obs_ = batch.obs[agent][active].view(-1, 18), batch.obs_[agent][active].view(-1, 18)
+    action = batch.discrete_actions[agent][active][:, 0]
+    reward = batch.individual_rewards[agent][active]
+    ended = batch.terminated[agent][active] + batch.truncated[agent][active]
+    legal_next = batch.action_mask_[agent][0][active].bool()
     with torch.no_grad():
         next_value = target(obs_).masked_fill(~legal_next, -torch.inf).max(dim=1).values
         y = reward + gamma * torch.where(ended > 0, 0.0, next_value)
@@ -115,9 +117,9 @@ def train(args: argparse.Namespace) -> tuple[list[nn.Module], list[tuple[int, fl
             env.step(random_legal(rng, mask) if explore else greedy(qs[seats.index(agent)], obs["observation"], mask))
         if len(env.buffer) < 4 * args.batch_size:
             continue
-        for seat in range(len(seats)):
-            batch = env.buffer.sample_transitions(args.batch_size, as_torch=True)
-            learn(qs[seat], targets[seat], optimizers[seat], batch, seat, args.gamma)
+        for seat, agent in enumerate(seats):
+            batch = env.buffer.sample_transitions(args.batch_size, as_torch=True).by_agent()  # batch.obs[agent]
+            learn(qs[seat], targets[seat], optimizers[seat], batch, agent, args.gamma)
         updates += 1
         if updates % args.target_every == 0:
             for q, target in zip(qs, targets):

@@ -4,13 +4,40 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.errors import MissingExtraError, UnknownNameError, require_torch
+from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, UnknownNameError, require_torch
+
+
+class ByAgent(Mapping[str, Any]):
+    """One field of a batch by agent name (`FlexiBatch.by_agent`): ``field[name]`` is that
+    agent's slice of the agent axis, a view made on access (a list of heads for a mask)."""
+
+    __slots__ = ("_index", "_single", "_value")
+
+    def __init__(self, value: Any, index: dict[str, int], single: bool) -> None:
+        self._value, self._index, self._single = value, index, single
+
+    def __getitem__(self, name: str) -> Any:
+        k = self._index[name]
+        if self._single:
+            return self._value
+        if isinstance(self._value, list):  # a mask's heads
+            return [head[k] for head in self._value]
+        return self._value[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"ByAgent({', '.join(self._index)})"
 
 
 @dataclass
@@ -64,6 +91,8 @@ class FlexiBatch:
     #: the buffer's fields of your own (``extra_fields``), laid out as the per-agent fields; each
     #: is also an attribute: ``batch.hidden`` is ``batch.extra["hidden"]``
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the agents' names along the agent axis (the env's), for `by_agent`
+    agents: Any = None
 
     def __getattr__(self, name: str) -> Any:
         extra = self.__dict__.get("extra")
@@ -72,6 +101,30 @@ class FlexiBatch:
         raise UnknownNameError(
             f"FlexiBatch has no field {name!r}" + (f"; the buffer's own fields are {sorted(extra)}" if extra else "")
         )
+
+    def by_agent(self) -> FlexiBatch:
+        """This batch keyed by agent, as AgileRL's ``MultiAgentReplayBuffer.sample`` gives it and
+        its learners index it (``batch.obs[agent_id]``): every per-agent field a mapping `ByAgent`
+        ``{agent name: that agent's [batch, ...] rows}`` in the env's agent order, masks a mapping
+        of their heads, fields of your own likewise; the fields held once per row (``state``,
+        ``global_rewards``, ``idx``, ``weights``, ``valid``, ...) as they are. An agent's value is
+        a view of this batch's (numpy or torch, on its device), made when it is asked for:
+        nothing is copied.
+
+        Raises:
+            InvalidArgumentError: the batch has no agent names (it was not sampled from a buffer).
+        """
+        if self.agents is None:
+            raise InvalidArgumentError("by_agent: this batch has no agent names; batches a buffer samples carry them")
+        index = {name: k for k, name in enumerate(self.agents)}
+        single = len(index) == 1  # the agent axis is dropped: the whole field is the agent's
+        out = dict(self.__dict__)
+        for name in PER_AGENT:
+            value = out[name]
+            if value is not None:
+                out[name] = ByAgent(value, index, single)
+        out["extra"] = {key: ByAgent(value, index, single) for key, value in self.extra.items()}
+        return FlexiBatch(**out)
 
     def to_torch(self, device: Any = None) -> FlexiBatch:
         """A copy holding torch tensors on ``device`` (numpy memory is shared where possible)."""
@@ -190,6 +243,12 @@ class FlexiBatch:
 
 #: fields kept as uint8 in torch batches: images stay a byte per value (normalise in the network)
 IMAGES = frozenset({"obs", "obs_"})
+#: fields with one value per row, not per agent
+ONCE_PER_ROW = frozenset(
+    {"state", "state_", "global_rewards", "global_auxiliary_rewards", "memory_weights", "idx", "valid", "weights"}
+)
+#: fields with a value per agent (`FlexiBatch.by_agent` keys them; fields of your own too)
+PER_AGENT = tuple(f.name for f in dataclasses.fields(FlexiBatch) if f.name not in {*ONCE_PER_ROW, "agents", "extra"})
 
 
 def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:
@@ -211,8 +270,8 @@ def _converter(torch: Any, device: Any) -> Callable[[str, Any], Any]:
                 return {key: convert(key, v) for key, v in value.items()}
             if isinstance(value, list):
                 return [convert(name, v) for v in value]
-            if value is None:
-                return None
+            if value is None or isinstance(value, tuple):  # absent, or the agents' names
+                return value
         dtype = value.dtype
         if name in as_long:
             if dtype != i64:

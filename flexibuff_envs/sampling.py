@@ -345,6 +345,7 @@ class Sampling:
             rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
             out = {**storage.gather(idx, rest), **storage.gather_n_step(w, self.gamma, wanted)}
         out["idx"] = idx
+        out["agents"] = self.spec.agent_ids
         for name, value in (("valid", valid), ("weights", weights)):
             if value is not None:
                 out[name] = value

@@ -413,3 +413,38 @@ def test_claim_rows_hands_out_the_rows_claim_row_does_one_by_one() -> None:
             (e.start, e.end, e.whole) for e in one_by_one._lanes[1].ended
         ]
         assert at_once._lanes[1].live_start == one_by_one._lanes[1].live_start
+
+
+def test_a_batch_by_agent_is_the_agent_axis_keyed_by_the_envs_names_without_copies() -> None:
+    """AgileRL's layout (``batch.obs[agent_id]``): each per-agent field a dict in the env's agent
+    order, each value that agent's slice of the batch (a view, numpy or torch); per-row fields as
+    they are; masks by head; a one-agent batch keyed by its one name."""
+    pytest.importorskip("mpe2")
+    from mpe2 import simple_spread_v3
+
+    from tests.envs import recorded
+
+    names = simple_spread_v3.parallel_env().possible_agents
+    buffer = recorded("spread")
+    batch = buffer.sample_transitions(64)
+    view = batch.by_agent()
+    assert list(view.obs) == list(names) and list(view.G) == list(names)
+    for k, name in enumerate(names):
+        for field in ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "active", "G"):
+            mine, whole = getattr(view, field)[name], getattr(batch, field)
+            np.testing.assert_array_equal(mine, whole[k], err_msg=field)
+            assert np.shares_memory(mine, whole), field
+    assert view.state is batch.state and view.global_rewards is batch.global_rewards and view.idx is batch.idx
+    tensors = buffer.sample_transitions(64, as_torch=True, device="cpu")
+    by_name = tensors.by_agent()
+    assert all(by_name.obs[name].data_ptr() == tensors.obs[k].data_ptr() for k, name in enumerate(names))
+    masks = recorded("connect_four").sample_transitions(16)
+    turns = masks.by_agent()
+    for k, name in enumerate(masks.agents):
+        np.testing.assert_array_equal(turns.action_mask[name][0], masks.action_mask[0][k])
+    single = recorded("cartpole").sample_transitions(8)
+    assert list(single.by_agent().obs) == list(single.agents) and single.by_agent().obs[single.agents[0]] is single.obs
+    with pytest.raises(KeyError):
+        view.obs["nobody"]
+    with pytest.raises(fe.InvalidArgumentError, match="no agent names"):
+        fe.FlexiBatch(obs=np.zeros((2, 3))).by_agent()

@@ -31,7 +31,7 @@ Block = tuple[np.ndarray, dict[str, np.ndarray]]
 #: fields with one value per row, not per agent
 GLOBAL = frozenset({"state", "state_", "global_rewards", "global_auxiliary_rewards"})
 #: batch fields that say how a batch was drawn, not what was recorded
-DRAWN = frozenset({"idx", "valid", "weights", "discounts", "n_steps", "extra"})
+DRAWN = frozenset({"idx", "valid", "weights", "discounts", "n_steps", "extra", "agents"})
 #: fields a buffer computes when an episode ends; an import writes the given ones over them
 COMPUTED = ("G", "advantages", "returns")
 #: the `FlexibleBuffer` keyword that allocates each optional field
