@@ -23,6 +23,7 @@ from flexibuff_envs.errors import (
 )
 from flexibuff_envs.log import merge as merge_logs
 from flexibuff_envs.returns import discounted_returns
+from flexibuff_envs.rollout import warm
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
 
@@ -53,5 +54,6 @@ __all__ = [
     "infer_spec",
     "merge_logs",
     "record",
+    "warm",
 ]
 __version__ = "0.1.0"

@@ -2,19 +2,27 @@
 
 `steps` plays forever and yields after every ``step`` call, so a caller can stop anywhere and
 carry on later from the same env state (a distributed worker collects chunk after chunk this
-way); `play` runs it to a budget for the command line.
+way); `play` runs it to a budget, with `progress_bar`, for the command line and for `warm`, which
+fills a buffer before training (velora's ``warm``).
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import InvalidArgumentError, positive_int
+from flexibuff_envs.kinds import env_kind
+from flexibuff_envs.wrappers import record
 
 #: what a policy is called with and returns, per env kind:
 #: Gymnasium ``policy(obs, info) -> action``; vector ``policy(obs, info) -> actions`` (batched);
@@ -99,8 +107,9 @@ def steps(env: Any, api: str, *, seed: int, policy: Policy | None = None) -> Ite
     return loop(env, seed, policy)
 
 
-def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -> Rollout:
-    """Run ``env`` (a recorder of kind ``api``) until ``budget`` is spent or Ctrl-C is pressed.
+def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress, policy: Policy | None = None) -> Rollout:
+    """Run ``env`` (a recorder of kind ``api``) with ``policy`` (see `steps`) until ``budget`` is
+    spent or Ctrl-C is pressed.
 
     A Ctrl-C (a ``KeyboardInterrupt``, or a subclass with the ``signum`` that raised it) stops the
     run early and keeps what was recorded: the recorder holds it across its bookkeeping
@@ -109,7 +118,7 @@ def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -
     counts = [0, 0]  # episodes, steps: kept outside the loop so an interrupt keeps them
     start = time.perf_counter()
     try:
-        for stepped, ended in steps(env, api, seed=seed):
+        for stepped, ended in steps(env, api, seed=seed, policy=policy):
             counts[1] += stepped
             if ended:
                 counts[0] += ended
@@ -121,6 +130,104 @@ def play(env: Any, api: str, *, seed: int, budget: Budget, progress: Progress) -
             counts[0], counts[1], time.perf_counter() - start, interrupted=getattr(stop, "signum", signal.SIGINT)
         )
     return Rollout(counts[0], counts[1], time.perf_counter() - start)
+
+
+#: seconds a run lasts before its progress bar appears (short runs show none)
+PROGRESS_DELAY = 1.0
+
+
+def progress_bar(budget: Budget, label: str, *, show: bool | None = None) -> tuple[Any, Progress]:
+    """A tqdm bar on stderr counting ``budget``'s unit, and the `Progress` that moves it. It
+    appears once a run has lasted `PROGRESS_DELAY`, and (``show`` None) only on a terminal."""
+    from tqdm import tqdm
+
+    by_episode = budget.episodes is not None
+    bar = tqdm(
+        total=budget.total,
+        desc=label,
+        unit="episode" if by_episode else "step",
+        file=sys.stderr,
+        disable=None if show is None else not show,
+        delay=PROGRESS_DELAY,
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+    def progress(episodes: int, steps: int) -> None:
+        bar.update((episodes if by_episode else steps) - bar.n)
+
+    return bar, progress
+
+
+def warm(
+    env: Any,
+    buffer: FlexibleBuffer | None = None,
+    *,
+    steps: int | None = None,
+    episodes: int | None = None,
+    policy: Policy | None = None,
+    seed: int = 0,
+    num_envs: int = 1,
+    progress: bool | None = None,
+    **record_options: Any,
+) -> FlexibleBuffer:
+    """Fill a buffer before training, as velora's ``warm(agent, n_samples, num_envs)`` does: play
+    ``env`` with ``policy`` (by default uniformly random legal actions) and record every step,
+    then return the buffer.
+
+    Args:
+        env: a Gymnasium id (``num_envs`` > 1: a vector env of that many synchronous copies), or
+            an env of any kind `record` takes, or a recorder already (its buffer is filled).
+            The vector env made of an id resets its sub-envs in the step that ends an episode
+            (Gymnasium's same-step autoreset), so every env step is a recorded row.
+        buffer: the buffer to fill (None: a new one; ``record_options`` go to `record`).
+        steps, episodes: the budget, one of them. ``episodes=E`` stops at the step the ``E``-th
+            episode ends: with one env, ``E`` whole episodes and nothing else. ``steps=N``
+            stops after ``N`` env steps (a vector env's come ``num_envs`` at a time; one made
+            with Gymnasium's default next-step autoreset records no row in a reset step), the
+            last episode of each sub-env possibly still running, to be continued by whoever
+            records on into the buffer.
+        policy: see `Policy` (the same calls as the command line's ``record`` makes).
+        seed: seeds the first reset and the random actions, as `steps` does.
+        progress: a progress bar on stderr (None: on a terminal, for runs over a second).
+
+    Raises:
+        InvalidArgumentError: neither or both of ``steps`` and ``episodes``; ``num_envs`` for an
+            env that is not an id.
+    """
+    if (steps is None) == (episodes is None):
+        raise InvalidArgumentError("warm: pass steps= or episodes=, one of them")
+    budget = Budget(
+        episodes=None if episodes is None else positive_int("episodes", episodes),
+        steps=None if steps is None else positive_int("steps", steps),
+    )
+    label = env if isinstance(env, str) else type(getattr(env, "unwrapped", env)).__name__
+    if isinstance(env, str):
+        made = positive_int("num_envs", num_envs)
+        env = (  # same-step autoreset: every step of every sub-env is a transition, none a reset
+            gym.make_vec(
+                env,
+                num_envs=made,
+                vectorization_mode="sync",
+                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            )
+            if made > 1
+            else gym.make(env)
+        )
+    elif num_envs != 1:
+        raise InvalidArgumentError(f"warm: num_envs={num_envs} makes a vector env of a Gymnasium id; pass the id")
+    recorder = (
+        env if isinstance(getattr(env, "buffer", None), FlexibleBuffer) else record(env, buffer, **record_options)
+    )
+    api = env_kind(recorder)
+    bar, moved = progress_bar(budget, f"warm {label}", show=progress)
+    try:
+        done = play(recorder, api or "gymnasium", seed=seed, budget=budget, progress=moved, policy=policy)
+    finally:
+        bar.close()
+    if done.interrupted:  # Ctrl-C: the buffer holds what was recorded, and the caller is told
+        raise KeyboardInterrupt
+    return recorder.buffer  # type: ignore[no-any-return]
 
 
 #: `_action`'s agent for a parallel env: the annotations name their agents

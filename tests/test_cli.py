@@ -157,7 +157,7 @@ def test_progress_bar_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> Non
         def isatty(self) -> bool:
             return True
 
-    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0)
+    monkeypatch.setattr(rollout, "PROGRESS_DELAY", 0)
     monkeypatch.setattr(sys, "stderr", Terminal())
     assert run(["record", "CartPole-v1", "--episodes", "50", "--out", "p.fbuf"]) == 0
     assert "CartPole-v1: " in sys.stderr.getvalue() and "/50 [" in sys.stderr.getvalue()

@@ -33,7 +33,7 @@ from flexibuff_envs.cli.report import (
     record_report,
     size,
 )
-from flexibuff_envs.rollout import Budget, Progress, play
+from flexibuff_envs.rollout import Budget, play, progress_bar
 
 DEFAULT_EPISODES = 100
 DEFAULT_CAPACITY = 100_000
@@ -41,8 +41,6 @@ DEFAULT_CAPACITY = 100_000
 LOG_RING = 1_000
 #: bytes the buffer may reserve when neither --steps nor --capacity sizes it
 MEMORY_BUDGET = 2 << 30
-#: seconds a run lasts before its progress bar appears (short runs print only the report)
-PROGRESS_DELAY = 1.0
 
 
 #: what ``timeout``, ``docker stop``, SLURM and a closed terminal send: a recording stops as at Ctrl-C
@@ -114,7 +112,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     if to_log:
         buffer.log_to(out)
     recorder = fe.record(env, buffer)
-    bar, progress = _progress_bar(budget, choice.label)
+    bar, progress = progress_bar(budget, choice.label)
     noted: list[int] = []
     # once the run stops a signal is noted, not obeyed, so the save of what was recorded finishes
     with _handled(dict.fromkeys((signal.SIGINT, *STOP_SIGNALS), lambda signum, frame: noted.append(signum))):
@@ -192,28 +190,6 @@ def _longest_episode(env: Any) -> int | None:
     limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
     unwrapped = getattr(env, "unwrapped", env)
     return limit if isinstance(limit, int) else getattr(unwrapped, "max_cycles", None)
-
-
-def _progress_bar(budget: Budget, label: str) -> tuple[Any, Progress]:
-    """A bar on stderr, shown only on a terminal and only once a run has lasted a second."""
-    from tqdm import tqdm
-
-    by_episode = budget.episodes is not None
-    bar = tqdm(
-        total=budget.total,
-        desc=label,
-        unit="episode" if by_episode else "step",
-        file=sys.stderr,
-        disable=None,
-        delay=PROGRESS_DELAY,
-        leave=False,
-        dynamic_ncols=True,
-    )
-
-    def progress(episodes: int, steps: int) -> None:
-        bar.update((episodes if by_episode else steps) - bar.n)
-
-    return bar, progress
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
