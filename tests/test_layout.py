@@ -73,8 +73,9 @@ def test_every_error_the_package_raises_is_a_flexibuff_error() -> None:
     """No ``raise ValueError(...)`` (or any builtin exception) in the package: each error is one of
     `flexibuff_envs.errors`' classes, which subclass the builtin a caller would catch, so
     ``except fe.FlexibuffError`` catches everything the package raises."""
+    # errors: a Ctrl-C passed on (KeyboardInterrupt) or SystemExit is not one
     builtin = {
-        name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, BaseException)
+        name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, Exception)
     }
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
