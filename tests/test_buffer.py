@@ -438,6 +438,11 @@ def test_a_batch_by_agent_is_the_agent_axis_keyed_by_the_envs_names_without_copi
     tensors = buffer.sample_transitions(64, as_torch=True, device="cpu")
     by_name = tensors.by_agent()
     assert all(by_name.obs[name].data_ptr() == tensors.obs[k].data_ptr() for k, name in enumerate(names))
+    sequences, episode = buffer.sample_sequences(4, 5), next(iter(buffer.episodes()))  # every mode carries names
+    np.testing.assert_array_equal(sequences.by_agent().obs[names[1]], sequences.obs[1])
+    np.testing.assert_array_equal(episode.by_agent().G[names[2]], episode.G[2])
+    n_step = buffer.sample_transitions(8, n_step=3)
+    np.testing.assert_array_equal(n_step.by_agent().discounts[names[0]], n_step.discounts[0])
     masks = recorded("connect_four").sample_transitions(16)
     turns = masks.by_agent()
     for k, name in enumerate(masks.agents):
