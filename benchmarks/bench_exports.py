@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 import tensorstore as ts
 
 import flexibuff_envs as fe
-from flexibuff_envs.integrations import parquet, vault
+from flexibuff_envs.integrations import parquet, vault, vault_format
 from flexibuff_envs.integrations.tables import blocks
 
 
@@ -85,7 +85,7 @@ class Bare:
         spec = buffer.spec
         ((self.lengths, arrays),) = list(blocks(buffer, 10**12, 1 << 62))
         self.leaves = {
-            vault._leaf_of(name, spec): vault._laid_out(name, values, spec) for name, values in arrays.items()
+            vault_format.leaf_of(name, spec): vault._laid_out(name, values, spec) for name, values in arrays.items()
         }
         self.columns = parquet._tables((self.lengths, arrays), spec, 0)
 
@@ -94,13 +94,13 @@ class Bare:
         stores = {
             leaf: ts.open(
                 {
-                    **vault._store_spec(str(base), leaf),
+                    **vault_format.store_spec(str(base), leaf),
                     "metadata": {
-                        "compressor": vault.COMPRESSION["lz4"],
-                        "chunks": [1, max(1, vault.CHUNK_BYTES // values[:1].nbytes), *values.shape[1:]],
+                        "compressor": vault_format.COMPRESSION["lz4"],
+                        "chunks": [1, max(1, vault_format.CHUNK_BYTES // values[:1].nbytes), *values.shape[1:]],
                     },
                 },
-                shape=(1, vault.TIME_AXIS, *values.shape[1:]),
+                shape=(1, vault_format.TIME_AXIS, *values.shape[1:]),
                 dtype=values.dtype.name,
                 create=True,
             ).result()
@@ -111,7 +111,7 @@ class Bare:
 
     def read_vault(self, base: Path) -> None:
         for leaf in self.leaves:
-            ts.open(vault._store_spec(str(base), leaf)).result()[0, : int(self.lengths.sum())].read().result()
+            ts.open(vault_format.store_spec(str(base), leaf)).result()[0, : int(self.lengths.sum())].read().result()
 
     def write_parquet(self, base: Path) -> None:
         for table, cols in self.columns.items():
@@ -136,7 +136,7 @@ def frames(root: Path, megabytes: int, rounds: int) -> None:
             times.setdefault(key, []).append(timed(fn, *args, **kwargs))
 
         run("cp -r", subprocess.run, ["cp", "-r", str(log), str(root / f"copy{k}")], check=True)
-        for compression in vault.COMPRESSION:
+        for compression in vault_format.COMPRESSION:
             run(
                 f"to_vault ({compression})",
                 vault.to_vault,
@@ -241,7 +241,7 @@ def spread(root: Path, steps: int, rounds: int) -> None:
         )
     sizes = {
         compression: du(Path(vault.to_vault(log, root / "sizes", vault_uid=compression, compression=compression)))
-        for compression in vault.COMPRESSION
+        for compression in vault_format.COMPRESSION
     }
     print("  vault sizes: " + ", ".join(f"{key} {value / 1e6:,.1f} MB" for key, value in sizes.items()))
 

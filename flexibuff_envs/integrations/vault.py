@@ -43,18 +43,17 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.buffer import FlexibleBuffer, available_memory
+from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import (
     BufferFileError,
     BufferSaveError,
     EmptyBufferError,
     InvalidArgumentError,
-    MissingExtraError,
 )
 from flexibuff_envs.integrations.tables import (
     GLOBAL,
@@ -65,58 +64,22 @@ from flexibuff_envs.integrations.tables import (
     into_buffer,
     open_source,
 )
+from flexibuff_envs.integrations.vault_format import (
+    BLOCK_BYTES,
+    BLOCK_ROWS,
+    CHUNK_BYTES,
+    COMPRESSION,
+    EPISODE_ENDS,
+    FLAGS,
+    NEXTS,
+    TIME_AXIS,
+    VERSION,
+    leaf_of,
+    store_spec,
+    ts,
+)
+from flexibuff_envs.integrations.vault_read import Values, flat, foreign, open_leaves, streams, vault_path, whole
 from flexibuff_envs.spec import BufferSpec
-
-try:
-    import tensorstore as ts
-except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError(
-        "flexibuff_envs.integrations.vault needs TensorStore: pip install 'flexibuff_envs[vault]'"
-    ) from error
-
-#: flashbax's vault format version we write (and the major version we read)
-VERSION = 1.2
-#: the length flashbax gives a leaf's time axis (filled up to ``vault_index``)
-TIME_AXIS = 10**13
-#: rows of episodes written at a time
-BLOCK_ROWS = 65_536
-#: about the bytes of the steps read at a time
-BLOCK_BYTES = 1 << 26
-#: about the bytes of a leaf's chunk: whole rows (every agent, every feature) of consecutive
-#: steps, so a frame is never cut into hundreds of chunks as TensorStore's default layout cuts it
-CHUNK_BYTES = 1 << 22
-#: the compressors a vault can be written with (`to_vault`'s ``compression``); TensorStore, and
-#: so flashbax, reads each
-COMPRESSION: dict[str, dict[str, Any] | None] = {
-    "lz4": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1},
-    "zstd": {"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 1},
-    "gzip": {"id": "gzip", "level": 5},  # flashbax's default
-    "none": None,
-}
-#: each field's leaf, where OG-MARL has a name for it (every other field goes to ``infos.<field>``)
-LEAVES = {
-    "obs": "observations",
-    "individual_rewards": "rewards",
-    "terminated": "terminals",
-    "truncated": "truncations",
-    "action_mask": "infos.legals",
-    "state": "infos.state",
-    "active": "infos.alive",
-    "obs_": "infos.next_observations",
-    "state_": "infos.next_state",
-    "action_mask_": "infos.next_legals",
-}
-#: fields written as float32 0/1, as OG-MARL's datasets hold them
-FLAGS = ("terminated", "truncated", "action_mask", "action_mask_", "active")
-EPISODE_ENDS = "infos.episode_ends"
-#: each next-value field and its base: a foreign vault's next values are its next steps'
-NEXTS = (("obs_", "obs"), ("state_", "state"), ("action_mask_", "action_mask"))
-
-
-def _leaf_of(name: str, spec: BufferSpec) -> str:
-    if name == "discrete_actions" or (name == "continuous_actions" and not spec.discrete_action_cardinalities):
-        return "actions"
-    return LEAVES.get(name, f"infos.{name}")
 
 
 def _laid_out(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
@@ -130,17 +93,6 @@ def _laid_out(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
     elif name in FLAGS:
         values = values.astype(np.float32)
     return values
-
-
-def _store_spec(base: str, leaf: str) -> dict[str, Any]:
-    return {
-        "driver": "zarr",
-        "kvstore": {
-            "driver": "ocdbt",
-            "base": f"file://{os.path.abspath(base)}",
-            "path": f"{leaf}." if leaf != "vault_index" else leaf,
-        },
-    }
 
 
 def to_vault(
@@ -210,15 +162,15 @@ def _write(
     for lengths, arrays in source:
         ends = np.zeros(int(lengths.sum()), dtype=np.float32)
         ends[np.cumsum(lengths) - 1] = 1.0
-        laid = {_leaf_of(name, spec): _laid_out(name, values, spec) for name, values in arrays.items()}
-        leaves.update({name: _leaf_of(name, spec) for name in arrays})
+        laid = {leaf_of(name, spec): _laid_out(name, values, spec) for name, values in arrays.items()}
+        leaves.update({name: leaf_of(name, spec) for name in arrays})
         laid[EPISODE_ENDS] = ends
         for leaf, values in laid.items():
             if leaf not in stores:
                 steps = max(1, min(len(values), CHUNK_BYTES // max(values[:1].nbytes, 1)))
                 stores[leaf] = ts.open(
                     {
-                        **_store_spec(base, leaf),
+                        **store_spec(base, leaf),
                         "metadata": {"compressor": compressor, "chunks": [1, steps, *values.shape[1:]]},
                     },
                     shape=(1, TIME_AXIS, *values.shape[1:]),
@@ -231,7 +183,7 @@ def _write(
         filled += len(ends)
     if not filled:
         return 0
-    index = ts.open(_store_spec(base, "vault_index"), dtype="int32", shape=(1,), create=True).result()
+    index = ts.open(store_spec(base, "vault_index"), dtype="int32", shape=(1,), create=True).result()
     index.write(np.array([filled], dtype=np.int32)).result()
     shapes: dict[str, Any] = {}
     dtypes: dict[str, Any] = {}
@@ -293,7 +245,7 @@ def from_vault(
         BufferFileError: no vault there, or one whose metadata or arrays cannot be read (the
             path and the problem named).
     """
-    path = _vault_path(os.fspath(directory), vault_name, vault_uid)
+    path = vault_path(os.fspath(directory), vault_name, vault_uid)
     meta_path = os.path.join(path, "metadata.json")
     try:
         with open(meta_path, "rb") as file:
@@ -305,7 +257,7 @@ def from_vault(
         if isinstance(exc, BufferFileError):
             raise
         raise BufferFileError(f"{meta_path}: not a flashbax vault's metadata ({exc})") from None
-    leaves = _open(path, dict(_flat(shapes, dtypes)))
+    leaves = open_leaves(path, dict(flat(shapes, dtypes)))
     ours = meta.get("flexibuff_envs")
     fields: dict[str, Values]
     if isinstance(ours, dict) and ours.get("format") == 1:
@@ -315,10 +267,10 @@ def from_vault(
         fields = {name: leaves[leaf] for name, leaf in ours["fields"].items() if leaf in leaves}
         last = leaves[EPISODE_ENDS].read() != 0 if EPISODE_ENDS in leaves else None
     else:
-        spec, fields = _foreign(path, leaves)
+        spec, fields = foreign(path, leaves)
         last = None
     if last is None:
-        last = ((_whole(fields["terminated"]) != 0) | (_whole(fields["truncated"]) != 0)).all(axis=-1)  # [T, B]
+        last = ((whole(fields["terminated"]) != 0) | (whole(fields["truncated"]) != 0)).all(axis=-1)  # [T, B]
     ends = [np.flatnonzero(last[:, b]) for b in range(last.shape[1])]
     rows = sum(int(e[-1]) + 1 for e in ends if len(e))
     width = fields["continuous_log_probs"].shape[-1] if "continuous_log_probs" in fields else 0
@@ -327,208 +279,12 @@ def from_vault(
     return into_buffer(
         spec,
         names,
-        _streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1))),
+        streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1))),
         rows=rows,
         where=path,
         log_prob_width=width,
         **buffer_options,
     )
-
-
-def _vault_path(directory: str, vault_name: str | None, vault_uid: str | None) -> str:
-    if vault_name is None:
-        return directory
-    parent = os.path.join(directory, vault_name)
-    if vault_uid is not None:
-        return os.path.join(parent, vault_uid)
-    uids = sorted(name for name in os.listdir(parent) if not name.startswith(".")) if os.path.isdir(parent) else []
-    if len(uids) != 1:
-        raise BufferFileError(f"{parent}: pass vault_uid, one of {uids}" if uids else f"{parent}: no vault there")
-    return os.path.join(parent, uids[0])
-
-
-def _flat(shapes: Any, dtypes: Any, prefix: str = "") -> Iterator[tuple[str, tuple[tuple[int, ...], str]]]:
-    """Each leaf of the metadata's tree: its name (keys joined by dots), shape and dtype."""
-    if isinstance(shapes, dict):
-        for key, value in shapes.items():
-            yield from _flat(value, dtypes[key], f"{prefix}{key}.")
-    else:
-        shape = tuple(int(n) for n in str(shapes).strip("()[] ").split(",") if n.strip())
-        yield prefix[:-1], (shape, str(dtypes))
-
-
-class _Leaf:
-    """A vault leaf's filled part, read a stretch of steps at a time: ``[T, B, ...]`` as
-    `shape` says, through ``transform`` (a reshape or a cast of what is read)."""
-
-    def __init__(
-        self,
-        store: Any,
-        filled: int,
-        transform: Callable[[np.ndarray], np.ndarray] | None = None,
-        shape: tuple[int, ...] | None = None,
-        dtype: np.dtype | None = None,
-    ) -> None:
-        self.store, self.filled, self.transform = store, filled, transform
-        self.shape = shape or (filled, store.shape[0], *store.shape[2:])
-        self.dtype = dtype or store.dtype.numpy_dtype
-
-    def read(self, span: slice = slice(None), stream: int | None = None) -> np.ndarray:
-        lo, hi, _ = span.indices(self.filled)
-        region = self.store[:, lo:hi] if stream is None else self.store[stream, lo:hi]
-        try:
-            values = region.read().result()
-        except (ValueError, RuntimeError, OSError) as exc:
-            raise BufferFileError(f"a vault's leaf cannot be read ({exc})") from None
-        values = np.moveaxis(values, 0, 1) if stream is None else values
-        return values if self.transform is None else self.transform(values)
-
-    def like(self, transform: Callable[[np.ndarray], np.ndarray], shape: tuple[int, ...], dtype: Any) -> _Leaf:
-        """This leaf read through ``transform`` (into ``shape`` and ``dtype``)."""
-        return _Leaf(self.store, self.filled, transform, shape, np.dtype(dtype))
-
-
-#: a field of a vault: a leaf read as it goes, or values read whole
-Values = _Leaf | np.ndarray
-
-
-def _whole(values: Values) -> np.ndarray:
-    return values.read() if isinstance(values, _Leaf) else values
-
-
-def _open(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, _Leaf]:
-    """Every leaf, opened and checked against ``vault_index``; none of its steps read yet."""
-    try:
-        filled = int(ts.open(_store_spec(path, "vault_index")).result().read().result()[0])
-        stores = {leaf: ts.open(_store_spec(path, leaf)).result() for leaf in leaves}
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise BufferFileError(f"{path}: a vault's arrays cannot be opened ({exc})") from None
-    for leaf, store in stores.items():
-        if store.rank < 2 or filled < 0 or filled > store.shape[1]:
-            raise BufferFileError(
-                f"{path}: leaf {leaf!r} of shape {tuple(store.shape)} cannot hold the "
-                f"{filled:,} steps vault_index says it holds"
-            )
-    claimed = (
-        sum(
-            int(np.prod(store.shape[2:])) * store.shape[0] * store.dtype.numpy_dtype.itemsize
-            for store in stores.values()
-        )
-        * filled
-    )
-    if claimed > 2 * available_memory():  # read a block at a time, into a buffer about half its size
-        raise BufferFileError(
-            f"{path}: its {filled:,} steps take {claimed / 2**30:,.1f} GiB, more than "
-            f"the {available_memory() / 2**30:,.1f} GiB of memory available"
-        )
-    return {leaf: _Leaf(store, filled) for leaf, store in stores.items()}
-
-
-def _foreign(path: str, leaves: Mapping[str, _Leaf]) -> tuple[BufferSpec, dict[str, Values]]:
-    """The layout and fields of a vault another program wrote (OG-MARL's leaves): observations
-    and state read as they go, the rest whole."""
-    missing = [leaf for leaf in ("observations", "actions", "rewards", "terminals") if leaf not in leaves]
-    if missing:
-        raise BufferFileError(
-            f"{path}: the vault has no {', '.join(missing)} (OG-MARL's leaves); it holds {sorted(leaves)}"
-        )
-    obs = leaves["observations"]
-    steps, streams, agents = obs.shape[:3]
-    fields: dict[str, Values] = {"obs": _flattened(obs, 3)}
-    actions = leaves["actions"].read()
-    legals = leaves["infos.legals"].read() if "infos.legals" in leaves else None
-    options: dict[str, Any] = {}
-    if np.issubdtype(actions.dtype, np.integer) or legals is not None:
-        heads = actions.reshape(steps, streams, agents, -1).astype(np.int64)
-        cards = (
-            (legals.shape[-1],)
-            if legals is not None and heads.shape[-1] == 1
-            else tuple(int(n) + 1 for n in heads.reshape(-1, heads.shape[-1]).max(axis=0, initial=0))
-        )
-        fields["discrete_actions"] = heads
-        options = {"discrete_action_cardinalities": cards, "discrete_action_starts": (0,) * len(cards)}
-        if legals is not None:
-            fields["action_mask"] = legals.reshape(steps, streams, agents, -1) != 0
-            options["action_mask"] = True
-    else:
-        fields["continuous_actions"] = actions.reshape(steps, streams, agents, -1).astype(np.float32)
-        options = {"continuous_action_dimension": fields["continuous_actions"].shape[-1]}
-    rewards = leaves["rewards"].read().reshape(steps, streams, agents).astype(np.float32)
-    fields.update(individual_rewards=rewards, global_rewards=rewards.mean(axis=-1))
-    for name, leaf, absent in (
-        ("terminated", "terminals", False),
-        ("truncated", "truncations", False),
-        ("active", "infos.alive", True),
-    ):
-        fields[name] = (
-            leaves[leaf].read().reshape(steps, streams, agents) != 0
-            if leaf in leaves
-            else np.full(rewards.shape, absent)
-        )
-    if "infos.state" in leaves:
-        state = fields["state"] = _flattened(leaves["infos.state"], 2)
-        options.update(state_size=state.shape[-1], state_dtype=state.dtype.name)
-    spec = BufferSpec(
-        obs_size=fields["obs"].shape[-1],
-        obs_dtype=obs.dtype.name,
-        n_agents=agents,
-        agent_ids=tuple(f"agent_{i}" for i in range(agents)),
-        obs_shape=tuple(obs.shape[3:]),
-        **options,
-    )
-    return spec, fields
-
-
-def _flattened(leaf: _Leaf, keep: int) -> _Leaf:
-    """``leaf`` with its axes after the first ``keep`` (``[T, B, ...]``) flattened into one."""
-    tail = len(leaf.shape) - keep
-    return leaf.like(
-        lambda values: values.reshape(*values.shape[: values.ndim - tail], -1),
-        (*leaf.shape[:keep], int(np.prod(leaf.shape[keep:]))),
-        leaf.dtype,
-    )
-
-
-def _streams(spec: BufferSpec, fields: Mapping[str, Values], ends: list[np.ndarray], steps: int) -> Iterator[Block]:
-    """Each stream's whole episodes (``ends``: each stream's episodes' last steps) in blocks of
-    about ``steps`` steps, read a block at a time, in the module layout of `tables`."""
-    for b, where in enumerate(ends):
-        first = 0
-        while first < len(where):
-            lo = int(where[first - 1]) + 1 if first else 0
-            stop = max(first + 1, int(np.searchsorted(where, lo + steps - 1, side="right")))
-            span = slice(lo, int(where[stop - 1]) + 1)
-            last = where[first:stop] - lo
-            out = {}
-            for name, values in fields.items():
-                read = values.read(span, b) if isinstance(values, _Leaf) else values[span, b]
-                out[name] = read if name in GLOBAL else np.moveaxis(read, 1, 0)
-            for name, base in NEXTS:
-                if base in out and name not in out:  # the next step's, within the episode
-                    out[name] = _shifted(out[base], last, name in GLOBAL)
-            yield np.diff(last, prepend=-1), {name: _cast(name, values, spec) for name, values in out.items()}
-            first = stop
-
-
-def _shifted(values: np.ndarray, ends: np.ndarray, is_global: bool) -> np.ndarray:
-    """Each step's next step's values; an episode's last step keeps its own."""
-    axis = 0 if is_global else 1
-    out = np.roll(values, -1, axis=axis)
-    index = (ends,) if is_global else (slice(None), ends)
-    out[index] = values[index]
-    return out
-
-
-def _cast(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
-    """A leaf's values in the dtype the buffer stores ``name`` in."""
-    if name in ("terminated", "truncated", "active") or name in ("action_mask", "action_mask_"):
-        return values != 0
-    if name == "discrete_actions":
-        values = values.astype(np.int64)
-        return values if values.ndim == 3 else values[..., None]
-    if name in ("obs", "obs_") and not spec.obs_categories:  # categories: one-hot, as batches show them
-        return values.astype(spec.obs_dtype, copy=False)
-    return values
 
 
 def is_vault(path: str) -> bool:
@@ -542,12 +298,12 @@ def summary(path: str) -> Summary:
     try:
         with open(os.path.join(path, "metadata.json"), "rb") as file:
             meta = json.loads(file.read(1 << 24))
-        leaves = dict(_flat(meta["structure_shape"], meta["structure_dtype"]))
+        leaves = dict(flat(meta["structure_shape"], meta["structure_dtype"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BufferFileError(f"{path}/metadata.json: not a flashbax vault's metadata ({exc!r})") from None
     ours = meta.get("flexibuff_envs") if isinstance(meta.get("flexibuff_envs"), dict) else None
     ends_leaf = [EPISODE_ENDS] if ours and EPISODE_ENDS in leaves else ["terminals", "truncations"]
-    opened = _open(path, {leaf: leaves[leaf] for leaf in ends_leaf if leaf in leaves})
+    opened = open_leaves(path, {leaf: leaves[leaf] for leaf in ends_leaf if leaf in leaves})
     arrays = {leaf: value.read() for leaf, value in opened.items()}
     if ours:
         agents = tuple(BufferSpec.from_dict(ours["spec"]).agent_ids)
