@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import itertools
 import json
 import math
 import os
-import re
 import signal
 import sys
 import tempfile
-import warnings
 from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, NoReturn
@@ -26,13 +23,8 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
-from flexibuff_envs.cli.report import (
-    inspect_dataset_report,
-    inspect_log_report,
-    inspect_report,
-    record_report,
-    size,
-)
+from flexibuff_envs.cli.files import cmd_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
+from flexibuff_envs.cli.report import record_report
 from flexibuff_envs.rollout import Budget, play, progress_bar
 
 DEFAULT_EPISODES = 100
@@ -190,186 +182,6 @@ def _longest_episode(env: Any) -> int | None:
     limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
     unwrapped = getattr(env, "unwrapped", env)
     return limit if isinstance(limit, int) else getattr(unwrapped, "max_cycles", None)
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    path = args.file
-    if not os.path.isdir(path):
-        print(inspect_report(path, fe.FlexibleBuffer.load(path, mmap=True)))
-        return 0
-    from flexibuff_envs.log import is_log
-
-    if is_log(path):
-        print(inspect_log_report(path))
-        return 0
-    vault = _vault_in(path)
-    if vault is not None:
-        from flexibuff_envs.integrations.vault import summary
-
-        print(inspect_dataset_report(vault, summary(vault)))
-    elif os.path.isdir(os.path.join(path, "agents")):
-        from flexibuff_envs.integrations.parquet import summary as parquet_summary
-
-        print(inspect_dataset_report(path, parquet_summary(path)))
-    else:
-        raise fe.BufferFileError(
-            f"{path}: neither an episode log, a flashbax vault nor a Parquet dataset of flexibuff_envs"
-        )
-    return 0
-
-
-def _vault_in(path: str) -> str | None:
-    """The vault ``path`` is, or the one vault under it (``vault_uid`` or ``vault_name/vault_uid``),
-    or None; several under it are a usage error naming them."""
-    found = [
-        d
-        for d in [
-            path,
-            *sorted(glob.glob(os.path.join(glob.escape(path), "*"))),
-            *sorted(glob.glob(os.path.join(glob.escape(path), "*", "*"))),
-        ]
-        if os.path.isfile(os.path.join(d, "metadata.json"))
-    ]
-    if len(found) > 1 and found[0] != path:
-        raise UsageError(f"{path} holds {len(found)} vaults; name one: {', '.join(found)}")
-    return found[0] if found else None
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    from flexibuff_envs.cli.plot import plot_buffer
-
-    out = args.out or os.path.splitext(os.path.normpath(args.file))[0] + ".png"
-    buffer = _opened(args.file, mmap=True)
-    plot_buffer(buffer, out, title=os.path.basename(args.file))
-    print(f"wrote {out}: returns of {buffer.n_episodes} episodes for {buffer.spec.n_agents} agent(s)")
-    return 0
-
-
-#: what Minari asks a dataset for, as ``export`` flags: keyword -> flag
-DATASET_CREDITS = {"author": "--author", "author_email": "--author-email", "code_permalink": "--code-permalink"}
-
-
-def _opened(path: str, *, mmap: bool) -> fe.FlexibleBuffer:
-    """The buffer file or episode log ``path``, mapped or read (and checked) whole."""
-    if os.path.isdir(path):
-        return fe.FlexibleBuffer.open(path, mmap=mmap)
-    return fe.FlexibleBuffer.load(path, mmap=mmap)
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    if args.vault is not None:
-        from flexibuff_envs.integrations.vault import to_vault
-
-        name = args.vault_name or os.path.splitext(os.path.basename(os.path.normpath(args.file)))[0] + ".vlt"
-        path = to_vault(
-            _opened(args.file, mmap=True),
-            args.vault,
-            vault_name=name,
-            vault_uid=args.vault_uid,
-            compression=args.compression,
-        )
-        print(
-            f"wrote vault {path}: flashbax reads it as Vault({name!r}, rel_dir={args.vault!r}, "
-            f"vault_uid={os.path.basename(path)!r})"
-        )
-        return 0
-    if args.parquet is not None:
-        from flexibuff_envs.integrations.parquet import to_parquet
-
-        print(
-            f"wrote Parquet dataset {to_parquet(_opened(args.file, mmap=True), args.parquet)}: tables agents/ "
-            "and steps/"
-        )
-        return 0
-    return _export_minari(args)
-
-
-def _export_minari(args: argparse.Namespace) -> int:
-    from flexibuff_envs.integrations.minari import to_minari, to_minari_agents
-
-    buffer = _opened(args.file, mmap=False)
-    ids = buffer.spec.agent_ids
-    if args.all_agents and args.agent is not None:
-        raise UsageError("--all-agents writes every agent's dataset; drop --agent NAME")
-    if buffer.spec.n_agents > 1 and not args.all_agents and args.agent not in ids:
-        raise UsageError(
-            f"{args.file} holds {len(ids)} agents ({', '.join(ids)}) and a Minari dataset holds one: "
-            + (
-                "pass --agent NAME, or --all-agents for one dataset per agent"
-                if args.agent is None
-                else f"--agent {args.agent} is none of them"
-            )
-        )
-    credits = {key: getattr(args, key) for key in DATASET_CREDITS if getattr(args, key) is not None}
-    if args.description is not None:
-        credits["description"] = args.description
-    env = None
-    if args.env is not None:
-        choice = resolve(args.env, api=None, num_envs=1)
-        env = make(choice, num_envs=1, kwargs={})
-    with warnings.catch_warnings():  # Minari's own warnings about missing credits: one note below instead
-        warnings.filterwarnings("ignore", message=r"`(author|author_email|code_permalink)` is set to None")
-        try:
-            if args.all_agents:
-                namespace, version = _namespace(args.minari)
-                datasets = to_minari_agents(buffer, namespace, env, version=version, **credits)
-            else:
-                datasets = {args.agent: to_minari(buffer, args.minari, env, agent=args.agent, **credits)}
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    for dataset in datasets.values():
-        print(
-            f"wrote Minari dataset {dataset.spec.dataset_id}: {dataset.total_episodes} episodes, "
-            f"{dataset.total_steps} steps"
-        )
-    missing = [flag for key, flag in DATASET_CREDITS.items() if key not in credits]
-    if missing:
-        print(
-            f"flexibuff-envs export: note: Minari asks datasets to say who made them; pass {', '.join(missing)}",
-            file=sys.stderr,
-        )
-    return 0
-
-
-def _namespace(name: str) -> tuple[str, int]:
-    """``--minari NAME --all-agents``: the namespace and version, from ``spread/recorded`` or
-    ``spread/recorded-v2``."""
-    match = re.fullmatch(r"(.+)-v(\d+)", name)
-    return (match[1], int(match[2])) if match else (name, 0)
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from flexibuff_envs import log
-
-    report = log.verify(args.log)
-    print(f"{args.log}: {report.episodes:,} whole episodes, {report.rows:,} rows, every checksum holds")
-    for torn in report.torn:
-        print(
-            f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "
-            f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)"
-        )
-    return 1 if report.torn else 0
-
-
-def cmd_repair(args: argparse.Namespace) -> int:
-    from flexibuff_envs import log
-
-    report = log.repair(args.log)
-    cut = "; ".join(f"cut {torn.size:,} torn bytes from {os.path.basename(torn.path)}" for torn in report.torn)
-    print(f"{args.log}: {report.episodes:,} whole episodes kept; {cut or 'nothing to cut'}")
-    return 0
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    from flexibuff_envs import log
-
-    before = log.report(args.out).episodes if log.is_log(args.out) else 0
-    report = log.merge(args.logs, args.out)
-    print(
-        f"{args.out}: {report.episodes - before:,} whole episodes appended from {len(args.logs)} log(s); it holds "
-        f"{report.episodes:,} episodes and {report.rows:,} rows ({size(report.nbytes)})"
-    )
-    return 0
 
 
 def _positive(text: str) -> int:
