@@ -10,7 +10,8 @@ from typing import Any
 import gymnasium as gym
 
 from flexibuff_envs import kinds
-from flexibuff_envs.codecs import ActionCodec, ObsCodec, action_codec, obs_codec, one_hot_problem
+from flexibuff_envs.action_codecs import ActionCodec, action_codec
+from flexibuff_envs.codecs import ObsCodec, obs_codec, one_hot_problem
 from flexibuff_envs.errors import NotAnEnvError, SpecMismatchError, UnsupportedSpaceError
 
 ENV_KINDS = "gymnasium.Env, gymnasium.vector.VectorEnv, pettingzoo ParallelEnv or pettingzoo AECEnv"

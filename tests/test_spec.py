@@ -8,7 +8,8 @@ import pytest
 from gymnasium import spaces
 
 import flexibuff_envs as fe
-from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.action_codecs import action_codec
+from flexibuff_envs.codecs import obs_codec
 from tests.envs import ToyEnv
 
 

@@ -18,9 +18,10 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
+from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs

@@ -17,8 +17,9 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.chain import HeldBatch, as_rows
-from flexibuff_envs.codecs import ActionCodec, ObsCodec
+from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.episodes import Episode, Lane, span_rows
 from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
 from flexibuff_envs.interrupts import holding

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
-from flexibuff_envs.codecs import ActionCodec, ObsCodec
+from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
 from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.priorities import check_alpha

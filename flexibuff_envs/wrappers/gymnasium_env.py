@@ -7,8 +7,9 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
+from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, LogPath, prepare_buffer

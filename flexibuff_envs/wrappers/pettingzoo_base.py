@@ -6,8 +6,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.codecs import action_codec, obs_codec
+from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
 from flexibuff_envs.wrappers.core import (
