@@ -9,7 +9,6 @@ ring is allocated as zeros the system hands out only as they are used.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Collection
@@ -18,24 +17,28 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.errors import plain_dtype, short_repr
+from flexibuff_envs.errors import short_repr
+from flexibuff_envs.header_values import (
+    MAX_POSITION,
+    MAX_ROWS,
+    MAX_WIDTH,
+    BadHeader,
+    finite,
+    fraction,
+    integer,
+    integers,
+    keys_of,
+    of_kind,
+    parse_spec,
+)
 from flexibuff_envs.priorities import ALPHA
-from flexibuff_envs.spec import BufferSpec, one_hot_problem
-from flexibuff_envs.storage import MASKS, NEXT, Storage, extra_fields, field_table
+from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import MASKS, NEXT, Storage, field_table
 
-#: bounds no real buffer comes near; a header past them is refused before any arithmetic
-MAX_ROWS = 1 << 40
-MAX_WIDTH = 1 << 31
-MAX_AGENTS = 1 << 16
-MAX_POSITION = 1 << 62
 #: fields every buffer allocates when made, so every file holds them
 REQUIRED = ("obs", "terminated", "truncated", "active", "G")
 #: the array of prioritized replay's ``priority ** alpha`` per row (files of buffers that used it)
 PRIORITY = "priority"
-
-
-class BadHeader(Exception):
-    """What is wrong with a header (without the file's path)."""
 
 
 class Truncated(BadHeader):
@@ -84,171 +87,37 @@ def stored_range(live_start: int, written: int, capacity: int) -> tuple[int, int
     return (first, first + size) if first + size <= capacity else (0, capacity)
 
 
-# ----------------------------------------------------------------------------- values
-
-
-def _int(value: Any, what: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadHeader(f"{what} must be an integer in [{lo}, {hi}], got {short_repr(value)}")
-    return value
-
-
-def _fraction(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise BadHeader(f"{what} must be a number in [0, 1], got {short_repr(value)}")
-    return float(value)
-
-
-def _finite(value: Any, what: str, lo: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < math.inf:
-        raise BadHeader(f"{what} must be a finite number >= {lo}, got {short_repr(value)}")
-    return float(value)
-
-
-def _of(value: Any, kind: type, what: str) -> Any:
-    if not isinstance(value, kind):
-        raise BadHeader(f"{what} must be a JSON {kind.__name__}, got {short_repr(value)}")
-    return value
-
-
-def _keys(value: Any, what: str, required: set[str], optional: frozenset[str] = frozenset()) -> dict[str, Any]:
-    data = _of(value, dict, what)
-    missing, unknown = required - data.keys(), data.keys() - required - optional
-    if missing or unknown:
-        raise BadHeader(
-            f"{what} "
-            + "; ".join(
-                [f"lacks {sorted(missing)}"] * bool(missing) + [f"has unknown keys {sorted(unknown)}"] * bool(unknown)
-            )
-        )
-    return data
-
-
-def _ints(value: Any, what: str, lo: int, hi: int, length: int | None = None) -> tuple[int, ...]:
-    items = _of(value, list, what)
-    if length is not None and len(items) != length:
-        raise BadHeader(f"{what} must have {length} entries, got {len(items)}")
-    if len(items) > MAX_AGENTS:
-        raise BadHeader(f"{what} has {len(items)} entries, more than {MAX_AGENTS}")
-    return tuple(_int(v, f"{what}[{i}]", lo, hi) for i, v in enumerate(items))
-
-
-def _dtype(value: Any, what: str) -> str:
-    if not isinstance(value, str):
-        raise BadHeader(f"{what} must be a dtype name, got {short_repr(value)}")
-    try:
-        return plain_dtype(what, value).name
-    except ValueError as exc:
-        raise BadHeader(str(exc)) from None
-
-
 # ----------------------------------------------------------------------------- parts
 
 
-_SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(BufferSpec))
-
-
-def parse_spec(value: Any) -> BufferSpec:
-    """A `BufferSpec` from its JSON form (a file's or a log's header), or `BadHeader` saying what is wrong."""
-    data = _keys(
-        value,
-        "spec",
-        {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
-        _SPEC_KEYS - {"obs_size", "obs_dtype", "n_agents", "agent_ids", "n_envs"},
-    )
-    n_agents = _int(data["n_agents"], "spec n_agents", 1, MAX_AGENTS)
-    ids = _of(data["agent_ids"], list, "spec agent_ids")
-    if len(ids) != n_agents or not all(isinstance(a, str) for a in ids):
-        raise BadHeader(f"spec agent_ids must be {n_agents} names, got {short_repr(ids)}")
-    cards = _ints(data.get("discrete_action_cardinalities", []), "spec discrete_action_cardinalities", 1, MAX_WIDTH)
-    state = data.get("state_size")
-    categories = _ints(data.get("obs_categories", []), "spec obs_categories", 1, MAX_WIDTH)
-    obs_size = _int(data["obs_size"], "spec obs_size", 1, MAX_WIDTH)
-    if categories and sum(categories) != obs_size:
-        raise BadHeader(f"spec obs_categories add up to {sum(categories)}, not obs_size {obs_size}")
-    if one_hot_problem(categories):
-        raise BadHeader(f"spec {one_hot_problem(categories)}")
-    per_agent = _of(
-        data.get("agent_discrete_action_cardinalities", []), list, "spec agent_discrete_action_cardinalities"
-    )
-    if len(per_agent) not in (0, n_agents):
-        raise BadHeader(f"spec agent_discrete_action_cardinalities must have {n_agents} entries")
-    spec = BufferSpec(
-        obs_size=obs_size,
-        obs_dtype=_dtype(data["obs_dtype"], "spec obs_dtype"),
-        discrete_action_cardinalities=cards,
-        continuous_action_dimension=_int(
-            data.get("continuous_action_dimension", 0), "spec continuous_action_dimension", 0, MAX_WIDTH
-        ),
-        action_mask=_of(data.get("action_mask", False), bool, "spec action_mask") and bool(cards),
-        n_agents=n_agents,
-        agent_ids=tuple(ids),
-        state_size=None if state is None else _int(state, "spec state_size", 1, MAX_WIDTH),
-        n_envs=_int(data["n_envs"], "spec n_envs", 1, MAX_AGENTS),
-        discrete_action_starts=_ints(
-            data.get("discrete_action_starts", [0] * len(cards)),
-            "spec discrete_action_starts",
-            -MAX_POSITION,
-            MAX_POSITION,
-            len(cards),
-        ),
-        obs_shape=_ints(data.get("obs_shape", [obs_size]), "spec obs_shape", 0, MAX_WIDTH),
-        state_dtype=_dtype(data.get("state_dtype", "float32"), "spec state_dtype"),
-        agent_obs_sizes=_ints(data.get("agent_obs_sizes", []), "spec agent_obs_sizes", 1, obs_size),
-        agent_discrete_action_cardinalities=tuple(
-            _ints(c, f"spec agent_discrete_action_cardinalities[{i}]", 1, MAX_WIDTH) for i, c in enumerate(per_agent)
-        ),
-        agent_continuous_action_dimensions=_ints(
-            data.get("agent_continuous_action_dimensions", []), "spec agent_continuous_action_dimensions", 0, MAX_WIDTH
-        ),
-        obs_categories=categories,
-        extra_fields=_extra_fields(data.get("extra_fields", [])),
-    )
-    if spec.agent_obs_sizes and len(spec.agent_obs_sizes) != n_agents:
-        raise BadHeader(f"spec agent_obs_sizes must have {n_agents} entries")
-    return spec
-
-
-def _extra_fields(value: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
-    items = _of(value, list, "spec extra_fields")
-    if len(items) > MAX_AGENTS:
-        raise BadHeader(f"spec extra_fields lists {len(items)} fields, more than {MAX_AGENTS}")
-    given: dict[Any, Any] = {}
-    for k, item in enumerate(items):
-        entry = _of(item, list, f"spec extra_fields[{k}]")
-        if len(entry) != 3 or not isinstance(entry[0], str) or entry[0] in given:
-            raise BadHeader(f"spec extra_fields[{k}] must be a new [name, shape, dtype], got {short_repr(entry)}")
-        given[entry[0]] = (_ints(entry[1], f"spec extra_fields[{k}] shape", 1, MAX_WIDTH), entry[2])
-    try:
-        return extra_fields(given)
-    except (TypeError, ValueError) as exc:
-        raise BadHeader(f"spec {exc}") from None
-
-
 def _rng(value: Any) -> dict[str, Any]:
-    data = _keys(value, "rng", {"bit_generator", "state", "has_uint32", "uinteger"})
+    data = keys_of(value, "rng", {"bit_generator", "state", "has_uint32", "uinteger"})
     if data["bit_generator"] != "PCG64":
         raise BadHeader(f"rng bit_generator must be 'PCG64', got {short_repr(data['bit_generator'])}")
-    state = _keys(data["state"], "rng state", {"state", "inc"})
+    state = keys_of(data["state"], "rng state", {"state", "inc"})
     for key in ("state", "inc"):
-        _int(state[key], f"rng state {key}", 0, (1 << 128) - 1)
-    _int(data["has_uint32"], "rng has_uint32", 0, 1)
-    _int(data["uinteger"], "rng uinteger", 0, (1 << 32) - 1)
+        integer(state[key], f"rng state {key}", 0, (1 << 128) - 1)
+    integer(data["has_uint32"], "rng has_uint32", 0, 1)
+    integer(data["uinteger"], "rng uinteger", 0, (1 << 32) - 1)
     return data
 
 
 def _episode(value: Any, what: str) -> tuple[int, int, bool]:
-    items = _of(value, list, what)
+    items = of_kind(value, list, what)
     if len(items) != 3 or not isinstance(items[2], bool):
         raise BadHeader(f"{what} must be [start, end, whole], got {short_repr(items)}")
-    return _int(items[0], f"{what} start", 0, MAX_POSITION), _int(items[1], f"{what} end", 0, MAX_POSITION), items[2]
+    return (
+        integer(items[0], f"{what} start", 0, MAX_POSITION),
+        integer(items[1], f"{what} end", 0, MAX_POSITION),
+        items[2],
+    )
 
 
 def _ended(value: Any, what: str, live_start: int, written: int) -> tuple[list[tuple[int, int, bool]], int]:
     """The ended episodes, each ``[start, end, whole]``, checked to tile the positions from
     ``live_start`` on in a few numpy passes (a file may list hundreds of thousands); and where
     the last one ends."""
-    items = _of(value, list, f"{what} ended")
+    items = of_kind(value, list, f"{what} ended")
     if not items:
         return [], live_start
     try:
@@ -273,19 +142,19 @@ def _ended(value: Any, what: str, live_start: int, written: int) -> tuple[list[t
 def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> LaneInfo:
     what = f"lane {i}"
     if version >= 4:
-        data = _keys(value, what, {"written", "live_start", "rows", "ended", "running", "agent_start"})
-        written = _int(data["written"], f"{what} written", 0, MAX_POSITION)
-        live_start = _int(data["live_start"], f"{what} live_start", max(0, written - capacity), written)
-        lo, hi = _ints(data["rows"], f"{what} rows", 0, capacity, 2)
+        data = keys_of(value, what, {"written", "live_start", "rows", "ended", "running", "agent_start"})
+        written = integer(data["written"], f"{what} written", 0, MAX_POSITION)
+        live_start = integer(data["live_start"], f"{what} live_start", max(0, written - capacity), written)
+        lo, hi = integers(data["rows"], f"{what} rows", 0, capacity, 2)
         if (lo, hi) != stored_range(live_start, written, capacity):
             raise BadHeader(
                 f"{what} rows [{lo}, {hi}) are not where positions {live_start}-{written} of a {capacity}-row lane lie"
             )
         starts = data["agent_start"]
-        agent_start = None if starts is None else list(_ints(starts, f"{what} agent_start", -1, written, n_agents))
+        agent_start = None if starts is None else list(integers(starts, f"{what} agent_start", -1, written, n_agents))
     else:
-        data = _keys(value, what, {"size", "ended", "running"})
-        written = _int(data["size"], f"{what} size", 0, capacity)
+        data = keys_of(value, what, {"size", "ended", "running"})
+        written = integer(data["size"], f"{what} size", 0, capacity)
         live_start, lo, hi, agent_start = 0, 0, written, None
     # the episodes tile the recorded positions: each starts where the one before ended
     ended, previous = _ended(data["ended"], what, live_start, written)
@@ -301,7 +170,7 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
 
 
 def _field_meta(value: Any, k: int, version: int, known: Collection[str]) -> dict[str, Any]:
-    meta = _keys(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
+    meta = keys_of(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
     name = meta["name"]
     if not isinstance(name, str) or name not in known:
         raise BadHeader(f"field {k} has an unknown name {short_repr(name)}")
@@ -328,7 +197,7 @@ def _expected(storage: Storage, meta: dict[str, Any], version: int) -> tuple[np.
 
 def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: int) -> tuple[list[dict[str, Any]], int]:
     known = {*field_table(spec), PRIORITY}
-    metas = [_field_meta(v, k, version, known) for k, v in enumerate(_of(value, list, "fields"))]
+    metas = [_field_meta(v, k, version, known) for k, v in enumerate(of_kind(value, list, "fields"))]
     seen = {(m["name"], m.get("part")) for m in metas}
     if len(seen) != len(metas):
         raise BadHeader("fields name one array twice")
@@ -340,7 +209,7 @@ def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: i
         if parts not in ({None}, {"index", "tail"}) if (base, None) in seen else parts:
             raise BadHeader(f"fields must hold {name!r} (both its parts) exactly when they hold {base!r}")
     log_prob = next((m for m in metas if m["name"] == "continuous_log_probs"), None)
-    width = 0 if log_prob is None else _int(log_prob.get("width"), "continuous_log_probs width", 1, MAX_WIDTH)
+    width = 0 if log_prob is None else integer(log_prob.get("width"), "continuous_log_probs width", 1, MAX_WIDTH)
     storage = Storage(spec, rows, log_prob_continuous=width)
     end = 0
     metas.sort(
@@ -351,12 +220,12 @@ def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: i
         dtype, shape = _expected(storage, meta, version)
         if meta["dtype"] != dtype.str:
             raise BadHeader(f"{what} has dtype {short_repr(meta['dtype'])}; this buffer's layout stores {dtype.str}")
-        given = _ints(meta["shape"], f"{what} shape", 0, MAX_ROWS)
+        given = integers(meta["shape"], f"{what} shape", 0, MAX_ROWS)
         if shape is None:  # a tail store: its slots (slot 0 first) of the base's width
             shape = (given[0] if given and given[0] >= 1 else -1, storage.shape(NEXT[meta["name"]])[-1])
         if given != shape:
             raise BadHeader(f"{what} has shape {list(given)}; {rows} stored rows of this layout need {list(shape)}")
-        offset = _int(meta["offset"], f"{what} offset", end, data_bytes)
+        offset = integer(meta["offset"], f"{what} offset", end, data_bytes)
         end = offset + math.prod(shape) * dtype.itemsize
         if end > data_bytes:
             raise BadHeader(f"{what} runs to byte {end} of the data, which has {data_bytes}")
@@ -376,7 +245,7 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         data = json.loads(blob)
     except (ValueError, RecursionError) as exc:
         raise BadHeader(f"not JSON ({type(exc).__name__})") from None
-    data = _keys(
+    data = keys_of(
         data,
         "the header",
         _TOP | ({"data_bytes"} if version >= 2 else set()),
@@ -390,8 +259,10 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
     if data["format"] != "flexibuff_envs buffer":
         raise BadHeader(f"format is {short_repr(data['format'])}, not 'flexibuff_envs buffer'")
     spec = parse_spec(data["spec"])
-    num_steps = _int(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
-    lanes = [_lane(v, i, version, num_steps, spec.n_agents) for i, v in enumerate(_of(data["lanes"], list, "lanes"))]
+    num_steps = integer(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
+    lanes = [
+        _lane(v, i, version, num_steps, spec.n_agents) for i, v in enumerate(of_kind(data["lanes"], list, "lanes"))
+    ]
     if len(lanes) != spec.n_envs:
         raise BadHeader(f"lanes lists {len(lanes)} lanes but the spec has n_envs {spec.n_envs}")
     rows = sum(lane.hi - lane.lo for lane in lanes)
@@ -402,14 +273,14 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
     return Header(
         spec=spec,
         num_steps=num_steps,
-        gamma=_fraction(data["gamma"], "gamma"),
-        gae_lambda=_fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
-        path=_of(data["path"], str, "path"),
-        name=_of(data["name"], str, "name"),
+        gamma=fraction(data["gamma"], "gamma"),
+        gae_lambda=fraction(data.get("gae_lambda", 0.95), "gae_lambda"),
+        path=of_kind(data["path"], str, "path"),
+        name=of_kind(data["name"], str, "name"),
         rng=_rng(data["rng"]),
         lanes=lanes,
         fields=fields,
         log_prob_width=width,
-        alpha=_finite(data.get("alpha", ALPHA), "alpha", 0.0),
-        max_priority=_finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None,
+        alpha=finite(data.get("alpha", ALPHA), "alpha", 0.0),
+        max_priority=finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None,
     )
