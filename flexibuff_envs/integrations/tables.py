@@ -21,7 +21,7 @@ from flexibuff_envs.episodes import Lane, episode_table
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.sampling import Draw
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import NEXT, Storage, encode
+from flexibuff_envs.storage import FIELDS, NEXT, Storage, encode
 
 #: a buffer, or the path of a buffer file or an episode log
 Source = FlexibleBuffer | str | os.PathLike[str]
@@ -29,7 +29,7 @@ Source = FlexibleBuffer | str | os.PathLike[str]
 Block = tuple[np.ndarray, dict[str, np.ndarray]]
 
 #: fields with one value per row, not per agent
-GLOBAL = frozenset({"state", "state_", "global_rewards", "global_auxiliary_rewards"})
+GLOBAL = frozenset(name for name, field in FIELDS.items() if not field.per_agent)
 #: batch fields that say how a batch was drawn, not what was recorded
 DRAWN = frozenset({"idx", "valid", "weights", "discounts", "n_steps", "extra", "agents"})
 #: fields a buffer computes when an episode ends; an import writes the given ones over them
