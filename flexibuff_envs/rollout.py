@@ -219,10 +219,10 @@ def warm(
     recorder = (
         env if isinstance(getattr(env, "buffer", None), FlexibleBuffer) else record(env, buffer, **record_options)
     )
-    api = env_kind(recorder)
+    api = env_kind(recorder) or "gymnasium"  # `record` refused any other kind already
     bar, moved = progress_bar(budget, f"warm {label}", show=progress)
     try:
-        done = play(recorder, api or "gymnasium", seed=seed, budget=budget, progress=moved, policy=policy)
+        done = play(recorder, api, seed=seed, budget=budget, progress=moved, policy=policy)
     finally:
         bar.close()
     if done.interrupted:  # Ctrl-C: the buffer holds what was recorded, and the caller is told

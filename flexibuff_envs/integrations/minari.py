@@ -19,7 +19,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
 from flexibuff_envs.action_codecs import action_codec
-from flexibuff_envs.batch import FlexiBatch
+from flexibuff_envs.batch import ONCE_PER_ROW, PER_AGENT, FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError
@@ -192,7 +192,8 @@ def to_minari_agents(
 ) -> dict[str, Any]:
     """One Minari dataset per agent of a multi-agent ``buffer``, ``NAMESPACE/AGENT-vVERSION``
     each (`to_minari`'s), under the namespace ``namespace`` (made when missing, described as the
-    recording). Returns the datasets by agent. None is written when one of the ids is taken."""
+    recording). Returns the datasets by agent. None is written when one of the ids is taken; a
+    Ctrl-C between two agents leaves the datasets of the agents before it."""
     ids = {agent: f"{namespace}/{agent}-v{version}" for agent in buffer.spec.agent_ids}
     taken = [dataset_id for dataset_id in ids.values() if dataset_id in minari.list_local_datasets()]
     if taken:
@@ -272,28 +273,15 @@ def _padded(values: Any) -> Any:
 def _rows(batch: FlexiBatch, rows: np.ndarray) -> FlexiBatch:
     """The rows ``rows`` of an episode's batch, every agent's and the global fields."""
     kept: dict[str, Any] = {}
-    for name, value in vars(batch).items():
-        if name in _MASKS and value is not None:
-            kept[name] = [head[:, rows] for head in value]
-        elif name in _PER_AGENT and value is not None:
-            kept[name] = value[:, rows]
-        elif name in _GLOBAL and value is not None:
+    for name in PER_AGENT:
+        value = getattr(batch, name)
+        if value is not None:
+            kept[name] = [head[:, rows] for head in value] if isinstance(value, list) else value[:, rows]
+    for name in ONCE_PER_ROW:
+        value = getattr(batch, name)
+        if value is not None:
             kept[name] = value[rows]
     return FlexiBatch(**kept)
-
-
-_PER_AGENT = {
-    "obs",
-    "obs_",
-    "discrete_actions",
-    "continuous_actions",
-    "individual_rewards",
-    "terminated",
-    "truncated",
-    "active",
-}
-_GLOBAL = {"idx", "state", "state_"}
-_MASKS = {"action_mask", "action_mask_"}
 
 
 def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
