@@ -193,22 +193,24 @@ class Chain:
     # ----------------------------------------------------------------- conversion
 
     def extract(
-        self, rows: np.ndarray, cut: np.ndarray | None = None, cut_succ: np.ndarray | None = None
+        self, rows: np.ndarray, cut: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The next values of ``rows`` as a chain of their own: ``(index, tail)``.
 
         A chained row reads the next of ``rows``; the slots the rows name are renumbered
-        ``1, 2, ...`` in a tail holding only those (slot 0: zeros). A chained row at a position in
-        ``cut`` (whose successor is not the next of ``rows``) gets a slot with its value, read
-        from the base at ``cut_succ``.
+        ``1, 2, ...`` in a tail holding only those (slot 0: zeros). ``cut``: positions in ``rows``
+        whose successor is not the next of ``rows``, and a function giving those successors' rows
+        (called only when one is chained): a chained row there gets a slot with its value.
         """
         index, tail = renumbered(self.index.take(rows, axis=-1), self.tail)
-        if cut is not None and cut.size:
+        if cut is not None:
             # a global field is handled as one agent's
-            base, at = (self.base, index) if self.per_agent else (self.base[None], index[None])
-            agents, which = np.nonzero(at[:, cut] == CHAINED)
-            at[agents, cut[which]] = len(tail) + np.arange(which.size, dtype=np.int32)
-            tail = np.concatenate([tail, base[agents, np.asarray(cut_succ)[which]]])
+            at, (positions, successors) = (index if self.per_agent else index[None]), cut
+            agents, which = np.nonzero(at[:, positions] == CHAINED)
+            if which.size:
+                base = self.base if self.per_agent else self.base[None]
+                at[agents, positions[which]] = len(tail) + np.arange(which.size, dtype=np.int32)
+                tail = np.concatenate([tail, base[agents, successors()[which]]])
         return index, tail
 
     def fill(self, rows: np.ndarray, ends: np.ndarray, value: Any) -> None:
@@ -258,13 +260,13 @@ class Chain:
 
 
 def renumbered(index: np.ndarray, tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``index`` naming slots ``1, 2, ...`` of a new tail that holds only the slots of ``tail`` it
-    named (slot 0, zeros, first); chained rows stay chained."""
-    used = np.unique(index[index > 0])
-    return (
-        np.where(index > 0, np.searchsorted(used, index) + 1, index).astype(np.int32),
-        np.concatenate([tail[:1], tail[used]]),
-    )
+    """``index`` naming slots ``1, 2, ...`` of a new tail that holds the slots of ``tail`` it
+    named, in the order it names them (slot 0, zeros, first); chained rows stay chained."""
+    named = index > 0
+    used = index[named]
+    out = index.astype(np.int32)
+    out[named] = np.arange(1, used.size + 1, dtype=np.int32)
+    return out, np.concatenate([tail[:1], tail[used]])
 
 
 def as_rows(array: np.ndarray) -> np.ndarray:

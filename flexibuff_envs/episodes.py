@@ -383,6 +383,8 @@ def lane_offsets(lanes: Sequence[Lane]) -> np.ndarray:
 
 def segment_rows(segments: Sequence[tuple[int, int]]) -> np.ndarray:
     """The rows of the ring ranges ``[lo, hi)`` of ``segments``, range after range."""
+    if len(segments) == 1:
+        return np.arange(*segments[0])
     return np.concatenate([np.arange(lo, hi) for lo, hi in segments] or [np.zeros(0, dtype=np.int64)])
 
 

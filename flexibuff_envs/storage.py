@@ -212,7 +212,9 @@ class Part:
     @classmethod
     def of(cls, name: str, part: str | None, array: np.ndarray, per_agent: bool, segments: Segments) -> Part:
         """The rows ``segments`` of ``array`` (views)."""
-        return cls(name, part, per_agent, tuple(array[:, lo:hi] if per_agent else array[lo:hi] for lo, hi in segments))
+        if per_agent:
+            return cls(name, part, per_agent, tuple([array[:, lo:hi] for lo, hi in segments]))
+        return cls(name, part, per_agent, tuple([array[lo:hi] for lo, hi in segments]))
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -570,20 +572,19 @@ class Storage:
         arrays; given as row numbers, copies. Each chain's parts hold the slots those rows name,
         renumbered ``1, 2, ...``; a chained row at a position in ``last`` (an episode's end,
         whose successor does not follow it in ``rows``) gets a slot with its value."""
+        fields = self.fields
         if isinstance(rows, np.ndarray):
             parts = [
-                Part(
-                    name, None, self.fields[name].per_agent, (array.take(rows, axis=int(self.fields[name].per_agent)),)
-                )
+                Part(name, None, fields[name].per_agent, (array.take(rows, axis=int(fields[name].per_agent)),))
                 for name, array in self
             ]
             numbers = rows
         else:
-            parts = [Part.of(name, None, array, self.fields[name].per_agent, rows) for name, array in self]
+            parts = [Part.of(name, None, array, fields[name].per_agent, rows) for name, array in self]
             numbers = segment_rows(rows)
-        ends = None if last is None else self.successor_rows(numbers[last])
+        cut = None if last is None else (last, functools.partial(self.successor_rows, numbers[last]))
         for name, chain in self.chains.items():
-            index, tail = chain.extract(numbers, last, ends)
+            index, tail = chain.extract(numbers, cut)
             parts += [Part(name, "index", chain.per_agent, (index,)), Part(name, "tail", False, (tail,))]
         return parts
 

@@ -13,9 +13,12 @@ as a ring holds them, so mapping a column gives the array a buffer samples from:
     lengths.col    each episode's length (int64)
     obs.col, obs_.index.col, obs_.tail.col, ...   one per column
 
-An append writes its rows at the end of every column, then its commit entry; all of it is with
-the OS when `LogWriter.append` returns, so a process killed at any instant leaves the log as of
-its last whole entry plus bytes past it that no entry counts. Readers take the newest entry whose
+An append puts its rows at the end of every column, then writes its commit entry. Rows are
+copied into a mapped window at each file's end, whose disk blocks are reserved before it is
+mapped (large appends are written instead): all of it is with the OS when `LogWriter.append`
+returns, so a process killed at any instant leaves the log as of its last whole entry plus bytes
+past it that no entry counts (a torn append, or the rest of a reserved window; closing a writer
+cuts those). Readers take the newest entry whose
 own checksum and whose appended bytes' checksum hold (so an entry that reached the disk before
 its rows, in a power loss, is passed over) and ignore everything past it: no part of an episode is
 ever read. `verify` checks every entry and byte, `repair` cuts what lies past the newest whole
@@ -24,6 +27,7 @@ and every length is checked against the bytes the files hold before anything is 
 mapped, so a crafted log reads or raises `BufferFileError` naming the file.
 """
 
+from flexibuff_envs.log.follow import Follower
 from flexibuff_envs.log.format import (
     COMMITS,
     ENTRY_BYTES,
@@ -39,7 +43,7 @@ from flexibuff_envs.log.format import (
     is_log,
 )
 from flexibuff_envs.log.read import Logged, load, repair, report, verify
-from flexibuff_envs.log.write import Follower, LogWriter, merge
+from flexibuff_envs.log.write import LogWriter, merge
 
 __all__ = [
     "COMMITS",

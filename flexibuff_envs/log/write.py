@@ -1,20 +1,20 @@
-"""Writing an episode log: appending chunks and whole logs, following a buffer's ended episodes,
-merging logs (`flexibuff_envs.log`)."""
+"""Writing an episode log: appending chunks, a buffer's ring rows and whole logs, merging logs
+(`flexibuff_envs.log`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import time
-import warnings
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from flexibuff_envs.chunk import Chunk, check_layout
-from flexibuff_envs.episodes import Lane
+from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.errors import (
     BufferFileError,
     BufferSaveError,
@@ -25,6 +25,7 @@ from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.format import (
     CHAINS,
     COMMITS,
+    ENTRY_BYTES,
     EPISODE_LENGTHS,
     HEADER,
     PIECE,
@@ -46,7 +47,11 @@ from flexibuff_envs.log.read import (
     state_of,
     sync_file,
 )
-from flexibuff_envs.storage import NEXT, Storage
+from flexibuff_envs.log.tail import Tail
+from flexibuff_envs.storage import NEXT, Segments, Storage
+
+#: each stored part's rows, as `storage.Part` pieces hold them
+Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]]
 
 
 class LogWriter:
@@ -101,15 +106,16 @@ class LogWriter:
             (name, part): 0 if part is not None else probe.fill(name)
             for name, part in [(name, None) for name in probe.fields] + [(name, "index") for name in NEXT]
         }
-        self._files = {c.key: self._append_to(c.file) for c in state.files}
-        self._sizes = {key: os.fstat(target.fileno()).st_size for key, target in self._files.items()}
-        self._commits = self._append_to(COMMITS)
+        self._tails = {c.key: self._tail(c) for c in state.files}
+        self._plan = self._planned()
+        self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = time.monotonic()
-        # a writer dropped unclosed (its buffer collected) still lets go of its files
-        self._finalizer = weakref.finalize(self, _close, self._files, self._commits)
+        # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
+        self._open = _Open(self._tails, self._commits, self.columns, self.commit)
+        self._finalizer = weakref.finalize(self, self._open.close)
 
-    def _append_to(self, name: str) -> Any:
-        return open(os.path.join(self.directory, name), "ab", buffering=0)
+    def _tail(self, column: Column) -> Tail:
+        return Tail(os.path.join(self.directory, column.file))
 
     def _write_header(self, columns: Sequence[Column]) -> None:
         """The header naming ``columns``, whole or not at all."""
@@ -139,41 +145,50 @@ class LogWriter:
                 out.flush()
                 os.fsync(out.fileno())
         self._write_header([*self.columns, *columns])
-        self.columns = [*self.columns, *columns]
+        self.columns = self._open.columns = [*self.columns, *columns]
         for column in columns:
-            self._files[column.key] = self._append_to(column.file)
-            self._sizes[column.key] = os.fstat(self._files[column.key].fileno()).st_size
+            self._tails[column.key] = self._tail(column)
+        self._plan = self._planned()
 
-    def _pieces(self, chunk: Chunk) -> dict[tuple[str, str | None], np.ndarray]:
-        """Each column's bytes for ``chunk``: rows laid out as the files hold them, next-value
-        slots renumbered to follow the log's."""
-        given = {part.key: part.whole() for part in chunk.parts}
-        for name, part in given:
-            if part is not None and (name, "tail" if part == "index" else "index") not in given:
-                raise InvalidArgumentError(f"the chunk's next-value field {name!r} needs both its index and tail parts")
-        if given.keys() - self._files.keys():
-            self._add([Column.of(part) for part in chunk.parts if part.key not in self._files])
-        out = {EPISODE_LENGTHS.key: np.ascontiguousarray(chunk.lengths, dtype=EPISODE_LENGTHS.dtype)}
-        for column in self.columns:
-            array = given.get(column.key)
-            if array is None:  # a field the chunk's buffer lacks: its allocated value (a next value: slot 0)
+    def _planned(self) -> list[tuple[Column, Tail, Any, int | None]]:
+        """Per column: its tail, the value a row holds before it is written, and for a next
+        value's index the position of its chain in a commit's tail counts."""
+        return [
+            (
+                column,
+                self._tails[column.key],
+                self._fills[column.key] if column.part != "tail" else 0,
+                CHAINS.index(column.name) if column.part == "index" else None,
+            )
+            for column in self.columns
+        ]
+
+    def _pieces(self, given: Given, lengths: np.ndarray, rows: int) -> list[tuple[Tail, np.ndarray]]:
+        """Each column's bytes and the tail they go to, in the log's column order, from
+        ``given``: each stored part's rows as `storage.Part` pieces hold them (``[n_agents, n,
+        ...]`` for a per-agent field), laid out as the files hold them, next-value slots
+        renumbered to follow the log's. A column ``given`` lacks gets its allocated value."""
+        pieces = [(self._tails[EPISODE_LENGTHS.key], np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]
+        for column, tail, fill, shift in self._plan:
+            arrays = given.get(column.key)
+            if arrays is None:  # a field the buffer lacks: its allocated value (a next value: slot 0)
                 if column.part != "tail":
-                    out[column.key] = np.full((chunk.rows, *column.shape), self._fills[column.key], column.dtype)
+                    pieces.append((tail, np.full((rows, *column.shape), fill, column.dtype)))
                 continue
-            if column.per_agent and column.part != "tail":  # the file holds each row's agents together
-                array = array.swapaxes(0, 1)
-            if array.shape[1:] != column.shape or array.dtype != column.dtype:
-                raise SpecMismatchError(
-                    f"the chunk's {column.file} rows are {array.shape[1:]} {array.dtype}; "
-                    f"the log's are {column.shape} {column.dtype}"
-                )
-            if column.part == "tail":
-                array = array[1:]  # slot 0 (zeros) is the log's own
-            elif column.part == "index":
-                tails = self.commit.tails[CHAINS.index(column.name)]
-                array = np.where(array > 0, array + np.int32(tails - 1), array)
-            out[column.key] = np.ascontiguousarray(array)
-        return out
+            for array in arrays:
+                if column.per_agent and column.part != "tail":  # the file holds each row's agents together
+                    array = array.swapaxes(0, 1)
+                if array.dtype != column.dtype or array.shape[1:] != column.shape:
+                    raise SpecMismatchError(
+                        f"the chunk's {column.file} rows are {array.shape[1:]} {array.dtype}; "
+                        f"the log's are {column.shape} {column.dtype}"
+                    )
+                if shift is not None:  # an index: slots renumbered after the log's
+                    array = np.where(array > 0, array + np.int32(self.commit.tails[shift] - 1), array)
+                elif column.part == "tail":
+                    array = array[1:]  # slot 0 (zeros) is the log's own
+                pieces.append((tail, np.ascontiguousarray(array)))
+        return pieces
 
     @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
     def append(self, chunk: Chunk) -> None:
@@ -182,11 +197,37 @@ class LogWriter:
             return
         if chunk.spec is not self.header.spec:  # a chunk from this log's own buffer has its layout
             check_layout(self.header.spec, chunk.spec, "the chunk")
-        pieces = self._pieces(chunk)
-        added = tuple(len(pieces.get((name, "tail"), ())) for name in CHAINS)
-        self._commit(
-            ((key, piece.data.cast("B")) for key, piece in pieces.items()), chunk.rows, chunk.n_episodes, added
-        )
+        given = {part.key: part.pieces for part in chunk.parts}
+        for name, part in given:
+            if part is not None and (name, "tail" if part == "index" else "index") not in given:
+                raise InvalidArgumentError(f"the chunk's next-value field {name!r} needs both its index and tail parts")
+        if given.keys() - self._tails.keys():
+            self._add([Column.of(part) for part in chunk.parts if part.key not in self._tails])
+        self._commit(self._pieces(given, chunk.lengths, chunk.rows), chunk.rows, chunk.n_episodes, _added(given))
+
+    @holding
+    def append_rows(self, storage: Storage, segments: Segments, lengths: np.ndarray) -> None:
+        """Whole episodes of ``lengths``, back to back in the ring rows ``segments`` of
+        ``storage`` (a buffer of this log's layout), as one commit: what `append` writes for
+        their exported chunk, read straight from the arrays (the recorders' path)."""
+        if (storage.arrays.keys() | storage.chains.keys()) - {name for name, _ in self._tails}:
+            parts = storage.export(segments, lengths.cumsum() - 1)  # fields the log lacks: added
+            self.append(Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(parts)))
+            return
+        numbers = segment_rows(segments)
+        given: dict[tuple[str, str | None], Sequence[np.ndarray]] = {}
+        for name, array in storage.arrays.items():
+            axis = int(storage.fields[name].per_agent)
+            if len(segments) > 2:  # gathered: one piece, not one per range
+                given[name, None] = [array.take(numbers, axis=axis)]
+            else:
+                given[name, None] = [array[:, lo:hi] if axis else array[lo:hi] for lo, hi in segments]
+        last = lengths.cumsum() - 1
+        cut = (last, functools.partial(storage.successor_rows, numbers[last]))
+        for name, chain in storage.chains.items():
+            index, tail = chain.extract(numbers, cut)
+            given[name, "index"], given[name, "tail"] = [index], [tail]
+        self._commit(self._pieces(given, lengths, len(numbers)), len(numbers), len(lengths), _added(given))
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:
@@ -211,70 +252,67 @@ class LogWriter:
                 )
         if not state.commit.episodes:
             return
-        if any(c.key not in self._files for c in state.columns):
-            self._add([c for c in state.columns if c.key not in self._files])
+        if any(c.key not in self._tails for c in state.columns):
+            self._add([c for c in state.columns if c.key not in self._tails])
         theirs = {c.key: c for c in state.files}
         shift = {name: self.commit.tails[k] - 1 for k, name in enumerate(CHAINS)}
 
-        def pieces() -> Iterator[tuple[tuple[str, str | None], Any]]:
+        def pieces() -> Iterator[tuple[Tail, np.ndarray]]:
             for column in [EPISODE_LENGTHS, *self.columns]:
                 if column.key not in theirs:  # a field the source's buffer lacked: its allocated value
                     if column.part != "tail":
                         row = np.full(column.shape, self._fills[column.key], column.dtype).tobytes()
                         for lo, hi in spans(state.commit.rows, PIECE // max(1, len(row))):
-                            yield column.key, row * (hi - lo)
+                            yield self._tails[column.key], np.frombuffer(row * (hi - lo), np.uint8)
                     continue
                 first = 1 if column.part == "tail" else 0  # slot 0 is the log's own
                 for block in blocks(state, column, state.commit.count(column), first):
                     if column.part == "index":
                         block = np.where(block > 0, block + np.int32(shift[column.name]), block)
-                    yield column.key, block.data.cast("B")
+                    yield self._tails[column.key], block
 
         added = tuple(state.commit.tails[k] - 1 for k in range(len(CHAINS)))
         self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
 
-    def _commit(
-        self, pieces: Iterable[tuple[tuple[str, str | None], Any]], rows: int, episodes: int, added: tuple[int, ...]
-    ) -> None:
-        """Write ``pieces`` (column key, bytes) in order, then the commit entry counting ``rows``,
-        ``episodes`` and each chain's ``added`` slots. If a write fails (a full disk), every file
-        goes back to the last commit and `BufferSaveError` names the one that failed."""
+    def _commit(self, pieces: Iterable[tuple[Tail, Any]], rows: int, episodes: int, added: tuple[int, ...]) -> None:
+        """Put ``pieces`` (a column's tail, a C-contiguous array) in order, then write the commit entry counting
+        ``rows``, ``episodes`` and each chain's ``added`` slots. If a write fails (a full disk),
+        every file goes back to the last commit and `BufferSaveError` names the one that failed."""
         commit = Commit(
             self.commit.number + 1,
             self.commit.rows + rows,
             self.commit.episodes + episodes,
             tuple(t + n for t, n in zip(self.commit.tails, added)),
         )
-        crc = 0
-        sizes = dict(self._sizes)
-        target = self._commits
-        try:  # unbuffered: each piece is with the OS when written (a killed process loses nothing appended)
-            for key, piece in pieces:
-                target = self._files[key]
-                crc = _write(target, memoryview(piece), crc)
-                sizes[key] += memoryview(piece).nbytes
-            target = self._commits
-            _write(target, memoryview(commit.entry(crc)), 0)
+        crc, tail = 0, None
+        try:  # each piece is with the OS once put (a killed process loses nothing appended)
+            for tail, piece in pieces:
+                crc = zlib.crc32(piece, crc)
+                tail.put(piece)
+            tail = None  # the entry's turn
+            entry = memoryview(commit.entry(crc))
+            while entry:
+                entry = entry[self._commits.write(entry) :]
         except BaseException as exc:  # a full disk, or a source that cannot be read: back to the last commit
-            for key, size in self._sizes.items():
-                os.ftruncate(self._files[key].fileno(), size)
+            for column in [EPISODE_LENGTHS, *self.columns]:
+                self._tails[column.key].cut(self.commit.length(column))
+            os.ftruncate(self._commits.fileno(), (self.commit.number + 1) * ENTRY_BYTES)
             if isinstance(exc, OSError):
                 raise BufferSaveError(
                     exc.errno,
                     f"cannot append to the episode log ({exc.strerror or exc}; every "
                     "episode appended before is intact)",
-                    str(target.name),
+                    self._commits.name if tail is None else tail.path,
                 ) from exc
             raise
-        self._sizes = sizes
-        self.commit = commit
+        self.commit = self._open.commit = commit
         if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
             self.sync()
 
     def sync(self) -> None:
         """Everything appended so far to the disk itself (the rows first, then the commits)."""
-        for target in self._files.values():
-            os.fsync(target.fileno())
+        for tail in self._tails.values():
+            tail.sync()
         os.fsync(self._commits.fileno())
         self._synced = time.monotonic()
 
@@ -285,68 +323,22 @@ class LogWriter:
             self._finalizer()
 
 
-def _close(files: dict[Any, BinaryIO], commits: BinaryIO) -> None:
-    for target in [*files.values(), commits]:
-        target.close()
+def _added(given: Given) -> tuple[int, ...]:
+    """The slots each chain's tail adds (its slot 0 is the log's own)."""
+    return tuple(len(given[name, "tail"][0]) - 1 if (name, "tail") in given else 0 for name in CHAINS)
 
 
-def _write(target: BinaryIO, view: memoryview, crc: int) -> int:
-    """Write all of ``view``; returns ``crc`` carried over it."""
-    crc = zlib.crc32(view, crc)
-    while view:
-        view = view[target.write(view) :]
-    return crc
+class _Open:
+    """A writer's files and its newest commit: what closing them needs, so that a writer dropped
+    unclosed (its buffer collected) still cuts them to what is committed and lets go of them."""
 
+    def __init__(self, tails: dict[Any, Tail], commits: BinaryIO, columns: list[Column], commit: Commit) -> None:
+        self.tails, self.commits, self.columns, self.commit = tails, commits, columns, commit
 
-class Follower:
-    """Appends to ``writer`` every whole episode that ends in ``lanes`` from now on: `flush`
-    after episodes end writes those that ended since the last flush, as one commit, straight
-    from the ring's rows."""
-
-    def __init__(self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False) -> None:
-        self.writer = writer
-        self.per_block = per_block  # a vector recorder flushes with its blocks, not in each step
-        self.outgrown = False  # an episode longer than the ring was left out (said once)
-        self._after = [lane.written for lane in lanes]  # per lane: episodes ending later are new
-        self.episodes = self.rows = 0  # appended so far
-
-    def flush(self, storage: Storage, lanes: Sequence[Lane], which: Sequence[int] | None = None) -> None:
-        """Append the episodes that ended since the last flush in ``lanes`` (or in ``lanes[i]``
-        for ``i`` in ``which``: where episodes ended)."""
-        segments: list[tuple[int, int]] = []
-        lengths: list[int] = []
-        marks = list(self._after)  # taken on only once the episodes are appended: a failed append is retried
-        for i in range(len(lanes)) if which is None else which:
-            lane = lanes[i]
-            ended = lane.ended
-            if not len(ended) or ended[-1].end <= self._after[i]:
-                continue
-            new = slice(int(np.searchsorted(ended.ends, self._after[i], side="right")), None)
-            for start, end, whole in zip(
-                ended.starts[new].tolist(), ended.ends[new].tolist(), ended.whole[new].tolist()
-            ):
-                if whole:
-                    segments += lane.segments(start, end)
-                    lengths.append(end - start)
-                elif not self.outgrown:  # its first rows were forgotten before it ended
-                    self.outgrown = True
-                    warnings.warn(
-                        f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
-                        f"episode log {self.writer.directory} (nor is any other that does): give the "
-                        "buffer more rows than the longest episode",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-            marks[i] = ended[-1].end
-        if not lengths:
-            self._after = marks
-            return
-        header = self.writer.header
-        parts = storage.export(segments, np.cumsum(lengths) - 1)
-        self.writer.append(Chunk(storage.spec, header.gamma, header.gae_lambda, np.array(lengths), tuple(parts)))
-        self._after = marks
-        self.episodes += len(lengths)
-        self.rows += sum(lengths)
+    def close(self) -> None:
+        for column in [EPISODE_LENGTHS, *self.columns]:
+            self.tails[column.key].close(self.commit.length(column))
+        self.commits.close()
 
 
 def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> LogReport:
