@@ -1,10 +1,10 @@
 # Two entry points for a fresh machine; each makes .venv and installs what it needs first.
 #   make demo  - record 100 episodes of PettingZoo connect four (with action masks) and print a report
-#   make test  - run the test suite (exactly what CI runs)
+#   make test  - run the test suite (what CI runs, with make docs and make package)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench
+.PHONY: demo test docs package bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,20 +19,36 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
 
+# the documentation as HTML in docs/_build/html; any warning (a broken reference, a bad
+# docstring) fails the build
+docs: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[docs]'
+	$(VENV)/bin/sphinx-build -E -W --keep-going -q -b html docs docs/_build/html
+
+# a wheel and an sdist in dist/, the wheel installed into a fresh venv, the quickstart run there
+package: $(VENV)/.installed
+	$(PY) -m pip install -q build
+	rm -rf dist .package-venv
+	$(PY) -m build -q --outdir dist .
+	python3 -m venv .package-venv
+	.package-venv/bin/pip install -q dist/*.whl
+	cd dist && ../.package-venv/bin/python ../examples/quickstart.py
+
+# every benchmark, each one's output written to docs/benchmarks/results/ (benchmarks/run.py)
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'   # the peers compared side by side
-	$(PY) benchmarks/bench_record.py
-	$(PY) benchmarks/bench_vector.py
-	$(PY) benchmarks/bench_sample.py
-	$(PY) benchmarks/bench_sample.py --fields
-	$(PY) benchmarks/bench_pettingzoo.py
-	$(PY) benchmarks/bench_gae.py
-	$(PY) benchmarks/bench_io.py
-	$(PY) benchmarks/bench_memory.py
-	$(PY) benchmarks/bench_per.py
-	$(PY) benchmarks/bench_sb3.py
-	$(PY) benchmarks/bench_log.py
-	$(PY) benchmarks/bench_log_read.py
-	$(PY) benchmarks/bench_log_memory.py
-	$(PY) benchmarks/bench_exports.py
-	$(PY) benchmarks/bench_by_agent.py
+	$(PY) benchmarks/run.py bench_record.py
+	$(PY) benchmarks/run.py bench_vector.py
+	$(PY) benchmarks/run.py bench_sample.py
+	$(PY) benchmarks/run.py bench_sample.py --fields
+	$(PY) benchmarks/run.py bench_pettingzoo.py
+	$(PY) benchmarks/run.py bench_gae.py
+	$(PY) benchmarks/run.py bench_io.py
+	$(PY) benchmarks/run.py bench_memory.py
+	$(PY) benchmarks/run.py bench_per.py
+	$(PY) benchmarks/run.py bench_sb3.py
+	$(PY) benchmarks/run.py bench_log.py
+	$(PY) benchmarks/run.py bench_log_read.py
+	$(PY) benchmarks/run.py bench_log_memory.py
+	$(PY) benchmarks/run.py bench_exports.py
+	$(PY) benchmarks/run.py bench_by_agent.py

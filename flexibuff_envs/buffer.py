@@ -85,10 +85,11 @@ class FlexibleBuffer(Sampling):
         action_mask: record legal-action masks (``action_mask``, ``action_mask_``).
         n_agents: agents per row; with 1 the agent axis is dropped from batches.
         state_size: length of the global state, or None.
-        global_reward, global_auxiliary_reward, individual_reward, individual_auxiliary_reward,
-        log_prob_discrete, log_prob_continuous, memory_weights: allocate those fields up front.
+        global_reward: allocate that field up front; so do ``global_auxiliary_reward``,
+            ``individual_reward``, ``individual_auxiliary_reward``, ``log_prob_discrete``,
+            ``log_prob_continuous`` and ``memory_weights``.
         values: allocate value storage up front.
-        path, name: where `save` writes when given no path (``path/name.fbuf``).
+        path: where `save` writes when given no path (``path/name.fbuf``), with ``name``.
         agent_ids: agent names in buffer order.
         obs_dtype: dtype observations are stored in (uint8 keeps images at a byte per value).
         n_envs: independent lanes, one per sub-env of a vector env.

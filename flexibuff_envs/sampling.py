@@ -408,8 +408,8 @@ class Sampling:
         Args:
             weighted: draw rows in proportion to ``memory_weights`` (need not be normalised); not with ``prioritized``.
             idx: gather exactly these buffer rows instead of drawing.
-            fields: gather only these (a DQN wants obs, obs_, discrete_actions,
-                individual_rewards, terminated); the others are None on the batch.
+            fields: gather only these (a DQN wants ``obs``, ``obs_``, ``discrete_actions``,
+                ``individual_rewards``, ``terminated``); the others are None on the batch.
             prioritized: draw rows in proportion to ``priority ** alpha`` (see
                 `update_priorities`), with ``batch.weights`` the importance-sampling weights for
                 ``beta``.

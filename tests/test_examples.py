@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -158,3 +159,17 @@ def test_parquet_tables_reads_with_pandas_and_datasets(
     out = capsys.readouterr().out
     assert "pandas: " in out and "of 4 agents in 1 episodes" in out
     assert "datasets: " in out and "obs (64, 135) torch.float32" in out
+
+
+def test_the_readme_quickstart_is_examples_quickstart_and_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's quickstart is `examples/quickstart.py` word for word (`make package` runs
+    that file from an installed wheel), and it runs: its log holds what its buffer ended."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("## Quickstart", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == (EXAMPLES / "quickstart.py").read_text()
+    monkeypatch.chdir(tmp_path)
+    load("quickstart")
+    rows, episodes, logged = map(int, re.findall(r"\d+", capsys.readouterr().out))
+    assert rows == 10_000 and episodes == logged > 100 and (tmp_path / "cartpole.fbuf").stat().st_size > 0
