@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test docs package bench
+.PHONY: demo test docs package figures bench
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,6 +33,10 @@ package: $(VENV)/.installed
 	python3 -m venv .package-venv
 	.package-venv/bin/pip install -q dist/*.whl
 	cd dist && ../.package-venv/bin/python ../examples/quickstart.py
+
+# the learning examples over seeds 0-2, their results written into docs/examples.md
+figures: $(VENV)/.installed
+	$(PY) examples/figures.py --seeds 0 1 2
 
 # every benchmark, each one's output written to docs/benchmarks/results/ (benchmarks/run.py)
 bench: $(VENV)/.installed

@@ -91,6 +91,15 @@ def test_sb3_ppo_cartpole_records_what_sb3_trains_on(capsys: pytest.CaptureFixtu
     assert "512 SB3 steps in" in out and "512 recorded in" in out and "obs (256, 4)" in out
 
 
+def test_sb3_dqn_buffers_trains_sb3_s_dqn_on_either_buffer(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("stable_baselines3")
+    load("sb3_dqn_buffers").main(["--steps", "1300"])
+    assert re.fullmatch(
+        r"seed 0, 1300 steps: SB3's buffer [\d.]+, ours [\d.]+ \(mean return, 10 episodes\)\n", capsys.readouterr().out
+    )
+
+
 def test_torchrl_dqn_learns_from_tensordict_batches(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torchrl")
     load("torchrl_dqn").main(["--steps", "500", "--updates", "20"])

@@ -1,0 +1,130 @@
+"""Run the learning examples over several seeds and write their results, with the spread over
+seeds, the machine, the date and the commit, into docs/examples.md (``make figures``).
+
+Each example runs once per seed with its default arguments, in its own process; the numbers are
+read from the line it prints. Nothing else in docs/examples.md is touched: the table goes between
+its ``figures`` markers.
+
+Run: python examples/figures.py [--seeds 0 1 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PAGE = HERE.parent / "docs" / "examples.md"
+BEGIN, END = "<!-- figures: written by examples/figures.py -->", "<!-- end of figures -->"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """What one example reports: ``pattern``'s named groups, read from its output, as numbers."""
+
+    example: str
+    what: str  # the measure, in words
+    pattern: str  # a regex with a group ``value``
+    seeds: int = 3  # how many seeds (0, 1, ...) at least
+
+    def read(self, output: str) -> float:
+        found = re.search(self.pattern, output)
+        if found is None:
+            raise RuntimeError(f"{self.example}: no {self.what!r} in its output:\n{output}")
+        return float(found["value"])
+
+
+FIGURES = (
+    Figure("reinforce_cartpole", "mean return of the last 50 episodes", r"last 50: (?P<value>[\d.]+)"),
+    Figure("ppo_cartpole", "mean return at the end (150,000 steps)", r"final mean return (?P<value>[\d.]+)"),
+    Figure("sb3_ppo_cartpole", "mean return of the last 20 episodes", r"of the last 20: (?P<value>[\d.]+)"),
+    Figure("torchrl_dqn", "greedy return after training", r"greedy return [\d.]+ -> (?P<value>[\d.]+)"),
+    Figure("dqn_tictactoe", "first mover's win rate against random moves (%)", r"first.*after (?P<value>[\d.]+)%"),
+    Figure(
+        "sb3_dqn_buffers",
+        "SB3's DQN, SB3's own buffer: return after 12,000 steps",
+        r"SB3's buffer (?P<value>[\d.]+)",
+        5,
+    ),
+    Figure("sb3_dqn_buffers", "SB3's DQN, our buffer: return after 12,000 steps", r"ours (?P<value>[\d.]+)", 5),
+    Figure(
+        "dqn_per_cartpole",
+        "mean return of the last 20 episodes (budget 60,000 steps)",
+        r"mean return of the last 20: (?P<value>[\d.]+)",
+    ),
+)
+
+
+@functools.cache
+def run(example: str, seed: int) -> tuple[str, float]:
+    """What ``example`` printed for ``seed``, and the seconds it took (once per pair)."""
+    seed_args = ["--seeds", str(seed)] if example == "dqn_per_cartpole" else ["--seed", str(seed)]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, str(HERE / f"{example}.py"), *seed_args], capture_output=True, text=True, check=True
+    )
+    return done.stdout, time.perf_counter() - start
+
+
+def commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    rows = []
+    for figure in FIGURES:
+        seeds = list(args.seeds)
+        while len(seeds) < figure.seeds:  # the seeds given, continued
+            seeds.append(max(seeds) + 1)
+        outputs, seconds = zip(*(run(figure.example, seed) for seed in seeds))
+        values = [figure.read(output) for output in outputs]
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(f"{figure.example}: {figure.what}: {values} ({sum(seconds):.0f} s)")
+        rows.append(
+            f"| `{figure.example}.py` | {figure.what} | {statistics.mean(values):.1f} ± {spread:.1f} "
+            f"| {', '.join(f'{seed}: {v:.1f}' for seed, v in zip(seeds, values))} | {statistics.mean(seconds):.0f} s |"
+        )
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    table = "\n".join(
+        [
+            BEGIN,
+            (
+                f"Written by `python examples/figures.py --seeds {' '.join(map(str, args.seeds))}` "
+                f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {commit()}, on "
+                f"{platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, Python "
+                f"{platform.python_version()}, torch on CPU. Each example ran once per seed with its "
+                "default arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
+            ),
+            "",
+            "| example | measure | mean ± sd | per seed | time per run |",
+            "|---|---|---|---|---|",
+            *rows,
+            END,
+        ]
+    )
+    page = PAGE.read_text()
+    head, _, rest = page.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    PAGE.write_text(head + table + tail)
+    print(f"wrote {PAGE.relative_to(HERE.parent)}")
+
+
+if __name__ == "__main__":
+    main()
