@@ -274,10 +274,13 @@ class LogWriter:
         added = tuple(state.commit.tails[k] - 1 for k in range(len(CHAINS)))
         self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
 
-    def _commit(self, pieces: Iterable[tuple[Tail, Any]], rows: int, episodes: int, added: tuple[int, ...]) -> None:
-        """Put ``pieces`` (a column's tail, a C-contiguous array) in order, then write the commit entry counting
-        ``rows``, ``episodes`` and each chain's ``added`` slots. If a write fails (a full disk),
-        every file goes back to the last commit and `BufferSaveError` names the one that failed."""
+    def _commit(
+        self, pieces: Iterable[tuple[Tail, np.ndarray]], rows: int, episodes: int, added: tuple[int, ...]
+    ) -> None:
+        """Put ``pieces`` (a column's tail, a C-contiguous array) in order, then write the commit
+        entry counting ``rows``, ``episodes`` and each chain's ``added`` slots. If a write fails
+        (a full disk), every file goes back to the last commit and `BufferSaveError` names the one
+        that failed."""
         commit = Commit(
             self.commit.number + 1,
             self.commit.rows + rows,
@@ -287,7 +290,7 @@ class LogWriter:
         crc, tail = 0, None
         try:  # each piece is with the OS once put (a killed process loses nothing appended)
             for tail, piece in pieces:
-                crc = zlib.crc32(piece, crc)
+                crc = zlib.crc32(piece.data, crc)
                 tail.put(piece)
             tail = None  # the entry's turn
             entry = memoryview(commit.entry(crc))
