@@ -108,6 +108,7 @@ class LogWriter:
         }
         self._tails = {c.key: self._tail(c) for c in state.files}
         self._plan = self._planned()
+        self._stored = {name for name, _ in self._tails}  # the fields (and next values) it has columns for
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
@@ -149,15 +150,22 @@ class LogWriter:
         for column in columns:
             self._tails[column.key] = self._tail(column)
         self._plan = self._planned()
+        self._stored = {name for name, _ in self._tails}
 
-    def _planned(self) -> list[tuple[Column, Tail, Any, int | None]]:
-        """Per column: its tail, the value a row holds before it is written, and for a next
-        value's index the position of its chain in a commit's tail counts."""
+    def _planned(self) -> list[tuple[Any, ...]]:
+        """Per column, what `_pieces` reads of it: its key, tail, row dtype and shape, the value a
+        row holds before it is written, whether its rows come agent-major (to swap), the first
+        row it stores (a tail's slot 0 is the log's own) and, for a next value's index, the
+        position of its chain in a commit's tail counts."""
         return [
             (
-                column,
+                column.key,
                 self._tails[column.key],
-                self._fills[column.key] if column.part != "tail" else 0,
+                column.dtype,
+                column.shape,
+                self._fills[column.key] if column.part != "tail" else None,
+                column.per_agent and column.part != "tail",
+                int(column.part == "tail"),
                 CHAINS.index(column.name) if column.part == "index" else None,
             )
             for column in self.columns
@@ -169,25 +177,23 @@ class LogWriter:
         ...]`` for a per-agent field), laid out as the files hold them, next-value slots
         renumbered to follow the log's. A column ``given`` lacks gets its allocated value."""
         pieces = [(self._tails[EPISODE_LENGTHS.key], np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]
-        for column, tail, fill, shift in self._plan:
-            arrays = given.get(column.key)
+        for key, tail, dtype, shape, fill, swap, first, shift in self._plan:
+            arrays = given.get(key)
             if arrays is None:  # a field the buffer lacks: its allocated value (a next value: slot 0)
-                if column.part != "tail":
-                    pieces.append((tail, np.full((rows, *column.shape), fill, column.dtype)))
+                if fill is not None:
+                    pieces.append((tail, np.full((rows, *shape), fill, dtype)))
                 continue
             for array in arrays:
-                if column.per_agent and column.part != "tail":  # the file holds each row's agents together
+                if swap:  # the file holds each row's agents together
                     array = array.swapaxes(0, 1)
-                if array.dtype != column.dtype or array.shape[1:] != column.shape:
+                if array.dtype != dtype or array.shape[1:] != shape:
                     raise SpecMismatchError(
-                        f"the chunk's {column.file} rows are {array.shape[1:]} {array.dtype}; "
-                        f"the log's are {column.shape} {column.dtype}"
+                        f"the chunk's {'.'.join(k for k in key if k)} rows are {array.shape[1:]} {array.dtype}; "
+                        f"the log's are {shape} {dtype}"
                     )
                 if shift is not None:  # an index: slots renumbered after the log's
                     array = np.where(array > 0, array + np.int32(self.commit.tails[shift] - 1), array)
-                elif column.part == "tail":
-                    array = array[1:]  # slot 0 (zeros) is the log's own
-                pieces.append((tail, np.ascontiguousarray(array)))
+                pieces.append((tail, np.ascontiguousarray(array[first:] if first else array)))
         return pieces
 
     @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
@@ -210,7 +216,7 @@ class LogWriter:
         """Whole episodes of ``lengths``, back to back in the ring rows ``segments`` of
         ``storage`` (a buffer of this log's layout), as one commit: what `append` writes for
         their exported chunk, read straight from the arrays (the recorders' path)."""
-        if (storage.arrays.keys() | storage.chains.keys()) - {name for name, _ in self._tails}:
+        if not (self._stored.issuperset(storage.arrays) and self._stored.issuperset(storage.chains)):
             parts = storage.export(segments, lengths.cumsum() - 1)  # fields the log lacks: added
             self.append(Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(parts)))
             return
