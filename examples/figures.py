@@ -2,8 +2,8 @@
 seeds, the machine, the date and the commit, into docs/examples.md (``make figures``).
 
 Each example runs once per seed with its default arguments, in its own process; the numbers are
-read from the line it prints. Nothing else in docs/examples.md is touched: the table goes between
-its ``figures`` markers.
+read from the line it prints, and seed 0's learning curves are drawn into docs/images/. Nothing
+else in docs/examples.md is touched: the table goes between its ``figures`` markers.
 
 Run: python examples/figures.py [--seeds 0 1 2]
 """
@@ -65,10 +65,16 @@ FIGURES = (
 )
 
 
+#: the examples that draw their learning curve; seed 0's goes to docs/images/<example>.png
+PLOTTED = ("reinforce_cartpole", "ppo_cartpole", "dqn_tictactoe", "dqn_per_cartpole")
+
+
 @functools.cache
 def run(example: str, seed: int) -> tuple[str, float]:
     """What ``example`` printed for ``seed``, and the seconds it took (once per pair)."""
     seed_args = ["--seeds", str(seed)] if example == "dqn_per_cartpole" else ["--seed", str(seed)]
+    if example in PLOTTED and seed == 0:
+        seed_args += ["--plot", str(PAGE.parent / "images" / f"{example}.png")]
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, str(HERE / f"{example}.py"), *seed_args], capture_output=True, text=True, check=True
