@@ -94,6 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
+    stamp = commit()  # before the runs, which write the curves in docs/images
     rows = []
     for figure in FIGURES:
         seeds = list(args.seeds)
@@ -113,7 +114,7 @@ def main() -> None:
             BEGIN,
             (
                 f"Written by `python examples/figures.py --seeds {' '.join(map(str, args.seeds))}` "
-                f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {commit()}, on "
+                f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on "
                 f"{platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, Python "
                 f"{platform.python_version()}, torch on CPU. Each example ran once per seed with its "
                 "default arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
