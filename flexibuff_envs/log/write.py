@@ -325,9 +325,13 @@ class LogWriter:
         os.fsync(self._commits.fileno())
         self._synced = time.monotonic()
 
+    @holding
     def close(self) -> None:
-        """Sync and close (appending again needs a new writer)."""
+        """Cut the reserved blocks past the last commit, sync (the cut sizes too) and close
+        (appending again needs a new writer)."""
         if not self._commits.closed:
+            for column in [EPISODE_LENGTHS, *self.columns]:
+                self._tails[column.key].cut(self.commit.length(column))
             self.sync()
             self._finalizer()
 
