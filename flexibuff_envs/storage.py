@@ -212,6 +212,9 @@ class Part:
     @classmethod
     def of(cls, name: str, part: str | None, array: np.ndarray, per_agent: bool, segments: Segments) -> Part:
         """The rows ``segments`` of ``array`` (views)."""
+        if len(segments) == 1:  # the common case, without building a list
+            lo, hi = segments[0]
+            return cls(name, part, per_agent, (array[:, lo:hi] if per_agent else array[lo:hi],))
         if per_agent:
             return cls(name, part, per_agent, tuple([array[:, lo:hi] for lo, hi in segments]))
         return cls(name, part, per_agent, tuple([array[lo:hi] for lo, hi in segments]))

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import weakref
@@ -108,7 +107,6 @@ class LogWriter:
         }
         self._tails = {c.key: self._tail(c) for c in state.files}
         self._plan = self._planned()
-        self._stored = {name for name, _ in self._tails}  # the fields (and next values) it has columns for
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
@@ -150,7 +148,6 @@ class LogWriter:
         for column in columns:
             self._tails[column.key] = self._tail(column)
         self._plan = self._planned()
-        self._stored = {name for name, _ in self._tails}
 
     def _planned(self) -> list[tuple[Any, ...]]:
         """Per column, what `_pieces` reads of it: its key, tail, row dtype and shape, the value a
@@ -209,31 +206,17 @@ class LogWriter:
                 raise InvalidArgumentError(f"the chunk's next-value field {name!r} needs both its index and tail parts")
         if given.keys() - self._tails.keys():
             self._add([Column.of(part) for part in chunk.parts if part.key not in self._tails])
-        self._commit(self._pieces(given, chunk.lengths, chunk.rows), chunk.rows, chunk.n_episodes, _added(given))
+        rows = chunk.rows
+        self._commit(self._pieces(given, chunk.lengths, rows), rows, chunk.n_episodes, _added(given))
 
-    @holding
     def append_rows(self, storage: Storage, segments: Segments, lengths: np.ndarray) -> None:
         """Whole episodes of ``lengths``, back to back in the ring rows ``segments`` of
-        ``storage`` (a buffer of this log's layout), as one commit: what `append` writes for
-        their exported chunk, read straight from the arrays (the recorders' path)."""
-        if not (self._stored.issuperset(storage.arrays) and self._stored.issuperset(storage.chains)):
-            parts = storage.export(segments, lengths.cumsum() - 1)  # fields the log lacks: added
-            self.append(Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(parts)))
-            return
-        numbers = segment_rows(segments)
-        given: dict[tuple[str, str | None], Sequence[np.ndarray]] = {}
-        for name, array in storage.arrays.items():
-            axis = int(storage.fields[name].per_agent)
-            if len(segments) > 2:  # gathered: one piece, not one per range
-                given[name, None] = [array.take(numbers, axis=axis)]
-            else:
-                given[name, None] = [array[:, lo:hi] if axis else array[lo:hi] for lo, hi in segments]
-        last = lengths.cumsum() - 1
-        cut = (last, functools.partial(storage.successor_rows, numbers[last]))
-        for name, chain in storage.chains.items():
-            index, tail = chain.extract(numbers, cut)
-            given[name, "index"], given[name, "tail"] = [index], [tail]
-        self._commit(self._pieces(given, lengths, len(numbers)), len(numbers), len(lengths), _added(given))
+        ``storage`` (a buffer of this log's layout), as one commit: `append` of their stored
+        form, each field's rows views of the ring's arrays (gathered in one piece when they lie
+        in more than two ranges)."""
+        rows = segments if len(segments) <= 2 else segment_rows(segments)
+        parts = storage.export(rows, lengths.cumsum() - 1)
+        self.append(Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(parts)))
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:
