@@ -18,9 +18,9 @@ from stable_baselines3.common.monitor import Monitor
 from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
 
-def trained_return(buffer_class: type, seed: int, steps: int) -> float:
-    """Mean return over 10 evaluation episodes of a DQN trained ``steps`` steps with ``buffer_class``."""
-    model = DQN(
+def rl_zoo_dqn(buffer_class: type, seed: int) -> DQN:
+    """SB3's DQN on CartPole-v1 with RL Zoo's settings, storing its steps in ``buffer_class``."""
+    return DQN(
         "MlpPolicy",
         gym.make("CartPole-v1"),
         learning_rate=2.3e-3,
@@ -36,7 +36,12 @@ def trained_return(buffer_class: type, seed: int, steps: int) -> float:
         replay_buffer_class=buffer_class,
         seed=seed,
         device="cpu",
-    )  # RL Zoo's CartPole settings
+    )
+
+
+def trained_return(buffer_class: type, seed: int, steps: int) -> float:
+    """Mean return over 10 evaluation episodes of `rl_zoo_dqn` trained ``steps`` steps."""
+    model = rl_zoo_dqn(buffer_class, seed)
     model.learn(total_timesteps=steps)
     mean, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10)
     return float(mean)

@@ -3,6 +3,7 @@ SB3's steps: one lane per sub-env, each episode whole, as its Monitor counted it
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -76,34 +77,26 @@ def test_recording_vec_envs_share_a_buffer_a_lane_each_and_free_them_when_closed
 
 
 def test_sb3_dqn_learns_cartpole_from_this_replay_buffer() -> None:
-    from stable_baselines3 import DQN
+    """SB3's DQN with RL Zoo's CartPole settings (`examples/sb3_dqn_buffers.py`, which compares
+    it with SB3's own buffer over five seeds) learns from this buffer, every step stored once."""
+    import importlib.util
+
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
 
     from flexibuff_envs.integrations.sb3 import ReplayBuffer
 
-    model = DQN(
-        "MlpPolicy",
-        gym.make("CartPole-v1"),
-        learning_rate=2.3e-3,
-        batch_size=64,
-        buffer_size=100_000,
-        learning_starts=1000,
-        target_update_interval=10,
-        train_freq=256,
-        gradient_steps=128,
-        exploration_fraction=0.16,
-        exploration_final_eps=0.04,
-        policy_kwargs={"net_arch": [256, 256]},
-        replay_buffer_class=ReplayBuffer,
-        seed=1,
-        device="cpu",
-    )  # RL Zoo's CartPole settings
+    path = Path(__file__).resolve().parent.parent / "examples" / "sb3_dqn_buffers.py"
+    spec = importlib.util.spec_from_file_location("sb3_dqn_buffers", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.rl_zoo_dqn(ReplayBuffer, seed=1)
     before, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10)
     model.learn(total_timesteps=12_000)
     assert len(model.replay_buffer.buffer) == model.num_timesteps  # every step, once
     after, _ = evaluate_policy(model, Monitor(gym.make("CartPole-v1")), n_eval_episodes=10)
-    assert before < 50 and after >= 150  # SB3's own buffer reaches 100-130 in as many steps
+    assert before < 50 and after >= 150
 
 
 @pytest.mark.parametrize("handle_timeouts", [True, False])
