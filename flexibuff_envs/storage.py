@@ -192,6 +192,16 @@ def _runs(segments: Segments) -> Iterator[tuple[int, int, slice]]:
         at += hi - lo
 
 
+def _views(array: np.ndarray, per_agent: bool, segments: Segments) -> tuple[np.ndarray, ...]:
+    """The rows ``segments`` of ``array``, a view per range."""
+    if len(segments) == 1:  # the common case, without building a list
+        lo, hi = segments[0]
+        return (array[:, lo:hi] if per_agent else array[lo:hi],)
+    if per_agent:
+        return tuple([array[:, lo:hi] for lo, hi in segments])
+    return tuple([array[lo:hi] for lo, hi in segments])
+
+
 @dataclass(frozen=True, eq=False)
 class Part:
     """One array of a buffer's stored form, the one form files hold, chunks carry and memory maps
@@ -212,12 +222,7 @@ class Part:
     @classmethod
     def of(cls, name: str, part: str | None, array: np.ndarray, per_agent: bool, segments: Segments) -> Part:
         """The rows ``segments`` of ``array`` (views)."""
-        if len(segments) == 1:  # the common case, without building a list
-            lo, hi = segments[0]
-            return cls(name, part, per_agent, (array[:, lo:hi] if per_agent else array[lo:hi],))
-        if per_agent:
-            return cls(name, part, per_agent, tuple([array[:, lo:hi] for lo, hi in segments]))
-        return cls(name, part, per_agent, tuple([array[lo:hi] for lo, hi in segments]))
+        return cls(name, part, per_agent, _views(array, per_agent, segments))
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -571,25 +576,9 @@ class Storage:
     # ----------------------------------------------------------------- the stored form, out and in
 
     def export(self, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> list[Part]:
-        """``rows`` in their stored form: given as ring ranges, each field's parts are views of its
-        arrays; given as row numbers, copies. Each chain's parts hold the slots those rows name,
-        renumbered ``1, 2, ...``; a chained row at a position in ``last`` (an episode's end,
-        whose successor does not follow it in ``rows``) gets a slot with its value."""
-        fields = self.fields
-        if isinstance(rows, np.ndarray):
-            parts = [
-                Part(name, None, fields[name].per_agent, (array.take(rows, axis=int(fields[name].per_agent)),))
-                for name, array in self
-            ]
-            numbers = rows
-        else:
-            parts = [Part.of(name, None, array, fields[name].per_agent, rows) for name, array in self]
-            numbers = segment_rows(rows)
-        cut = None if last is None else (last, functools.partial(self.successor_rows, numbers[last]))
-        for name, chain in self.chains.items():
-            index, tail = chain.extract(numbers, cut)
-            parts += [Part(name, "index", chain.per_agent, (index,)), Part(name, "tail", False, (tail,))]
-        return parts
+        """``rows`` in their stored form (`Stored`): given as ring ranges, each field's parts are
+        views of its arrays; given as row numbers, copies."""
+        return Stored(self, rows, last).parts()
 
     def insert(self, parts: Sequence[Part], segments: Segments, ends: np.ndarray) -> None:
         """Write rows in their stored form (`export`ed, whole episodes back to back) to the ring
@@ -702,3 +691,76 @@ class Storage:
         return (
             sum(a.nbytes for a in self.arrays.values()) + sum(c.index.nbytes for c in self.chains.values())
         ) // self.rows
+
+
+class Stored(Mapping[tuple[str, str | None], tuple[np.ndarray, ...]]):
+    """Rows of ``storage`` in their stored form, as `Part` pieces hold them, each part made when
+    it is read (a writer that reads every part once pays for nothing else).
+
+    ``rows``: ring ranges (each field's pieces are views of its arrays, one per range) or row
+    numbers (copies). Each chain's parts hold the slots those rows name, renumbered ``1, 2,
+    ...``; a chained row at a position in ``last`` (an episode's end, whose successor does not
+    follow it in ``rows``) gets a slot with its value.
+    """
+
+    def __init__(self, storage: Storage, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> None:
+        self.storage, self.rows, self.last = storage, rows, last
+        self._arrays, self._fields = storage.arrays, storage.fields
+        self._copied = isinstance(rows, np.ndarray)
+        self._chains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # extracted: name -> (index, tail)
+
+    def get(self, key: tuple[str, str | None], default: Any = None) -> Any:
+        name, part = key
+        if part is None:
+            array = self._arrays.get(name)
+            if array is None:
+                return default
+            per_agent = self._fields[name].per_agent
+            if self._copied:
+                return (array.take(self.rows, axis=int(per_agent)),)
+            return _views(array, per_agent, self.rows)  # type: ignore[arg-type]
+        storage = self.storage
+        if name not in storage.chains or part not in ("index", "tail"):
+            return default
+        extracted = self._chains.get(name)
+        if extracted is None:
+            numbers = self.rows if self._copied else segment_rows(self.rows)  # type: ignore[arg-type]
+            last = self.last
+            cut = None if last is None else (last, functools.partial(storage.successor_rows, numbers[last]))
+            extracted = self._chains[name] = storage.chains[name].extract(numbers, cut)
+        return (extracted[part == "tail"],)
+
+    def __getitem__(self, key: tuple[str, str | None]) -> tuple[np.ndarray, ...]:
+        pieces = self.get(key)
+        if pieces is None:
+            raise KeyError(key)
+        return pieces  # type: ignore[no-any-return]
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 2:
+            return False
+        name, part = key
+        return (
+            name in self.storage.arrays if part is None else part in ("index", "tail") and name in self.storage.chains
+        )
+
+    def __iter__(self) -> Iterator[tuple[str, str | None]]:
+        yield from ((name, None) for name in self.storage.arrays)
+        for name in self.storage.chains:
+            yield from ((name, "index"), (name, "tail"))
+
+    def __len__(self) -> int:
+        return len(self.storage.arrays) + 2 * len(self.storage.chains)
+
+    def parts(self) -> list[Part]:
+        """Every part, made now."""
+        fields, chains = self.storage.fields, self.storage.chains
+        return [
+            Part(
+                name,
+                part,
+                chains[name].per_agent if part == "index" else part is None and fields[name].per_agent,
+                self[name, part],
+            )
+            for name, part in self
+        ]

@@ -47,7 +47,7 @@ from flexibuff_envs.log.read import (
     sync_file,
 )
 from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.storage import NEXT, Segments, Storage
+from flexibuff_envs.storage import NEXT, Segments, Storage, Stored
 
 #: each stored part's rows, as `storage.Part` pieces hold them
 Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]]
@@ -107,6 +107,7 @@ class LogWriter:
         }
         self._tails = {c.key: self._tail(c) for c in state.files}
         self._plan = self._planned()
+        self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
@@ -209,14 +210,23 @@ class LogWriter:
         rows = chunk.rows
         self._commit(self._pieces(given, chunk.lengths, rows), rows, chunk.n_episodes, _added(given))
 
+    @holding
     def append_rows(self, storage: Storage, segments: Segments, lengths: np.ndarray) -> None:
         """Whole episodes of ``lengths``, back to back in the ring rows ``segments`` of
-        ``storage`` (a buffer of this log's layout), as one commit: `append` of their stored
-        form, each field's rows views of the ring's arrays (gathered in one piece when they lie
-        in more than two ranges)."""
-        rows = segments if len(segments) <= 2 else segment_rows(segments)
-        parts = storage.export(rows, lengths.cumsum() - 1)
-        self.append(Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(parts)))
+        ``storage`` (a buffer of this log's layout), as one commit: their stored form
+        (`Stored`), each column written straight from the ring's arrays (gathered in one piece
+        when they lie in more than two ranges)."""
+        stored = Stored(storage, segments if len(segments) <= 2 else segment_rows(segments), lengths.cumsum() - 1)
+        fields = (*storage.arrays, *storage.chains)
+        if fields != self._fields:  # the buffer's fields changed: a field the log lacks yet is added as a chunk's
+            if any(key not in self._tails for key in stored):
+                self.append(
+                    Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()))
+                )
+                return
+            self._fields = fields
+        rows = int(lengths.sum())
+        self._commit(self._pieces(stored, lengths, rows), rows, len(lengths), _added(stored))
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:

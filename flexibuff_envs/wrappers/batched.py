@@ -157,8 +157,9 @@ class BatchRecorder:
         self._drain()
         self._push()
 
-    def _push(self) -> None:
-        """The lanes as of the last written block."""
+    def _push(self, *, ended: bool = False) -> None:
+        """The lanes as of the last written block (with ``ended``, only those where episodes
+        ended: what the episode log needs; the buffer stays uncommitted until the next read)."""
         lanes = self._lanes()
         ended_in: list[int] = []
         if self._ended:
@@ -175,11 +176,13 @@ class BatchRecorder:
                 lane.end()
                 lane.ended.extend(first[lo + 1 : hi], last[lo + 1 : hi])
             self.writer.write_run_returns(self._lane_array[which], starts, ends, boots)
-        for lane, pos, start, running in zip(lanes, self.pos.tolist(), self.start.tolist(), self.running.tolist()):
+        positions, starts_at, running = self.pos.tolist(), self.start.tolist(), self.running.tolist()
+        for i in ended_in if ended else range(self.n):
+            lane, pos = lanes[i], positions[i]
             lane.written = pos
             lane.dirty = max(lane.dirty, pos)
-            if running:
-                self._running_episode(lane, start)
+            if running[i]:
+                self._running_episode(lane, starts_at[i])
                 lane.running.end = pos  # type: ignore[union-attr]
         if ended_in:
             self.writer.flush_log(self._lane_array[ended_in].tolist())
@@ -341,7 +344,7 @@ class BatchRecorder:
             self._has_final = [False] * self._block
             self.writer.uncommitted()  # the lanes are behind until `commit`
             if finished.size and self.writer.logging:  # the episodes that ended go to the log now
-                self._push()
+                self._push(ended=True)
         finally:
             self._draining = False
 
@@ -446,7 +449,7 @@ class BatchRecorder:
         self._resetting[lanes] = False
         self.writer.uncommitted()
         if cut.size and self.writer.logging_each_step:  # the episodes the reset ended go to the log now
-            self._push()
+            self._push(ended=True)
 
     def _enable_masks(self) -> None:
         self.mask = HeldBatch(self.writer.chain("action_mask_"), 0, self.n)
@@ -490,7 +493,7 @@ class BatchRecorder:
         self.running[:] = False
         self._resetting[:] = False
         if cut.size and self.writer.logging_each_step:
-            self._push()
+            self._push(ended=True)
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note(
