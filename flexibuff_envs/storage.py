@@ -704,9 +704,11 @@ class Stored(Mapping[tuple[str, str | None], tuple[np.ndarray, ...]]):
     """
 
     def __init__(self, storage: Storage, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> None:
-        self.storage, self.rows, self.last = storage, rows, last
+        self.storage, self.last = storage, last
         self._arrays, self._fields = storage.arrays, storage.fields
-        self._copied = isinstance(rows, np.ndarray)
+        # ring ranges, or the row numbers (made from the ranges once a chain needs them)
+        self._segments: Segments | None = None if isinstance(rows, np.ndarray) else rows
+        self._numbers: np.ndarray | None = rows if isinstance(rows, np.ndarray) else None
         self._chains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # extracted: name -> (index, tail)
 
     def get(self, key: tuple[str, str | None], default: Any = None) -> Any:
@@ -716,16 +718,17 @@ class Stored(Mapping[tuple[str, str | None], tuple[np.ndarray, ...]]):
             if array is None:
                 return default
             per_agent = self._fields[name].per_agent
-            if self._copied:
-                return (array.take(self.rows, axis=int(per_agent)),)
-            return _views(array, per_agent, self.rows)  # type: ignore[arg-type]
+            if self._segments is not None:
+                return _views(array, per_agent, self._segments)
+            return (array.take(self._numbers, axis=int(per_agent)),)  # type: ignore[arg-type]
         storage = self.storage
         if name not in storage.chains or part not in ("index", "tail"):
             return default
         extracted = self._chains.get(name)
         if extracted is None:
-            numbers = self.rows if self._copied else segment_rows(self.rows)  # type: ignore[arg-type]
-            last = self.last
+            if self._numbers is None:
+                self._numbers = segment_rows(self._segments or ())
+            numbers, last = self._numbers, self.last
             cut = None if last is None else (last, functools.partial(storage.successor_rows, numbers[last]))
             extracted = self._chains[name] = storage.chains[name].extract(numbers, cut)
         return (extracted[part == "tail"],)
