@@ -211,23 +211,6 @@ class FlexibleBuffer(Sampling):
                 f"{available_memory() / 2**30:,.1f} GiB of memory available: pass a smaller num_steps"
             ) from None
 
-    @property
-    def _storage(self) -> Storage:
-        """The arrays, with every step a batch recorder holds committed."""
-        if self._index.uncommitted:
-            self._index.commit()
-        return self._store
-
-    @property
-    def _lanes(self) -> list[Lane]:
-        """The lanes, to change: `EpisodeIndex.lanes`."""
-        return self._index.lanes
-
-    @property
-    def _read_lanes(self) -> list[Lane]:
-        """The lanes, to read only: `EpisodeIndex.read_lanes`."""
-        return self._index.read_lanes
-
     @classmethod
     def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> FlexibleBuffer:
         """A buffer laid out as ``spec``, by default with both reward fields a recorder fills;
@@ -250,7 +233,7 @@ class FlexibleBuffer(Sampling):
             extra_fields={name: (shape, dtype) for name, shape, dtype in spec.extra_fields},
             **options,
         )
-        buffer.spec = buffer._storage.spec = spec
+        buffer.spec = buffer._store.spec = spec
         return buffer
 
     def check_matches(self, spec: BufferSpec) -> None:
@@ -278,28 +261,28 @@ class FlexibleBuffer(Sampling):
         ``action_mask_``) is kept once, in the next row of its base field; asking for its array
         writes every row's value out, until `compact` or a recorder stores it once again.
         """
-        for lane in self._lanes:
+        for lane in self._index.change():
             if lane.opened != ALL:
                 self._open(lane, lane.open_limit)
         return self._column(name, width=width)
 
     def _column(self, name: str, *, width: int | None = None) -> np.ndarray:
         """`field` for recorders: rows get their default values as they are claimed."""
-        chain = self._storage.chains.get(name)
+        chain = self._store.chains.get(name)
         if chain is not None:
             if len(chain.holders):
                 raise InvalidArgumentError(
                     f"{name} is stored once, in the next row of {NEXT[name]}, while a "
                     f"recorder writes this buffer; read it from a sampled batch"
                 )
-            rows = np.arange(self._storage.rows)
-            explicit = chain.gather(rows, *self._storage.successors(rows))
-            del self._storage.chains[name]
-            self._storage.put(name, explicit)
-        array = self._storage.ensure(name, width=width)
+            rows = np.arange(self._store.rows)
+            explicit = chain.gather(rows, *self._store.successors(rows))
+            del self._store.chains[name]
+            self._store.put(name, explicit)
+        array = self._store.ensure(name, width=width)
         for next_name, base in NEXT.items():  # a base field comes with its next values
-            if base == name and next_name not in self._storage.chains and next_name not in self._storage.arrays:
-                self._storage.chain(next_name)
+            if base == name and next_name not in self._store.chains and next_name not in self._store.arrays:
+                self._store.chain(next_name)
         return array
 
     @holding
@@ -307,9 +290,9 @@ class FlexibleBuffer(Sampling):
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
-        if any(name in self._storage.arrays for name in NEXT):
-            lanes = self._read_lanes
-            self._storage.compact(live_rows(lanes), newest_rows(lanes))
+        if any(name in self._store.arrays for name in NEXT):
+            lanes = self._index.read()
+            self._store.compact(live_rows(lanes), newest_rows(lanes))
 
     @holding
     def write_next(self, name: str, rows: np.ndarray, values: np.ndarray, ends: np.ndarray | None = None) -> None:
@@ -322,20 +305,21 @@ class FlexibleBuffer(Sampling):
         if name not in NEXT:
             raise InvalidArgumentError(f"write_next: {name!r} is none of the next-value fields {list(NEXT)}")
         rows = np.asarray(rows)
-        if name in self._storage.arrays:  # written out row by row (`field`) until `compact`
-            self._storage.arrays[name][..., rows, :] = values
+        if name in self._store.arrays:  # written out row by row (`field`) until `compact`
+            self._store.arrays[name][..., rows, :] = values
             return
         chainable = np.ones(rows.size, dtype=bool)
         chainable[rows.size - 1 if ends is None else ends] = False
-        self._storage.chain(name).absorb(values, rows, np.append(rows[1:], rows[-1:]), chainable)
+        self._store.chain(name).absorb(values, rows, np.append(rows[1:], rows[-1:]), chainable)
 
     @holding
     def _enable_action_mask(self) -> None:
         """Record action masks from now on (a recorder calls this when masks first appear)."""
-        self.spec = self._storage.spec = dataclasses.replace(self.spec, action_mask=True)
-        chain = self._storage.chain("action_mask_")
+        lanes = self._index.change()
+        self.spec = self._store.spec = dataclasses.replace(self.spec, action_mask=True)
+        chain = self._store.chain("action_mask_")
         # rows recorded before: every action was legal, and is next
-        chain.fill(*episode_table(self._lanes, running=True).all_rows(), self._storage.fill("action_mask"))
+        chain.fill(*episode_table(lanes, running=True).all_rows(), self._store.fill("action_mask"))
 
     @holding
     def begin_episode(self, lane: int = 0) -> None:
@@ -344,23 +328,24 @@ class FlexibleBuffer(Sampling):
         An episode still running there (say, in a loaded file) is closed first as truncated:
         its last row's active agents get ``truncated=True`` and ``G`` without a bootstrap.
         """
-        running = self._lanes[lane].running
+        lane_ = self._index.change()[lane]
+        running = lane_.running
         if running is not None and running.end > running.start:
-            last = self._lanes[lane].offset + (running.end - 1) % self.num_steps
-            self._storage.arrays["truncated"][:, last] |= self._storage.arrays["active"][:, last]
+            last = lane_.offset + (running.end - 1) % self.num_steps
+            self._store.arrays["truncated"][:, last] |= self._store.arrays["active"][:, last]
             self.end_episode(lane)
-        self._lanes[lane].begin()
+        lane_.begin()
 
     @holding
     def claim_row(self, lane: int = 0) -> int:
         """The row for the next step of ``lane``'s running episode (may forget the oldest one)."""
-        return self._lanes[lane].claim()
+        return self._index.change()[lane].claim()
 
     @holding
     def claim_rows(self, n: int, lane: int = 0) -> np.ndarray:
         """The rows for the next ``n`` steps of ``lane``'s running episode, as ``n`` calls of
         `claim_row` give them (an episode longer than the lane keeps its last steps' rows last)."""
-        lane_ = self._lanes[lane]
+        lane_ = self._index.change()[lane]
         blocks = [lane_.claim_block(min(lane_.capacity, n - done)) for done in range(0, n, lane_.capacity)]
         return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
 
@@ -395,10 +380,10 @@ class FlexibleBuffer(Sampling):
 
     def _end_episode(self, lane: int, bootstrap: np.ndarray | float | None) -> None:
         """`end_episode` but for the log: a recorder sends the episode there once its step is whole."""
-        lane_ = self._lanes[lane]
+        lane_ = self._index.change()[lane]
         running = lane_.running
         if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
-            self._storage.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
+            self._store.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
 
     @holding
@@ -418,9 +403,9 @@ class FlexibleBuffer(Sampling):
             ),
             (self.spec.n_envs, self.spec.n_agents),
         )
-        for i, lane in enumerate(self._lanes):
+        for i, lane in enumerate(self._index.change()):
             if lane.running is not None and lane.running.end > lane.running.start:
-                self._storage.write_episode_returns(lane, lane.running, values[i], self.gamma, self.gae_lambda)
+                self._store.write_episode_returns(lane, lane.running, values[i], self.gamma, self.gae_lambda)
 
     # ------------------------------------------------------------------ moving episodes
 
@@ -430,7 +415,8 @@ class FlexibleBuffer(Sampling):
         another process) and forget all ended episodes here; a running episode goes on recording.
         """
         self.compact()  # next values filled in by hand travel chained too
-        return chunk.take(self._storage, self._lanes, self.gamma, self.gae_lambda)
+        lanes = self._index.change()
+        return chunk.take(self._store, lanes, self.gamma, self.gae_lambda)
 
     @holding
     def extend(self, episodes: Chunk, lane: int = 0) -> int:
@@ -445,8 +431,9 @@ class FlexibleBuffer(Sampling):
             SpecMismatchError: the chunk's layout, ``gamma`` or ``gae_lambda`` differ from this
                 buffer's (the message names which). Nothing is changed then.
         """
-        chunk.check(episodes, self._storage, self._read_lanes, lane, self.gamma, self.gae_lambda)
-        lane_ = self._lanes[lane]
+        lanes = self._index.change()
+        chunk.check(episodes, self._store, lanes, lane, self.gamma, self.gae_lambda)
+        lane_ = lanes[lane]
         kept = episodes.newest(lane_.capacity)
         if not kept.n_episodes:
             return 0
@@ -457,7 +444,7 @@ class FlexibleBuffer(Sampling):
             if part.part is None:
                 self._column(part.name, width=part.shape[-1] if part.name == "continuous_log_probs" else None)
         first = lane_.append(kept.lengths)
-        self._storage.insert(kept.parts, lane_.segments(first, first + kept.rows), np.cumsum(kept.lengths) - 1)
+        self._store.insert(kept.parts, lane_.segments(first, first + kept.rows), np.cumsum(kept.lengths) - 1)
         self._flush_log()
         return kept.n_episodes
 
@@ -488,7 +475,7 @@ class FlexibleBuffer(Sampling):
         if self._log is not None:
             raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
-        self._log = Follower(writer, self._read_lanes, per_block=per_block)
+        self._log = Follower(writer, self._index.read(), per_block=per_block)
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> FlexibleBuffer:
@@ -526,7 +513,7 @@ class FlexibleBuffer(Sampling):
             buffer._store.open(0, [(0, rows)], fill=False)
             ends = np.cumsum(logged.lengths)
             ended = np.stack([ends - logged.lengths, ends, np.ones_like(ends)], axis=1)
-            buffer._index.lanes[0].restore(rows, 0, ended, None, [0] * buffer.spec.n_agents)
+            buffer._index.ring[0].restore(rows, 0, ended, None, [0] * buffer.spec.n_agents)
         return buffer
 
     @classmethod
@@ -568,27 +555,27 @@ class FlexibleBuffer(Sampling):
     # ------------------------------------------------------------------ sampling
 
     def __len__(self) -> int:
-        return sum(lane.size for lane in self._read_lanes)
+        return sum(lane.size for lane in self._index.read())
 
     @property
     def n_episodes(self) -> int:
         """Ended episodes held whole."""
-        return count_whole(self._read_lanes)
+        return count_whole(self._index.read())
 
     @property
     def fields(self) -> tuple[str, ...]:
         """The fields this buffer holds, sorted (absent ones are ``None`` on every batch)."""
-        return tuple(sorted([*(name for name, _ in self._storage), *self._storage.chains]))
+        return tuple(sorted([*(name for name, _ in self._store), *self._store.chains]))
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the allocated arrays."""
-        return self._storage.nbytes
+        return self._store.nbytes
 
     @property
     def nbytes_per_row(self) -> int:
         """Bytes one row takes in the allocated arrays (next values stored apart are not per row)."""
-        return self._storage.row_nbytes
+        return self._store.row_nbytes
 
     @holding
     def clear(self) -> None:
@@ -597,11 +584,12 @@ class FlexibleBuffer(Sampling):
         An episode still running goes on recording; its steps before the clear are gone, so it
         will not be handed out by `sample_episodes`, but its ``G`` and GAE cover what is kept.
         """
-        live = live_rows(self._lanes)
-        for lane in self._lanes:
+        lanes = self._index.change()
+        live = live_rows(lanes)
+        for lane in lanes:
             lane.clear()
-        self._storage.arrays["G"][:, live] = np.nan  # only rows that were recorded were touched
-        for chain in self._storage.chains.values():
+        self._store.arrays["G"][:, live] = np.nan  # only rows that were recorded were touched
+        for chain in self._store.chains.values():
             chain.reset(live)
 
     def _priority_tree(self) -> PriorityTree:
@@ -624,23 +612,23 @@ class FlexibleBuffer(Sampling):
         rows = checked_rows("update_priorities", idx, self._store.rows)
         values = checked_weights("update_priorities", "priorities", priorities, rows)
         tree = self._priority_tree()
-        tree.sync(self._read_lanes)
+        tree.sync(self._index.read())
         tree.update(rows.reshape(-1), values.reshape(-1))
 
     @holding
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors;
         either may be a torch tensor)."""
-        rows = checked_rows("set_memory_weights", idx, self._storage.rows)
-        self._storage.ensure("memory_weights")[rows] = checked_weights("set_memory_weights", "weights", weights, rows)
+        rows = checked_rows("set_memory_weights", idx, self._store.rows)
+        self._store.ensure("memory_weights")[rows] = checked_weights("set_memory_weights", "weights", weights, rows)
 
     # ------------------------------------------------------------------ summaries and files
 
     def episode_stats(self) -> dict[str, np.ndarray]:
         """Per ended whole episode, in recording order: ``lengths [E]`` and ``returns [E, n_agents]``."""
-        episodes = episode_table(self._read_lanes)
+        episodes = episode_table(self._index.read())
         rows, last = episodes.all_rows()
-        rewards = self._storage.ensure("individual_rewards").take(rows, axis=1).astype(np.float64)
+        rewards = self._store.ensure("individual_rewards").take(rows, axis=1).astype(np.float64)
         sums = np.add.reduceat(rewards, last - episodes.lengths + 1, axis=1) if rows.size else rewards[:, :0]
         return {"lengths": episodes.lengths, "returns": sums.T.reshape(len(episodes), self.spec.n_agents)}
 
@@ -662,7 +650,8 @@ class FlexibleBuffer(Sampling):
             "rng": self.rng.bit_generator.state,
             "alpha": self.alpha,
         }
-        io.save(target, settings, self._storage, self._read_lanes, self._priorities)
+        lanes = self._index.read()
+        io.save(target, settings, self._store, lanes, self._priorities)
         return target
 
     @classmethod
@@ -695,9 +684,9 @@ class FlexibleBuffer(Sampling):
                 )
             buffer.path, buffer.name = header.path, header.name
             buffer.rng.bit_generator.state = header.rng
-            leaves = io.fill(file, buffer._storage, buffer._lanes, mmap=mmap)
+            leaves = io.fill(file, buffer._store, buffer._index.ring, mmap=mmap)
         if leaves is not None:
-            buffer._priorities = PriorityTree.restore(leaves, buffer._lanes, buffer.alpha, header.max_priority)  # type: ignore[arg-type]
+            buffer._priorities = PriorityTree.restore(leaves, buffer._index.ring, buffer.alpha, header.max_priority)  # type: ignore[arg-type]
         if not mmap:
             buffer.compact()  # an older file's next values, written out row by row: keep them once
         return buffer

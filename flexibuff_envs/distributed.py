@@ -290,7 +290,7 @@ class RayCollector:
     def _merge(self, i: int, result: tuple[Chunk, int, int, float]) -> ChunkInfo:
         chunk, stepped, version, seconds = result
         start = time.perf_counter()
-        appended = self.buffer.extend(chunk, lane=i % len(self.buffer._lanes))
+        appended = self.buffer.extend(chunk, lane=i % self.buffer.spec.n_envs)
         return ChunkInfo(
             worker=i,
             steps=stepped,

@@ -326,8 +326,8 @@ class EpisodeIndex:
     """A buffer's lanes, which recorder writes each, and what batch recorders hold back.
 
     Batch recorders (`BatchRecorder`) keep their lanes' newest steps to themselves until
-    something reads the lanes: `lanes` and `read_lanes` commit them first, so a reader always
-    sees every recorded step. `version` grows whenever the lanes are handed out to be changed,
+    something reads the lanes: `change` and `read` commit them first (an explicit call, never a
+    property), so a reader always sees every recorded step. `version` grows whenever the lanes are handed out to be changed,
     which tells a batch recorder to read them again.
     """
 
@@ -347,24 +347,25 @@ class EpisodeIndex:
         self._committing = False
         self.version = 0
 
-    @property
-    def lanes(self) -> list[Lane]:
-        """The lanes to change, every staged step committed first."""
-        if self.uncommitted:
-            self.commit()
+    def change(self) -> list[Lane]:
+        """The lanes to change, every staged step committed first (`commit`)."""
+        self.commit()
         self.version += 1
         return self.ring
 
-    @property
-    def read_lanes(self) -> list[Lane]:
-        """The lanes to read only (sampling, counting), every staged step committed first."""
-        if self.uncommitted:
-            self.commit()
+    def read(self) -> list[Lane]:
+        """The lanes to read only (sampling, counting), every staged step committed first (`commit`)."""
+        self.commit()
         return self.ring
 
-    @holding
     def commit(self) -> None:
-        """Every batch recorder's staged steps into the lanes."""
+        """Every batch recorder's staged steps into the lanes (ended episodes get their ``G``:
+        the user's ``bootstrap_fn`` may run)."""
+        if self.uncommitted:
+            self._commit()
+
+    @holding
+    def _commit(self) -> None:
         if self._committing:  # reached again from inside a recorder's commit: it is under way
             return
         self._committing = True

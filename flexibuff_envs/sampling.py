@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.episodes import Lane, episode_table, segment_rows
+from flexibuff_envs.episodes import EpisodeIndex, Lane, episode_table, segment_rows
 from flexibuff_envs.errors import (
     ArgumentTypeError,
     EmptyBufferError,
@@ -300,13 +300,10 @@ class Sampling:
     num_steps: int
     gamma: float
 
-    if TYPE_CHECKING:  # given by `FlexibleBuffer`, with what batch writers hold committed
-
-        @property
-        def _storage(self) -> Storage: ...
-
-        @property
-        def _read_lanes(self) -> list[Lane]: ...
+    if TYPE_CHECKING:  # given by `FlexibleBuffer`: its arrays and lanes (every read commits
+        # what batch recorders hold first, `EpisodeIndex.read`)
+        _store: Storage
+        _index: EpisodeIndex
 
         def _priority_tree(self) -> PriorityTree: ...
 
@@ -330,7 +327,7 @@ class Sampling:
         rewards summed over each row's n-step window, next values and flags after it, and
         ``discounts`` (`flexibuff_envs.nstep`).
         """
-        storage = self._storage
+        lanes, storage = self._index.read(), self._store
         wanted = None if fields is None else checked_fields(fields, storage.known)
         if n_step is None:
             out = storage.gather(idx, wanted)
@@ -341,7 +338,7 @@ class Sampling:
                     f"n_step: idx must be one-dimensional buffer rows, got shape {np.shape(idx)}"
                 )
             arrays = storage.arrays
-            w = windows(self._read_lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
+            w = windows(lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
             rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
             out = {**storage.gather(idx, rest), **storage.gather_n_step(w, self.gamma, wanted)}
         out["idx"] = idx
@@ -379,7 +376,7 @@ class Sampling:
         """The batches ``sampler`` (`Uniform`, `Weighted`, `Given`, `Sequences`, `Episodes`,
         `Minibatches`, or one of your own) picks, gathered one at a time; the sampling methods
         below are this with their sampler."""
-        for draw in sampler.draws(self._read_lanes, self.rng, self._storage):
+        for draw in sampler.draws(self._index.read(), self.rng, self._store):
             yield self.gather(
                 draw.rows,
                 as_torch=as_torch,
@@ -440,7 +437,7 @@ class Sampling:
 
     def _one(self, sampler: Sampler, **options: Any) -> FlexiBatch:
         """The one batch ``sampler`` picks (`draw` without the iterator)."""
-        (draw,) = sampler.draws(self._read_lanes, self.rng, self._storage)
+        (draw,) = sampler.draws(self._index.read(), self.rng, self._store)
         return self.gather(draw.rows, valid=draw.valid, weights=draw.weights, **options)
 
     def episodes(self, *, as_torch: bool = False, device: Any = None) -> Iterator[FlexiBatch]:

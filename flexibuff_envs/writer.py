@@ -85,7 +85,7 @@ class Writer:
 
     def lane(self, lane: int) -> Lane:
         """Lane ``lane`` with every staged step committed."""
-        return self.buffer._lanes[lane]
+        return self.buffer._index.change()[lane]
 
     def lanes(self, ids: list[int]) -> list[Lane]:
         """Lanes ``ids`` as they stand, without committing (for a batch recorder's own lanes)."""
@@ -122,19 +122,19 @@ class Writer:
 
     def has(self, name: str) -> bool:
         """Whether field ``name`` is allocated."""
-        return name in self.buffer._storage.arrays
+        return name in self.buffer._store.arrays
 
     def chain(self, name: str) -> Chain:
         """The chain next-value field ``name`` is written through (next values written out by
         hand are compacted first)."""
         buffer = self.buffer
-        if name in buffer._storage.arrays:
+        if name in buffer._store.arrays:
             buffer.compact()
-        return buffer._storage.chain(name)
+        return buffer._store.chain(name)
 
     def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
         """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""
-        return self.buffer._storage.next_value("obs_", row, agent)
+        return self.buffer._store.next_value("obs_", row, agent)
 
     def as_batch(self, name: str, values: np.ndarray) -> Any:
         """Stored values of field ``name`` as a batch shows them (`Storage.decode`)."""
@@ -210,6 +210,11 @@ class Writer:
 
     # ----------------------------------------------------------------- episodes
 
+    def begin_episode(self, lane: int) -> None:
+        """Start an episode in ``lane`` (`FlexibleBuffer.begin_episode`: one still running there,
+        a loaded file's, is closed first as truncated)."""
+        self.buffer.begin_episode(lane)
+
     def end_episode(self, lane: int, bootstrap: np.ndarray | float | None = None) -> None:
         """Close ``lane``'s running episode (`FlexibleBuffer.end_episode`); the recorder sends it
         to the log (`flush_log`) once the step that ended it is recorded whole, so a log that
@@ -223,7 +228,7 @@ class Writer:
         lane_ = self.buffer._ring[lane]
         if lane_.running is None:
             return
-        self.buffer._storage.write_episode_returns(
+        self.buffer._store.write_episode_returns(
             lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
         )
         lane_.agent_start[agent] = -1

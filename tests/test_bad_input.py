@@ -30,8 +30,8 @@ def fingerprint(buffer: fe.FlexibleBuffer) -> tuple[Any, ...]:
     return (
         len(buffer),
         buffer.n_episodes,
-        sorted(name for name, _ in buffer._storage),
-        {name: array.tobytes() for name, array in buffer._storage},
+        sorted(name for name, _ in buffer._store),
+        {name: array.tobytes() for name, array in buffer._store},
     )
 
 

@@ -409,10 +409,10 @@ def test_claim_rows_hands_out_the_rows_claim_row_does_one_by_one() -> None:
         assert at_once.claim_rows(0, lane=1).size == 0
         one_by_one.end_episode(1)
         at_once.end_episode(1)
-        assert [(e.start, e.end, e.whole) for e in at_once._lanes[1].ended] == [
-            (e.start, e.end, e.whole) for e in one_by_one._lanes[1].ended
+        assert [(e.start, e.end, e.whole) for e in at_once._index.read()[1].ended] == [
+            (e.start, e.end, e.whole) for e in one_by_one._index.read()[1].ended
         ]
-        assert at_once._lanes[1].live_start == one_by_one._lanes[1].live_start
+        assert at_once._index.read()[1].live_start == one_by_one._index.read()[1].live_start
 
 
 def test_a_batch_by_agent_is_the_agent_axis_keyed_by_the_envs_names_without_copies() -> None:

@@ -116,13 +116,13 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
             buffer.begin_episode(lane)
     if not len(buffer):
         return
-    rows = live_rows(buffer._lanes)
+    rows = live_rows(buffer._index.read())
     batch = buffer.gather(rows)
     for k, row in enumerate(rows.tolist()):
         for a in range(AGENTS):
             np.testing.assert_array_equal(batch.obs[a, k], model.obs[row, a], err_msg=f"obs row {row} agent {a}")
             np.testing.assert_array_equal(batch.obs_[a, k], model.obs_[row, a], err_msg=f"obs_ row {row} agent {a}")
-    chain = buffer._storage.chains["obs_"]
+    chain = buffer._store.chains["obs_"]
     named = chain.index[..., rows].ravel()
     named = named[named > 0]
     assert np.unique(named).size == named.size  # no stored slot read by two rows
@@ -133,11 +133,11 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
             loaded = fe.FlexibleBuffer.load(path, mmap=mmap).gather(rows)
             np.testing.assert_array_equal(loaded.obs, batch.obs)
             np.testing.assert_array_equal(loaded.obs_, batch.obs_)
-    ended = episode_table(buffer._lanes).all_rows()[0]
+    ended = episode_table(buffer._index.read()).all_rows()[0]
     chunk = buffer.take_episodes()
     learner = fe.FlexibleBuffer(100, WIDTH, n_agents=AGENTS)
     assert learner.extend(chunk) == chunk.n_episodes
-    moved = learner.gather(live_rows(learner._lanes))
+    moved = learner.gather(live_rows(learner._index.read()))
     for k, row in enumerate(ended.tolist()):
         for a in range(AGENTS):
             np.testing.assert_array_equal(moved.obs[a, k], model.obs[row, a], err_msg=f"moved obs row {row} agent {a}")

@@ -99,7 +99,7 @@ def test_a_chunk_bigger_than_the_lane_appends_its_newest_episodes_that_fit() -> 
     for a, b in zip(whole_episodes(learner), recorded[1:]):
         assert_same_batches(a, b)
     assert len(learner) == 70
-    chain = learner._storage.chains["obs_"]  # the dropped episode took no slot of the next-value store
+    chain = learner._store.chains["obs_"]  # the dropped episode took no slot of the next-value store
     named = chain.index[chain.index > 0]
     assert named.size == len(set(named.tolist())) == chain.fresh - 1 - chain._n_free == 2
 
@@ -211,8 +211,8 @@ def fingerprint(buffer: fe.FlexibleBuffer) -> tuple[Any, ...]:
     return (
         len(buffer),
         buffer.n_episodes,
-        {name: array.tobytes() for name, array in buffer._storage},
-        {name: (chain.index.tobytes(), chain.tail.tobytes()) for name, chain in buffer._storage.chains.items()},
+        {name: array.tobytes() for name, array in buffer._store},
+        {name: (chain.index.tobytes(), chain.tail.tobytes()) for name, chain in buffer._store.chains.items()},
     )
 
 

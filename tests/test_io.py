@@ -209,7 +209,7 @@ def test_files_of_formats_2_and_3_still_load(mmap: bool, version: int) -> None:
     for name in expected.files:
         if name != "idx":
             np.testing.assert_array_equal(getattr(batch, name), expected[name], err_msg=name)
-    assert ("obs_" in buffer._storage.chains) is (version == 3 or not mmap)  # a full load stores them once
+    assert ("obs_" in buffer._store.chains) is (version == 3 or not mmap)  # a full load stores them once
 
 
 @pytest.mark.parametrize("failure", ["write", "fsync"])

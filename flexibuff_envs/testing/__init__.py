@@ -206,7 +206,7 @@ def _compare_rows(buffer: Any, expected: dict[str, np.ndarray | None], rows: int
         return [f"the buffer holds {rows} rows but only {total} steps were taken"]
     if rows == 0:
         return [] if total == 0 else [f"the buffer holds no rows after {total} steps"]
-    batch = buffer.sample_transitions(idx=live_rows(buffer._lanes))
+    batch = buffer.sample_transitions(idx=live_rows(buffer._index.read()))
     multi = buffer.spec.n_agents > 1
     problems = []
     for name, want in expected.items():

@@ -433,7 +433,7 @@ class BatchRecorder:
         self._sync()
         foreign = lanes[self._foreign[lanes]]
         for i in foreign.tolist():  # an episode a loaded file left running: closed as `begin_episode` does
-            self.writer.buffer.begin_episode(self.lane_ids[i])
+            self.writer.begin_episode(self.lane_ids[i])
         if foreign.size:
             self._sync()
         cut = lanes[self.running[lanes] & (self.pos[lanes] > self.start[lanes])]

@@ -289,7 +289,6 @@ class LaneRecorder:
         state: ObsCodec | None = None,
     ) -> None:
         self.writer = writer
-        self.buffer = buffer = writer.buffer
         self.lane = lane
         self.bootstrap_fn = bootstrap_fn
         self.slots = [AgentSlot(writer, i, o, a, lane) for i, (o, a) in enumerate(zip(obs, actions))]
@@ -313,7 +312,7 @@ class LaneRecorder:
         # as agents that have not acted yet are not open)
         self.end_with_last_agent = True
         self._claim = writer.row_claimer(lane)
-        if buffer.spec.action_mask:
+        if writer.buffer.spec.action_mask:
             for slot in self.slots:
                 slot.enable_masks(writer)
 
@@ -334,7 +333,7 @@ class LaneRecorder:
         """
         if self.running:
             self.cut()
-        self.buffer.begin_episode(self.lane)
+        self.writer.begin_episode(self.lane)
         self.previous_rows = self.rows
         self.rows = []
         n = len(self.slots)
