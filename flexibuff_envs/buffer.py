@@ -30,9 +30,10 @@ from flexibuff_envs.errors import (
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log
-from flexibuff_envs.priorities import ALPHA, PriorityTree, check_alpha
+from flexibuff_envs.priorities import ALPHA, check_alpha
 from flexibuff_envs.returns import check_gamma
-from flexibuff_envs.sampling import Sampling, checked_rows, checked_weights, live_rows
+from flexibuff_envs.samplers import Prioritized, checked_rows, checked_weights, live_rows
+from flexibuff_envs.sampling import Sampling
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import NEXT, Storage
 from flexibuff_envs.storage import extra_fields as extra_fields_of
@@ -163,7 +164,7 @@ class FlexibleBuffer(Sampling):
                 f"but obs_size is {self.spec.obs_size}"
             )
         self.alpha = check_alpha(alpha)
-        self._priorities: PriorityTree | None = None  # made on the first prioritized use
+        self._priorities: Prioritized | None = None  # the prioritized sampler, made on its first use
         self._log: Follower | None = None  # the episode log ended episodes go to (`log_to`)
         self.gamma = check_gamma(gamma)
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
@@ -592,9 +593,9 @@ class FlexibleBuffer(Sampling):
         for chain in self._store.chains.values():
             chain.reset(live)
 
-    def _priority_tree(self) -> PriorityTree:
+    def _prioritized(self) -> Prioritized:
         if self._priorities is None:
-            self._priorities = PriorityTree(self._store.rows, self.spec.n_envs, self.alpha)
+            self._priorities = Prioritized.new(self._store.rows, self.spec.n_envs, self.alpha)
         return self._priorities
 
     @property
@@ -611,9 +612,7 @@ class FlexibleBuffer(Sampling):
         tensors (on any device, needing grad or not)."""
         rows = checked_rows("update_priorities", idx, self._store.rows)
         values = checked_weights("update_priorities", "priorities", priorities, rows)
-        tree = self._priority_tree()
-        tree.sync(self._index.read())
-        tree.update(rows.reshape(-1), values.reshape(-1))
+        self._prioritized().update(self._index.read(), rows.reshape(-1), values.reshape(-1))
 
     @holding
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
@@ -651,7 +650,8 @@ class FlexibleBuffer(Sampling):
             "alpha": self.alpha,
         }
         lanes = self._index.read()
-        io.save(target, settings, self._store, lanes, self._priorities)
+        priorities = None if self._priorities is None else self._priorities.saved(lanes, self._store.rows)
+        io.save(target, settings, self._store, lanes, priorities)
         return target
 
     @classmethod
@@ -686,7 +686,7 @@ class FlexibleBuffer(Sampling):
             buffer.rng.bit_generator.state = header.rng
             leaves = io.fill(file, buffer._store, buffer._index.ring, mmap=mmap)
         if leaves is not None:
-            buffer._priorities = PriorityTree.restore(leaves, buffer._index.ring, buffer.alpha, header.max_priority)  # type: ignore[arg-type]
+            buffer._priorities = Prioritized.restored(leaves, buffer._index.ring, buffer.alpha, header.max_priority)  # type: ignore[arg-type]
         if not mmap:
             buffer.compact()  # an older file's next values, written out row by row: keep them once
         return buffer

@@ -33,8 +33,7 @@ import numpy as np
 from flexibuff_envs.episodes import Lane, newest_rows
 from flexibuff_envs.errors import BufferFileError, BufferSaveError
 from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse, stored_range
-from flexibuff_envs.priorities import PriorityTree
-from flexibuff_envs.sampling import live_rows
+from flexibuff_envs.samplers import live_rows
 from flexibuff_envs.storage import Part, Segments, Storage
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
@@ -97,10 +96,15 @@ def _lanes(lanes: Sequence[Lane], ranges: list[tuple[int, int]]) -> list[dict[st
 
 
 def save(
-    path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane], tree: PriorityTree | None
+    path: str,
+    settings: dict[str, Any],
+    storage: Storage,
+    lanes: Sequence[Lane],
+    priorities: tuple[np.ndarray, float] | None,
 ) -> None:
     """Write a buffer (its ``settings``, the JSON-ready values its header keeps, and its parts)
-    to ``path`` atomically: the old file stays intact until the new is whole.
+    to ``path`` atomically: the old file stays intact until the new is whole. ``priorities``:
+    what its prioritized sampler keeps (`Prioritized.saved`), if it has one.
 
     Rows go from the ring to the file slice by slice, in ring order (so row numbers stay as they
     are): no copy of the buffer is made.
@@ -110,7 +114,7 @@ def save(
             the way cannot be made, no permission, a full disk); it names ``path``.
     """
     try:
-        _save(path, settings, storage, lanes, tree)
+        _save(path, settings, storage, lanes, priorities)
     except BufferSaveError:
         raise
     except OSError as exc:
@@ -121,7 +125,11 @@ def save(
 
 
 def _save(
-    path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane], tree: PriorityTree | None
+    path: str,
+    settings: dict[str, Any],
+    storage: Storage,
+    lanes: Sequence[Lane],
+    priorities: tuple[np.ndarray, float] | None,
 ) -> None:
     if os.path.isdir(path):
         raise BufferSaveError(errno.EISDIR, "cannot save the buffer: it is a directory; give a file name", path)
@@ -129,10 +137,9 @@ def _save(
     segments = [(lane.offset + lo, lane.offset + hi) for lane, (lo, hi) in zip(lanes, ranges)]
     header = {"format": "flexibuff_envs buffer", **settings, "lanes": _lanes(lanes, ranges), "fields": []}
     parts = storage.export(segments)
-    if tree is not None:  # prioritized replay's priority ** alpha per row, and the highest priority given
-        tree.sync(lanes)
-        header["max_priority"] = tree.max_priority
-        parts.append(Part.of(PRIORITY, None, tree.leaf_values(storage.rows), False, segments))
+    if priorities is not None:  # prioritized replay's priority ** alpha per row, and the highest priority given
+        leaves, header["max_priority"] = priorities
+        parts.append(Part.of(PRIORITY, None, leaves, False, segments))
     offset = 0
     for part in parts:
         offset += _padding(offset)

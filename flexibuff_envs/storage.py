@@ -693,9 +693,9 @@ class Storage:
         ) // self.rows
 
 
-class Stored(Mapping[tuple[str, str | None], tuple[np.ndarray, ...]]):
+class Stored:
     """Rows of ``storage`` in their stored form, as `Part` pieces hold them, each part made when
-    it is read (a writer that reads every part once pays for nothing else).
+    it is read (`get`: a writer that reads every part once pays for nothing else).
 
     ``rows``: ring ranges (each field's pieces are views of its arrays, one per range) or row
     numbers (copies). Each chain's parts hold the slots those rows name, renumbered ``1, 2,
@@ -733,12 +733,6 @@ class Stored(Mapping[tuple[str, str | None], tuple[np.ndarray, ...]]):
             extracted = self._chains[name] = storage.chains[name].extract(numbers, cut)
         return (extracted[part == "tail"],)
 
-    def __getitem__(self, key: tuple[str, str | None]) -> tuple[np.ndarray, ...]:
-        pieces = self.get(key)
-        if pieces is None:
-            raise KeyError(key)
-        return pieces  # type: ignore[no-any-return]
-
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, tuple) or len(key) != 2:
             return False
@@ -763,7 +757,7 @@ class Stored(Mapping[tuple[str, str | None], tuple[np.ndarray, ...]]):
                 name,
                 part,
                 chains[name].per_agent if part == "index" else part is None and fields[name].per_agent,
-                self[name, part],
+                self.get((name, part)),
             )
             for name, part in self
         ]

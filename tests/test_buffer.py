@@ -352,16 +352,16 @@ def test_fields_gathers_only_what_is_asked_for(as_torch: bool) -> None:
 
 def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
     """A sampler of one's own (here: each lane's newest rows) gives batches like the built-in
-    modes, and the built-in methods are `draw` with theirs."""
-    from flexibuff_envs.sampling import Draw, Minibatches, Uniform
+    modes from the live rows alone (no ring arithmetic), and the built-in methods are `draw`
+    with theirs."""
+    from flexibuff_envs.samplers import Draw, Live, Minibatches, Uniform
 
     class Newest:
         def __init__(self, n: int) -> None:
             self.n = n
 
-        def draws(self, lanes, rng, storage):  # type: ignore[no-untyped-def]
-            for lane in lanes:
-                yield Draw(lane.offset + (lane.written - 1 - np.arange(self.n)) % lane.capacity)
+        def draws(self, live: Live, rng: np.random.Generator) -> list[Draw]:
+            return [Draw(rows[: -self.n - 1 : -1]) for rows in live.by_lane()]
 
     envs = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=100)
     envs.reset(seed=0)
@@ -376,6 +376,14 @@ def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
     one = envs.buffer.sample_transitions(16)
     envs.buffer.rng = np.random.default_rng(5)
     np.testing.assert_array_equal(next(envs.buffer.draw(Uniform(16))).idx, one.idx)
+    # n-step returns are a read-side step any sampler's rows can take, as sample_transitions' do
+    envs.buffer.rng = np.random.default_rng(5)
+    three = envs.buffer.sample_transitions(16, n_step=3)
+    envs.buffer.rng = np.random.default_rng(5)
+    (drawn,) = envs.buffer.draw(Uniform(16), n_step=3)
+    for name in ("idx", "individual_rewards", "discounts", "obs_", "terminated"):
+        np.testing.assert_array_equal(getattr(drawn, name), getattr(three, name))
+    assert not np.array_equal(three.individual_rewards, one.individual_rewards)  # summed over 3 steps
 
 
 def test_uniform_draws_cover_the_live_rows_evenly_and_nothing_else() -> None:

@@ -11,17 +11,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator
 
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.episodes import Lane, episode_table
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.sampling import Draw
+from flexibuff_envs.samplers import Draw, Live
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import FIELDS, NEXT, Storage, encode
+from flexibuff_envs.storage import FIELDS, NEXT, encode
 
 #: a buffer, or the path of a buffer file or an episode log
 Source = FlexibleBuffer | str | os.PathLike[str]
@@ -86,8 +85,8 @@ class _Runs:
     rows: int
     lengths: list[np.ndarray] = dataclasses.field(default_factory=list)
 
-    def draws(self, lanes: Sequence[Lane], rng: np.random.Generator, storage: Storage) -> Iterator[Draw]:
-        pool = episode_table(lanes)
+    def draws(self, live: Live, rng: np.random.Generator) -> Iterator[Draw]:
+        pool = live.episodes()
         ends = np.cumsum(pool.lengths)
         first = 0
         while first < len(pool):

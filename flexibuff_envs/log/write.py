@@ -50,7 +50,7 @@ from flexibuff_envs.log.tail import Tail
 from flexibuff_envs.storage import NEXT, Segments, Storage, Stored
 
 #: each stored part's rows, as `storage.Part` pieces hold them
-Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]]
+Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]] | Stored
 
 
 class LogWriter:
@@ -331,7 +331,8 @@ class LogWriter:
 
 def _added(given: Given) -> tuple[int, ...]:
     """The slots each chain's tail adds (its slot 0 is the log's own)."""
-    return tuple(len(given[name, "tail"][0]) - 1 if (name, "tail") in given else 0 for name in CHAINS)
+    tails = [given.get((name, "tail")) for name in CHAINS]
+    return tuple(0 if tail is None else len(tail[0]) - 1 for tail in tails)
 
 
 class _Open:

@@ -15,7 +15,7 @@ import numpy as np
 
 from flexibuff_envs.errors import FlexibuffError, NotAnEnvError
 from flexibuff_envs.kinds import env_kind
-from flexibuff_envs.sampling import live_rows
+from flexibuff_envs.samplers import live_rows
 from flexibuff_envs.testing.pz_reference import (
     Expected,
     play_aec,
