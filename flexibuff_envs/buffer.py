@@ -11,6 +11,7 @@ import numpy as np
 
 from flexibuff_envs import chunk, io
 from flexibuff_envs.chunk import Chunk
+from flexibuff_envs.ends import write_episode_returns
 from flexibuff_envs.episodes import (
     ALL,
     Episode,
@@ -27,6 +28,8 @@ from flexibuff_envs.errors import (
     plain_dtype,
     positive_int,
 )
+from flexibuff_envs.fields import NEXT
+from flexibuff_envs.fields import extra_fields as extra_fields_of
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log
@@ -35,8 +38,7 @@ from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.samplers import Prioritized, checked_rows, checked_weights, live_rows
 from flexibuff_envs.sampling import Sampling
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import NEXT, Storage
-from flexibuff_envs.storage import extra_fields as extra_fields_of
+from flexibuff_envs.storage import Storage
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
@@ -384,7 +386,7 @@ class FlexibleBuffer(Sampling):
         lane_ = self._index.change()[lane]
         running = lane_.running
         if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
-            self._store.write_episode_returns(lane_, running, bootstrap, self.gamma, self.gae_lambda)
+            write_episode_returns(self._store, lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
 
     @holding
@@ -406,7 +408,7 @@ class FlexibleBuffer(Sampling):
         )
         for i, lane in enumerate(self._index.change()):
             if lane.running is not None and lane.running.end > lane.running.start:
-                self._store.write_episode_returns(lane, lane.running, values[i], self.gamma, self.gae_lambda)
+                write_episode_returns(self._store, lane, lane.running, values[i], self.gamma, self.gae_lambda)
 
     # ------------------------------------------------------------------ moving episodes
 

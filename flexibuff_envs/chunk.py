@@ -3,7 +3,7 @@
 `take` hands out a buffer's ended whole episodes as a `Chunk` and forgets them there;
 `FlexibleBuffer.extend` appends a chunk's episodes to a lane of another buffer, whole, with the
 ``G``, masks and annotations they were recorded with. A chunk holds rows in their stored form
-(`storage.Part`, as files do): next values stay chained, masks stay bits, so a chunk is about one
+(`parts.Part`, as files do): next values stay chained, masks stay bits, so a chunk is about one
 copy of what was recorded.
 """
 
@@ -23,8 +23,10 @@ from flexibuff_envs.errors import (
     OutOfRangeError,
     SpecMismatchError,
 )
+from flexibuff_envs.fields import NEXT
+from flexibuff_envs.parts import Part
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import NEXT, Part, Storage
+from flexibuff_envs.storage import Storage
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,7 +37,7 @@ class Chunk:
         spec: the layout of the buffer they were taken from.
         gamma, gae_lambda: the discounts their ``G`` and GAE were computed with.
         lengths: ``[episodes]`` steps of each episode, in order.
-        parts: their rows in stored form, one piece each (`storage.Part`); a chain's slots are
+        parts: their rows in stored form, one piece each (`parts.Part`); a chain's slots are
             those its rows name, and each episode's last row has its next value in a slot.
     """
 

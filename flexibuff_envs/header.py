@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.errors import short_repr
+from flexibuff_envs.fields import MASKS, NEXT, field_table
 from flexibuff_envs.header_values import (
     MAX_POSITION,
     MAX_ROWS,
@@ -33,7 +34,7 @@ from flexibuff_envs.header_values import (
 )
 from flexibuff_envs.priorities import ALPHA
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import MASKS, NEXT, Storage, field_table
+from flexibuff_envs.storage import Storage
 
 #: fields every buffer allocates when made, so every file holds them
 REQUIRED = ("obs", "terminated", "truncated", "active", "G")

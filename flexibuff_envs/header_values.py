@@ -8,8 +8,8 @@ import math
 from typing import Any
 
 from flexibuff_envs.errors import plain_dtype, short_repr
+from flexibuff_envs.fields import extra_fields
 from flexibuff_envs.spec import BufferSpec, one_hot_problem
-from flexibuff_envs.storage import extra_fields
 
 #: bounds no real buffer comes near; a header past them is refused before any arithmetic
 MAX_ROWS = 1 << 40

@@ -33,14 +33,17 @@ import numpy as np
 from flexibuff_envs.episodes import Lane, newest_rows
 from flexibuff_envs.errors import BufferFileError, BufferSaveError
 from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse, stored_range
+from flexibuff_envs.parts import Part, Segments
 from flexibuff_envs.samplers import live_rows
-from flexibuff_envs.storage import Part, Segments, Storage
+from flexibuff_envs.storage import Storage
 
 MAGIC, END = b"FLEXIBUF", b"FBUF-END"
 VERSION = 4
 _ALIGN = 64
 _PREFIX = struct.Struct("<8sIQ")
 _SUFFIX = {1: struct.Struct("<I8s"), 2: struct.Struct("<II8s"), 3: struct.Struct("<II8s"), 4: struct.Struct("<II8s")}
+#: what a prioritized sampler keeps in a file: priority ** alpha per row, the highest priority given
+Priorities = tuple[np.ndarray, float] | None
 
 
 def _padding(position: int) -> int:
@@ -95,13 +98,7 @@ def _lanes(lanes: Sequence[Lane], ranges: list[tuple[int, int]]) -> list[dict[st
     ]
 
 
-def save(
-    path: str,
-    settings: dict[str, Any],
-    storage: Storage,
-    lanes: Sequence[Lane],
-    priorities: tuple[np.ndarray, float] | None,
-) -> None:
+def save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane], priorities: Priorities) -> None:
     """Write a buffer (its ``settings``, the JSON-ready values its header keeps, and its parts)
     to ``path`` atomically: the old file stays intact until the new is whole. ``priorities``:
     what its prioritized sampler keeps (`Prioritized.saved`), if it has one.
@@ -124,13 +121,7 @@ def save(
         ) from exc
 
 
-def _save(
-    path: str,
-    settings: dict[str, Any],
-    storage: Storage,
-    lanes: Sequence[Lane],
-    priorities: tuple[np.ndarray, float] | None,
-) -> None:
+def _save(path: str, settings: dict[str, Any], storage: Storage, lanes: Sequence[Lane], priorities: Priorities) -> None:
     if os.path.isdir(path):
         raise BufferSaveError(errno.EISDIR, "cannot save the buffer: it is a directory; give a file name", path)
     ranges = [stored_range(lane.live_start, lane.written, lane.capacity) for lane in lanes]

@@ -12,6 +12,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.episodes import EpisodeIndex
 from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, positive_int
+from flexibuff_envs.fields import NEXT
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.samplers import (
     Episodes,
@@ -24,7 +25,6 @@ from flexibuff_envs.samplers import (
     Uniform,
     Weighted,
 )
-from flexibuff_envs.storage import NEXT
 
 #: the fields an n-step batch sums or reads after each window (`Storage.gather_n_step`)
 N_STEP = ("individual_rewards", "global_rewards", "terminated", "truncated", *NEXT)

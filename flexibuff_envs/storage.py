@@ -8,259 +8,28 @@ catching an exception, and an absent field is ``None`` on every batch. The next-
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import keyword
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import index_dtype
 from flexibuff_envs.episodes import segment_rows
-from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, plain_dtype
+from flexibuff_envs.fields import (
+    DECODED,
+    MASKS,
+    N_STEP_MADE,
+    NEXT,
+    field_table,
+    mask_bytes,
+    one_hot,
+    pack_mask,
+    unpack_mask,
+)
 from flexibuff_envs.nstep import Windows, discounted_sum
-from flexibuff_envs.returns import episode_gae, episode_returns, gae, segmented_scan
+from flexibuff_envs.parts import Part, Segments, Stored, runs
 from flexibuff_envs.spec import BufferSpec
-
-if TYPE_CHECKING:
-    from flexibuff_envs.episodes import Episode, Lane
-
-
-@dataclass(frozen=True)
-class Field:
-    """How one field is laid out."""
-
-    per_agent: bool
-    dtype: str
-    fill: float | bool
-    #: which spec size gives the trailing dimension ("" for a scalar per row)
-    width: str = ""
-    #: a fixed trailing shape (fields of your own, `extra_fields`)
-    shape: tuple[int, ...] = ()
-
-
-FIELDS: dict[str, Field] = {
-    "obs": Field(True, "obs", 0, "obs_size"),
-    "obs_": Field(True, "obs", 0, "obs_size"),
-    "state": Field(False, "float32", 0, "state_size"),
-    "state_": Field(False, "float32", 0, "state_size"),
-    "discrete_actions": Field(True, "int64", 0, "n_heads"),
-    "continuous_actions": Field(True, "float32", 0, "continuous_action_dimension"),
-    # legal-action masks as bits, eight actions a byte (`pack_mask`); 255: all legal
-    "action_mask": Field(True, "uint8", 255, "mask_bytes"),
-    "action_mask_": Field(True, "uint8", 255, "mask_bytes"),
-    "individual_rewards": Field(True, "float32", 0),
-    "individual_auxiliary_rewards": Field(True, "float32", 0),
-    "global_rewards": Field(False, "float32", 0),
-    "global_auxiliary_rewards": Field(False, "float32", 0),
-    "discrete_log_probs": Field(True, "float32", np.nan, "n_heads"),
-    "continuous_log_probs": Field(True, "float32", np.nan, "log_prob_continuous"),
-    "values": Field(True, "float32", np.nan),
-    "advantages": Field(True, "float32", np.nan),
-    "returns": Field(True, "float32", np.nan),
-    "terminated": Field(True, "bool", False),
-    "truncated": Field(True, "bool", False),
-    "active": Field(True, "bool", False),
-    "G": Field(True, "float32", np.nan),
-    "memory_weights": Field(False, "float32", 1.0),
-}
-
-#: batch fields an n-step draw makes (`Storage.gather_n_step`) rather than gathers
-N_STEP_MADE = ("discounts", "n_steps")
-#: names a field of your own cannot take: the batch's own attributes
-RESERVED = frozenset({*FIELDS, *(f.name for f in dataclasses.fields(FlexiBatch))})
-#: most values one row of a field of your own may hold
-MAX_EXTRA_SIZE = 1 << 24
-
-
-def extra_fields(fields: Mapping[str, object] | None) -> tuple[tuple[str, tuple[int, ...], str], ...]:
-    """Fields of your own as a spec holds them, ``(name, shape, dtype name)``, from ``{name:
-    shape}`` or ``{name: (shape, dtype)}`` (dtype float32 unless given), or ValueError naming the
-    field that is not a new identifier with a shape of positive sizes and a plain numeric dtype."""
-    if fields is None:
-        return ()
-    if not isinstance(fields, Mapping):
-        raise ArgumentTypeError(f"extra_fields must map names to shapes, e.g. {{'hidden': (64,)}}, got {fields!r}")
-    out = []
-    for name, given in fields.items():
-        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED:
-            raise InvalidArgumentError(
-                f"extra_fields: {name!r} must be a Python name that is not a batch field "
-                f"already ({', '.join(sorted(RESERVED))})"
-            )
-        shape, dtype = (
-            given
-            if (isinstance(given, (tuple, list)) and len(given) == 2 and isinstance(given[1], (str, type, np.dtype)))
-            else (given, "float32")
-        )
-        shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
-        if not isinstance(shape, (tuple, list)) or not all(
-            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape
-        ):
-            raise InvalidArgumentError(
-                f"extra_fields: {name!r} needs a shape of positive sizes such as (64,), got {given!r}"
-            )
-        if int(np.prod(shape)) > MAX_EXTRA_SIZE:
-            raise InvalidArgumentError(
-                f"extra_fields: {name!r} holds {int(np.prod(shape)):,} values a row, more than {MAX_EXTRA_SIZE:,}"
-            )
-        out.append((name, tuple(int(d) for d in shape), plain_dtype(f"extra_fields {name!r} dtype", dtype).name))
-    return tuple(out)
-
-
-def field_table(spec: BufferSpec) -> dict[str, Field]:
-    """Every field a buffer of ``spec`` can hold: the built-ins and the spec's own (NaN, or 0 for
-    integers, until given)."""
-    return {
-        **FIELDS,
-        **{
-            name: Field(True, dtype, np.nan if np.dtype(dtype).kind == "f" else 0, "", shape)
-            for name, shape, dtype in spec.extra_fields
-        },
-    }
-
-
-#: the legal-action mask fields
-MASKS = ("action_mask", "action_mask_")
-
-
-def mask_bytes(width: int) -> int:
-    """Bytes a mask of ``width`` actions takes as bits."""
-    return -(-width // 8)
-
-
-def pack_mask(mask: np.ndarray) -> np.ndarray:
-    """Legal-action flags (any nonzero is legal) as bits along the last axis, first action lowest."""
-    return np.packbits(mask, axis=-1, bitorder="little")
-
-
-def unpack_mask(bits: np.ndarray, width: int) -> np.ndarray:
-    """The ``width`` flags `pack_mask` packed, as bools."""
-    return np.unpackbits(bits, axis=-1, count=width, bitorder="little").view(bool)
-
-
-def one_hot(indices: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
-    """Stored category indices (``[..., k]``, index + 1; 0: none) as their one-hot flattening."""
-    offsets = np.cumsum((-1, *categories[:-1]))  # index + 1 -> position in the flattening
-    out = np.zeros((*indices.shape[:-1], sum(categories)), dtype=np.float32)
-    flat, stored = out.reshape(-1, out.shape[-1]), indices.reshape(-1, len(categories))
-    rows, which = np.nonzero(stored)
-    flat[rows, stored[rows, which] + offsets[which]] = 1.0
-    return out
-
-
-def category_indices(flat: np.ndarray, categories: tuple[int, ...]) -> np.ndarray:
-    """One-hot flattenings (``[..., sum(categories)]``) as the indices `one_hot` reads (index + 1;
-    0 where a category has no value set)."""
-    bounds = np.cumsum(categories)
-    out = np.zeros((*flat.shape[:-1], len(categories)), dtype=index_dtype(categories))
-    rows, at = np.nonzero(flat.reshape(-1, flat.shape[-1]))
-    which = np.searchsorted(bounds, at, side="right")
-    out.reshape(-1, len(categories))[rows, which] = at - (bounds[which] - np.asarray(categories)[which]) + 1
-    return out
-
-
-def encode(spec: BufferSpec, name: str, values: np.ndarray) -> np.ndarray:
-    """Values of field ``name`` as a batch shows them (masks joined over heads) as a buffer of
-    ``spec`` stores them: the inverse of `Storage.decode`, for filling a buffer by hand."""
-    if name in MASKS:
-        return pack_mask(values)
-    if name in ("obs", "obs_") and spec.obs_categories:
-        return category_indices(values, spec.obs_categories)
-    return values
-
-
-#: each next-value field and the field whose next row holds it
-NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
-#: fields stored in another form than batches show (`Storage.decode`)
-DECODED = ("obs", "obs_", *MASKS)
-
-#: ring rows as ``[lo, hi)`` ranges, in order
-Segments = Sequence[tuple[int, int]]
-
-
-def _runs(segments: Segments) -> Iterator[tuple[int, int, slice]]:
-    """Each ring range ``[lo, hi)`` of ``segments``, and where its rows lie when the ranges'
-    rows are put back to back."""
-    at = 0
-    for lo, hi in segments:
-        yield lo, hi, slice(at, at + hi - lo)
-        at += hi - lo
-
-
-def _views(array: np.ndarray, per_agent: bool, segments: Segments) -> tuple[np.ndarray, ...]:
-    """The rows ``segments`` of ``array``, a view per range."""
-    if len(segments) == 1:  # the common case, without building a list
-        lo, hi = segments[0]
-        return (array[:, lo:hi] if per_agent else array[lo:hi],)
-    if per_agent:
-        return tuple([array[:, lo:hi] for lo, hi in segments])
-    return tuple([array[lo:hi] for lo, hi in segments])
-
-
-@dataclass(frozen=True, eq=False)
-class Part:
-    """One array of a buffer's stored form, the one form files hold, chunks carry and memory maps
-    give (`Storage.export`, `Storage.insert`, `Storage.receive`, `Storage.adopt`): field
-    ``name``'s rows (``part`` None), or a chained next value's ``"index"`` (a slot per row;
-    `CHAINED`: the base field at the next row) or ``"tail"`` (the slots it names, slot 0 zeros);
-    ``"bools"`` while a format 1-2 file's masks are read, a bool per action, until `settle`.
-
-    ``pieces`` hold its rows in order, ``[n_agents, n, ...]`` each for a per-agent field and
-    ``[n, ...]`` else; a tail is one piece.
-    """
-
-    name: str
-    part: str | None
-    per_agent: bool
-    pieces: tuple[np.ndarray, ...]
-
-    @classmethod
-    def of(cls, name: str, part: str | None, array: np.ndarray, per_agent: bool, segments: Segments) -> Part:
-        """The rows ``segments`` of ``array`` (views)."""
-        return cls(name, part, per_agent, _views(array, per_agent, segments))
-
-    @property
-    def key(self) -> tuple[str, str | None]:
-        return self.name, self.part
-
-    @property
-    def axis(self) -> int:
-        """The axis of its rows."""
-        return int(self.per_agent and self.part != "tail")
-
-    @functools.cached_property
-    def shape(self) -> tuple[int, ...]:
-        first, axis = self.pieces[0], self.axis
-        return (*first.shape[:axis], sum(piece.shape[axis] for piece in self.pieces), *first.shape[axis + 1 :])
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.pieces[0].dtype
-
-    @property
-    def nbytes(self) -> int:
-        return sum(piece.nbytes for piece in self.pieces)
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        """Its values in the C order of `shape`, as pieces that are contiguous where its arrays
-        are: agent after agent, each rows first to last."""
-        for agent in range(self.shape[0]) if self.axis else (None,):
-            for piece in self.pieces:
-                yield piece if agent is None else piece[agent]
-
-    def whole(self) -> np.ndarray:
-        """Its values as one array of `shape`."""
-        return self.pieces[0] if len(self.pieces) == 1 else np.concatenate(self.pieces, axis=self.axis)
-
-    def rows(self, lo: int, hi: int) -> np.ndarray:
-        """Its rows ``[lo, hi)`` (a tail whole)."""
-        whole = self.whole()
-        return whole if self.part == "tail" else whole[:, lo:hi] if self.axis else whole[lo:hi]
 
 
 class Storage:
@@ -384,91 +153,6 @@ class Storage:
             chain = self.chains[name] = Chain(self.ensure(NEXT[name]), self.fields[name].per_agent)
         return chain
 
-    # ----------------------------------------------------------------- returns
-
-    def write_episode_returns(
-        self,
-        lane: Lane,
-        episode: Episode,
-        bootstrap: np.ndarray | float | None,
-        gamma: float,
-        lam: float,
-        only: int | None = None,
-    ) -> None:
-        """``G`` (and GAE) of the agents still in ``episode`` of ``lane`` (or of agent ``only``),
-        each over its own rows: those since it joined where it is active, discounted transition by
-        transition; ``bootstrap`` is V after each agent's last step (None: 0)."""
-        first = lane.offset + episode.start % lane.capacity
-        steps = episode.end - episode.start
-        # an episode that does not wrap is a slice: no index array on the per-episode path
-        rows: slice | np.ndarray = (
-            slice(first, first + steps) if first + steps <= lane.offset + lane.capacity else lane.rows(episode)
-        )
-        n_agents = self.spec.n_agents
-        boot = None if bootstrap is None else np.broadcast_to(np.asarray(bootstrap, dtype=np.float64), (n_agents,))
-        if n_agents == 1:
-            self.write_returns(slice(None), rows, boot, gamma, lam)
-            return
-        starts = lane.agent_start
-        agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
-        if not agents:
-            return
-        active = self.arrays["active"][:, rows]
-        if len(agents) == len(starts) and max(starts) <= episode.start and active.all():
-            self.write_returns(slice(None), rows, boot, gamma, lam)  # every agent acted at every step: one pass
-            return
-        all_rows = None
-        for agent in agents:
-            mine = active[agent, max(starts[agent] - episode.start, 0) :]
-            skipped = steps - mine.size
-            acted = int(np.count_nonzero(mine))
-            boot_ = None if boot is None else boot[agent : agent + 1]
-            if isinstance(rows, slice) and mine[:acted].all():  # its rows are one run (AEC turns): a slice
-                own: slice | np.ndarray = slice(first + skipped, first + skipped + acted)
-            else:
-                all_rows = lane.rows(episode) if all_rows is None else all_rows
-                own = all_rows[skipped:][mine]
-            if acted:
-                self.write_returns(slice(agent, agent + 1), own, boot_, gamma, lam)
-
-    def write_run_returns(
-        self, rows: np.ndarray, last: np.ndarray, bootstrap: np.ndarray, gamma: float, lam: float
-    ) -> None:
-        """``G`` (and GAE where values were annotated) of many single-agent episodes in one pass:
-        ``rows`` hold them back to back, ``last`` is the position there of each one's last row
-        and ``bootstrap`` the value after it."""
-        arrays = self.arrays
-        rewards = arrays["individual_rewards"][0].take(rows).astype(np.float64)
-        ends = np.zeros(rows.size, dtype=bool)
-        ends[last] = True
-        if "values" in arrays:
-            boots = np.zeros(rows.size)
-            boots[last] = bootstrap
-            advantages, value_targets = gae(rewards, arrays["values"][0].take(rows), ends, gamma, lam, boots)
-            self.ensure("advantages")[0, rows] = advantages
-            self.ensure("returns")[0, rows] = value_targets
-        rewards[last] += gamma * bootstrap
-        arrays["G"][0, rows] = segmented_scan(rewards, gamma, ends)
-
-    def write_returns(
-        self, agents: slice, rows: slice | np.ndarray, bootstrap: np.ndarray | None, gamma: float, lam: float
-    ) -> None:
-        """``G`` (and GAE where values were annotated) of ``agents`` over ``rows``, one transition
-        after the other."""
-        arrays = self.arrays
-        if "individual_rewards" in arrays:
-            rewards = arrays["individual_rewards"][agents, rows]
-        elif "global_rewards" in arrays:  # a hand-made buffer holding the team reward only
-            team = arrays["global_rewards"][rows]
-            rewards = np.broadcast_to(team, (self.spec.n_agents, team.shape[0]))[agents]
-        else:
-            return
-        arrays["G"][agents, rows] = episode_returns(rewards, gamma, bootstrap)
-        if "values" in arrays:
-            advantages, value_targets = episode_gae(rewards, arrays["values"][agents, rows], gamma, lam, bootstrap)
-            self.ensure("advantages")[agents, rows] = advantages
-            self.ensure("returns")[agents, rows] = value_targets
-
     # ----------------------------------------------------------------- reading: every encoding undone here
 
     def successors(self, rows: np.ndarray) -> tuple[np.ndarray, TakeMode]:
@@ -587,7 +271,7 @@ class Storage:
         given = {part.key: part.whole() for part in parts}
         for name, array in self:
             source, per_agent = given.get((name, None)), self.fields[name].per_agent
-            for lo, hi, at in _runs(segments):
+            for lo, hi, at in runs(segments):
                 target = array[:, lo:hi] if per_agent else array[lo:hi]
                 if source is None:
                     target[...] = self.fill(name)
@@ -621,7 +305,7 @@ class Storage:
         for part in parts:
             if part.part == "bools":
                 bools, packed = part.whole(), self.ensure(part.name)
-                for lo, hi, at in _runs(segments):
+                for lo, hi, at in runs(segments):
                     packed[:, lo:hi] = pack_mask(bools[:, at])
 
     def adopt(self, arrays: Mapping[tuple[str, str | None], np.ndarray]) -> None:
@@ -691,73 +375,3 @@ class Storage:
         return (
             sum(a.nbytes for a in self.arrays.values()) + sum(c.index.nbytes for c in self.chains.values())
         ) // self.rows
-
-
-class Stored:
-    """Rows of ``storage`` in their stored form, as `Part` pieces hold them, each part made when
-    it is read (`get`: a writer that reads every part once pays for nothing else).
-
-    ``rows``: ring ranges (each field's pieces are views of its arrays, one per range) or row
-    numbers (copies). Each chain's parts hold the slots those rows name, renumbered ``1, 2,
-    ...``; a chained row at a position in ``last`` (an episode's end, whose successor does not
-    follow it in ``rows``) gets a slot with its value.
-    """
-
-    def __init__(self, storage: Storage, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> None:
-        self.storage, self.last = storage, last
-        self._arrays, self._fields = storage.arrays, storage.fields
-        # ring ranges, or the row numbers (made from the ranges once a chain needs them)
-        self._segments: Segments | None = None if isinstance(rows, np.ndarray) else rows
-        self._numbers: np.ndarray | None = rows if isinstance(rows, np.ndarray) else None
-        self._chains: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # extracted: name -> (index, tail)
-
-    def get(self, key: tuple[str, str | None], default: Any = None) -> Any:
-        name, part = key
-        if part is None:
-            array = self._arrays.get(name)
-            if array is None:
-                return default
-            per_agent = self._fields[name].per_agent
-            if self._segments is not None:
-                return _views(array, per_agent, self._segments)
-            return (array.take(self._numbers, axis=int(per_agent)),)  # type: ignore[arg-type]
-        storage = self.storage
-        if name not in storage.chains or part not in ("index", "tail"):
-            return default
-        extracted = self._chains.get(name)
-        if extracted is None:
-            if self._numbers is None:
-                self._numbers = segment_rows(self._segments or ())
-            numbers, last = self._numbers, self.last
-            cut = None if last is None else (last, functools.partial(storage.successor_rows, numbers[last]))
-            extracted = self._chains[name] = storage.chains[name].extract(numbers, cut)
-        return (extracted[part == "tail"],)
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        name, part = key
-        return (
-            name in self.storage.arrays if part is None else part in ("index", "tail") and name in self.storage.chains
-        )
-
-    def __iter__(self) -> Iterator[tuple[str, str | None]]:
-        yield from ((name, None) for name in self.storage.arrays)
-        for name in self.storage.chains:
-            yield from ((name, "index"), (name, "tail"))
-
-    def __len__(self) -> int:
-        return len(self.storage.arrays) + 2 * len(self.storage.chains)
-
-    def parts(self) -> list[Part]:
-        """Every part, made now."""
-        fields, chains = self.storage.fields, self.storage.chains
-        return [
-            Part(
-                name,
-                part,
-                chains[name].per_agent if part == "index" else part is None and fields[name].per_agent,
-                self.get((name, part)),
-            )
-            for name, part in self
-        ]

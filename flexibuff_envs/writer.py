@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.chain import Chain
+from flexibuff_envs.ends import write_episode_returns, write_run_returns
 from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
 from flexibuff_envs.interrupts import holding
@@ -228,8 +229,8 @@ class Writer:
         lane_ = self.buffer._ring[lane]
         if lane_.running is None:
             return
-        self.buffer._store.write_episode_returns(
-            lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
+        write_episode_returns(
+            self.buffer._store, lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
         )
         lane_.agent_start[agent] = -1
 
@@ -247,4 +248,4 @@ class Writer:
             return
         buffer = self.buffer
         rows = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
-        buffer._store.write_run_returns(rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)
+        write_run_returns(buffer._store, rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)

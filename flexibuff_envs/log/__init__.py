@@ -1,7 +1,7 @@
 """An episode log: whole episodes appended to column files on disk as they end, readable after a
 crash, and sampled in place when it is larger than memory.
 
-A log is a directory. Each stored part of the buffer (`storage.Part`: ``obs``, ``obs_``'s index
+A log is a directory. Each stored part of the buffer (`parts.Part`: ``obs``, ``obs_``'s index
 and tail, masks as bits, ...) is one *column* file holding its rows one after the other, exactly
 as a ring holds them, so mapping a column gives the array a buffer samples from::
 

@@ -14,9 +14,11 @@ from typing import Any, Literal
 import numpy as np
 
 from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
+from flexibuff_envs.fields import NEXT
 from flexibuff_envs.header import BadHeader, parse_spec
+from flexibuff_envs.parts import Part
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import NEXT, Part, Storage
+from flexibuff_envs.storage import Storage
 
 VERSION = 2
 HEADER, COMMITS, LENGTHS = "header.fblog", "commits.fblog", "lengths.col"
@@ -46,7 +48,7 @@ class Column:
     row holds every agent's value: ``[n_agents, ...]``)."""
 
     name: str
-    part: str | None  # None, "index" or "tail", as `storage.Part`
+    part: str | None  # None, "index" or "tail", as `parts.Part`
     per_agent: bool
     dtype: np.dtype
     shape: tuple[int, ...]

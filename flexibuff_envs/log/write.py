@@ -20,6 +20,7 @@ from flexibuff_envs.errors import (
     InvalidArgumentError,
     SpecMismatchError,
 )
+from flexibuff_envs.fields import NEXT
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.format import (
     CHAINS,
@@ -47,9 +48,10 @@ from flexibuff_envs.log.read import (
     sync_file,
 )
 from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.storage import NEXT, Segments, Storage, Stored
+from flexibuff_envs.parts import Segments, Stored
+from flexibuff_envs.storage import Storage
 
-#: each stored part's rows, as `storage.Part` pieces hold them
+#: each stored part's rows, as `parts.Part` pieces hold them
 Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]] | Stored
 
 
@@ -171,7 +173,7 @@ class LogWriter:
 
     def _pieces(self, given: Given, lengths: np.ndarray, rows: int) -> list[tuple[Tail, np.ndarray]]:
         """Each column's bytes and the tail they go to, in the log's column order, from
-        ``given``: each stored part's rows as `storage.Part` pieces hold them (``[n_agents, n,
+        ``given``: each stored part's rows as `parts.Part` pieces hold them (``[n_agents, n,
         ...]`` for a per-agent field), laid out as the files hold them, next-value slots
         renumbered to follow the log's. A column ``given`` lacks gets its allocated value."""
         pieces = [(self._tails[EPISODE_LENGTHS.key], np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]

@@ -21,12 +21,12 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
+from flexibuff_envs.fields import extra_fields as extra_fields_of
+from flexibuff_envs.fields import mask_bytes, pack_mask
 from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.priorities import check_alpha
 from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import extra_fields as extra_fields_of
-from flexibuff_envs.storage import mask_bytes, pack_mask
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 from flexibuff_envs.writer import Writer
 
