@@ -1,0 +1,147 @@
+"""The episode log's half of `FlexibleBuffer`: following a log (`log_to`), opening one to
+sample (`open`), and closing it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flexibuff_envs.episodes import Episode, EpisodeIndex, Lane
+from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.interrupts import holding
+from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
+from flexibuff_envs.log import load as load_log
+from flexibuff_envs.storage import Storage
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from flexibuff_envs.spec import BufferSpec
+
+
+class Logged:
+    """The episode log's half of `FlexibleBuffer`."""
+
+    spec: BufferSpec
+    num_steps: int
+    gamma: float
+    gae_lambda: float
+    _store: Storage
+    _index: EpisodeIndex
+    _ring: list[Lane]
+    _log: Follower | None
+
+    if TYPE_CHECKING:  # given by `FlexibleBuffer`
+
+        @classmethod
+        def from_spec(cls, spec: BufferSpec, *, num_steps: int, **options: Any) -> Self: ...
+
+        def _forget(self, lane: Lane, episode: Episode) -> None: ...
+
+        def _open(self, lane: Lane, needed: int) -> None: ...
+
+    @holding
+    def log_to(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: FsyncPolicy = "interval",
+        every: float = 5.0,
+        per_block: bool = False,
+    ) -> None:
+        """Append every whole episode that ends in this buffer from now on (recorded, or added by
+        `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
+
+        An episode is handed to the OS in the step it ends: a process killed after that loses
+        none of it. ``fsync`` ("interval": every ``every`` seconds, "always", "close") says when
+        it reaches the disk itself. ``per_block``: a vector recorder hands its ended episodes
+        over with its block of staged steps instead (up to 256 vector steps later, so a kill can
+        lose those), which spares a fast vector env the cost of a write in every step where
+        one of its sub-envs ends an episode.
+
+        Raises:
+            BufferFileError: ``directory`` holds a log of another layout, or a damaged one.
+        """
+        if self._log is not None:
+            raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
+        writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
+        self._log = Follower(writer, self._index.read(), per_block=per_block)
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> Self:
+        """Every whole episode of the episode log ``directory`` (a torn tail is left out), in a
+        buffer that samples them in every mode, batches laid out as any buffer's.
+
+        With ``mmap`` (the default) each column of the log is mapped, not read: opening reads
+        only the few bytes per row that sampling uses as indices or flags (to check them), a
+        batch reads the rows it touches, and a log larger than memory samples in place. Changes
+        (priorities, weights, rows recorded on) stay in memory, copy-on-write, never in the log.
+        ``mmap=False`` reads every column into memory.
+
+        Raises:
+            BufferFileError: ``directory`` is not an episode log, or a damaged one.
+        """
+        logged = load_log(directory, mmap=mmap)
+        probs = logged.arrays.get(("continuous_log_probs", None))
+        width = probs.shape[-1] if probs is not None and probs.ndim == 3 else 0
+        buffer = cls.from_spec(
+            dataclasses.replace(logged.header.spec, n_envs=1),
+            num_steps=1,
+            gamma=logged.header.gamma,
+            gae_lambda=logged.header.gae_lambda,
+            log_prob_continuous=width,
+            global_reward=False,
+            individual_reward=False,
+        )
+        rows = logged.rows
+        if rows:  # one lane, as long as the log, holding its episodes back to back
+            buffer.num_steps = rows
+            buffer._store = Storage(buffer.spec, rows, log_prob_continuous=width)
+            buffer._store.adopt(logged.arrays)
+            buffer._index = EpisodeIndex(1, rows, buffer.spec.n_agents, buffer._forget, buffer._open)
+            buffer._ring = buffer._index.ring
+            buffer._store.open(0, [(0, rows)], fill=False)
+            ends = np.cumsum(logged.lengths)
+            ended = np.stack([ends - logged.lengths, ends, np.ones_like(ends)], axis=1)
+            buffer._index.ring[0].restore(rows, 0, ended, None, [0] * buffer.spec.n_agents)
+        return buffer
+
+    @classmethod
+    def from_log(cls, directory: str | os.PathLike[str]) -> Self:
+        """`open` ``directory`` with every column read into memory."""
+        return cls.open(directory, mmap=False)
+
+    @property
+    def logging(self) -> bool:
+        """Whether ended episodes go to an episode log (`log_to`)."""
+        return self._log is not None
+
+    @property
+    def logging_each_step(self) -> bool:
+        """Whether ended episodes go to an episode log in the step they end (`log_to`)."""
+        return self._log is not None and not self._log.per_block
+
+    def sync_log(self) -> None:
+        """Everything logged so far to the disk itself (nothing when no log is kept)."""
+        if self._log is not None:
+            self._log.writer.sync()
+
+    @holding
+    def close_log(self) -> tuple[int, int]:
+        """Sync and close the episode log; ended episodes go to none from now on. Returns the
+        episodes and rows appended to it since `log_to` ((0, 0) when no log was kept)."""
+        if self._log is None:
+            return 0, 0
+        self._log.writer.close()
+        appended, self._log = (self._log.episodes, self._log.rows), None
+        return appended
+
+    def _flush_log(self, lanes: Sequence[int] | None = None) -> None:
+        """The episodes that ended since the last flush to the log (in every lane, or in the
+        lanes ``lanes``; lanes as they stand)."""
+        if self._log is not None:
+            self._log.flush(self._store, self._index.ring, lanes)
