@@ -10,11 +10,6 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs import io
-from flexibuff_envs.episodes import (
-    EpisodeIndex,
-    count_whole,
-    episode_table,
-)
 from flexibuff_envs.errors import (
     BufferMemoryError,
     InvalidArgumentError,
@@ -25,6 +20,7 @@ from flexibuff_envs.errors import (
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.fields import extra_fields as extra_fields_of
 from flexibuff_envs.filling import Filling
+from flexibuff_envs.index import EpisodeIndex, count_whole, episode_table
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower
 from flexibuff_envs.logged import Logged

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flexibuff_envs.chain import CHAINED, renumbered
-from flexibuff_envs.episodes import EpisodeTable, Lane, episode_table
+from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -24,6 +24,7 @@ from flexibuff_envs.errors import (
     SpecMismatchError,
 )
 from flexibuff_envs.fields import NEXT
+from flexibuff_envs.index import EpisodeTable, episode_table
 from flexibuff_envs.parts import Part
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage

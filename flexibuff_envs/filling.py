@@ -12,9 +12,10 @@ import numpy as np
 from flexibuff_envs import chunk
 from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.ends import write_episode_returns
-from flexibuff_envs.episodes import ALL, Episode, EpisodeIndex, Lane, episode_table, newest_rows
+from flexibuff_envs.episodes import ALL, Episode, Lane
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.fields import NEXT
+from flexibuff_envs.index import EpisodeIndex, episode_table, newest_rows
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.samplers import live_rows
 

@@ -30,9 +30,10 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from flexibuff_envs.episodes import Lane, newest_rows
+from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import BufferFileError, BufferSaveError
 from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse, stored_range
+from flexibuff_envs.index import newest_rows
 from flexibuff_envs.parts import Part, Segments
 from flexibuff_envs.samplers import live_rows
 from flexibuff_envs.storage import Storage

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flexibuff_envs.episodes import Episode, EpisodeIndex, Lane
+from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from flexibuff_envs.episodes import EpisodeTable, Lane, episode_table, segment_rows
+from flexibuff_envs.episodes import Lane, segment_rows
 from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError
+from flexibuff_envs.index import EpisodeTable, episode_table
 from flexibuff_envs.priorities import PriorityTree
 
 if TYPE_CHECKING:

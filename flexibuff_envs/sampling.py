@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch, torch_converter
-from flexibuff_envs.episodes import EpisodeIndex
 from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, positive_int
 from flexibuff_envs.fields import NEXT
+from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.nstep import windows
 from flexibuff_envs.samplers import (
     Episodes,

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import flexibuff_envs as fe
 from flexibuff_envs.codecs import obs_codec
-from flexibuff_envs.episodes import episode_table
+from flexibuff_envs.index import episode_table
 from flexibuff_envs.samplers import live_rows
 from flexibuff_envs.wrappers.core import held
 from flexibuff_envs.writer import Writer

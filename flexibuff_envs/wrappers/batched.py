@@ -20,11 +20,12 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.action_codecs import ActionCodec
-from flexibuff_envs.chain import HeldBatch, as_rows
+from flexibuff_envs.chain import as_rows
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.episodes import Episode, Lane, span_rows
 from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
 from flexibuff_envs.fields import pack_mask
+from flexibuff_envs.holders import HeldBatch
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.wrappers.annotations import add_feedback, checked
 from flexibuff_envs.writer import Writer

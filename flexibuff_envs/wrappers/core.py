@@ -18,11 +18,11 @@ import numpy as np
 
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.chain import Held
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
 from flexibuff_envs.fields import extra_fields as extra_fields_of
 from flexibuff_envs.fields import mask_bytes, pack_mask
+from flexibuff_envs.holders import Held
 from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.priorities import check_alpha
 from flexibuff_envs.returns import check_gamma
