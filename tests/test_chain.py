@@ -19,7 +19,7 @@ import flexibuff_envs as fe
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.index import episode_table
 from flexibuff_envs.samplers import live_rows
-from flexibuff_envs.wrappers.core import held
+from flexibuff_envs.wrappers.slots import held
 from flexibuff_envs.writer import Writer
 
 AGENTS, LANES, CAPACITY, WIDTH = 2, 2, 7, 3

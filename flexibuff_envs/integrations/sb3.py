@@ -24,7 +24,8 @@ from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
-from flexibuff_envs.wrappers.core import LaneRecorder, prepare_buffer
+from flexibuff_envs.wrappers.core import LaneRecorder
+from flexibuff_envs.wrappers.setup import prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 try:

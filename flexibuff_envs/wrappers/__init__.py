@@ -13,9 +13,9 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import ArgumentTypeError, NotAnEnvError, UnknownNameError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
 from flexibuff_envs.wrappers.gymnasium_vector import VectorRecorder
+from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath
 
 __all__ = ["AECRecorder", "GymRecorder", "ParallelRecorder", "VectorRecorder", "record"]
 

@@ -12,7 +12,8 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, infer_spec
-from flexibuff_envs.wrappers.core import BootstrapFn, LaneRecorder, LogPath, prepare_buffer
+from flexibuff_envs.wrappers.core import LaneRecorder
+from flexibuff_envs.wrappers.setup import BootstrapFn, LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 

@@ -14,7 +14,7 @@ from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, infer_spec
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
-from flexibuff_envs.wrappers.core import LogPath, prepare_buffer
+from flexibuff_envs.wrappers.setup import LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 

@@ -18,8 +18,8 @@ from pettingzoo.utils.wrappers import (
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
+from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath
 
 #: PettingZoo's own wrappers (each env's ``env()`` adds some): they keep no rewards, flags or
 #: infos of their own (TerminateIllegalWrapper writes the raw env's), so ``last()`` through them

@@ -11,13 +11,8 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
-from flexibuff_envs.wrappers.core import (
-    BootstrapFn,
-    GlobalReward,
-    LaneRecorder,
-    LogPath,
-    prepare_buffer,
-)
+from flexibuff_envs.wrappers.core import LaneRecorder
+from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
 
 

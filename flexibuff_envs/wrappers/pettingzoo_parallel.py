@@ -10,8 +10,8 @@ from pettingzoo.utils.env import ParallelEnv
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.wrappers.core import BootstrapFn, GlobalReward, LogPath
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
+from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath
 
 
 class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):

@@ -1,0 +1,178 @@
+"""Slots: one agent's values into its rows of a lane (its observation held for the next row, its
+action heads, masks padded for agents of different sizes), and the checks of what an env returns."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.action_codecs import ActionCodec
+from flexibuff_envs.codecs import ObsCodec
+from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
+from flexibuff_envs.fields import mask_bytes, pack_mask
+from flexibuff_envs.holders import Held
+from flexibuff_envs.writer import Writer
+
+#: reward types recorded as they come; anything else goes through `number`
+NUMBERS = frozenset(
+    {
+        int,
+        float,
+        bool,
+        np.float64,
+        np.float32,
+        np.float16,
+        np.int64,
+        np.int32,
+        np.int16,
+        np.int8,
+        np.uint64,
+        np.uint32,
+        np.uint16,
+        np.uint8,
+        np.bool_,
+    }
+)
+
+
+def number(value: Any, what: str) -> float:
+    """``value`` (a reward) as a float if it is a real number, else `EnvValueError` naming
+    ``what``: text and None are refused, not converted. The per-step paths test
+    ``value.__class__ in NUMBERS`` first and call this only for other types."""
+    if isinstance(value, numbers.Real) or (
+        isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "biuf"
+    ):
+        return float(value)
+    raise EnvValueError(f"{what} must be a number, got {short_repr(value)}")
+
+
+def _flat_mask(mask: Any) -> Any:
+    """A mask given per head (tuple of arrays) becomes one flat array; an array passes as is."""
+    return mask if isinstance(mask, np.ndarray) else np.concatenate([np.ravel(m) for m in mask])
+
+
+class MaskCodec:
+    """How an env's action mask (one array, or one per head; None: all legal) becomes a padded row
+    of bits (`pack_mask`).
+
+    Agents with fewer actions than the buffer's heads get False at the padded positions.
+    """
+
+    def __init__(self, own: tuple[int, ...], padded: tuple[int, ...]) -> None:
+        width = sum(padded)
+        self.size = mask_bytes(width)
+        offsets = np.cumsum((0, *padded[:-1])).astype(int)
+        self._positions = None if own == padded else np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, own)])
+        self._row = np.zeros(width, dtype=bool)
+        legal = np.zeros(width, dtype=bool)
+        legal[self._positions if self._positions is not None else slice(None)] = True
+        self.all_legal = pack_mask(legal)
+
+    def packed(self, mask: Any) -> np.ndarray:
+        if mask is None:
+            return self.all_legal
+        if self._positions is None:
+            return pack_mask(_flat_mask(mask))
+        self._row[self._positions] = _flat_mask(mask)
+        return pack_mask(self._row)
+
+    def writer(self, store: np.ndarray) -> Callable[[int, Any], None]:
+        def write(p: int, mask: Any) -> None:
+            store[p] = self.packed(mask)
+
+        return write
+
+
+def held(writer: Writer, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int = 0) -> Held:
+    """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` in ``lane``."""
+    first = lane * writer.buffer.num_steps
+    return Held(writer.chain(name), agent, codec.writer, codec.size, (first, first + writer.buffer.num_steps))
+
+
+class AgentSlot:
+    """Writes one agent's transitions into its slice of the buffer."""
+
+    def __init__(self, writer: Writer, index: int, obs: ObsCodec, action: ActionCodec, lane: int) -> None:
+        spec = writer.buffer.spec
+        self.index = index
+        self.lane = lane
+        self.name = spec.agent_ids[index]
+        self.split_mask = obs.split_mask
+        self.obs = held(writer, "obs_", obs.compact() if spec.obs_categories else obs, index, lane)
+        self._write_obs = self.obs.write
+        self._write_action = action.writer(
+            writer.column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
+            writer.column("continuous_actions")[index][:, : action.continuous_dim]
+            if action.continuous_dim
+            else np.zeros((0, 0)),
+        )
+        self.rewards = writer.column("individual_rewards")[index]
+        self.terminated = writer.column("terminated")[index]
+        self.truncated = writer.column("truncated")[index]
+        self.active = writer.column("active")[index]
+        self.mask: Held | None = None  # action masks, once recorded
+        self._mask_codec = MaskCodec(action.cardinalities, spec.discrete_action_cardinalities)
+        self.own_width = sum(action.cardinalities)
+
+    def enable_masks(self, writer: Writer) -> None:
+        """Start recording this agent's action masks."""
+        self.mask = held(writer, "action_mask_", self._mask_codec, self.index, self.lane)
+        self.mask.hold(None)
+
+    def undo(self, row: int) -> None:
+        """``row`` is given back: hold again what this agent held before it."""
+        self.obs.undo(row)
+        if self.mask is not None:
+            self.mask.undo(row)
+
+    def split(self, obs: Any, info: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(observation value, its action mask or None) from what the env returned."""
+        if self.split_mask:
+            return obs["observation"], obs["action_mask"]
+        return obs, info.get("action_mask")
+
+    def begin(self, obs: Any, info: Mapping[str, Any]) -> None:
+        """Hold the first observation of an episode until the step that leaves it."""
+        value, mask = self.split(obs, info)
+        self.obs.hold(value)
+        if self.mask is not None:
+            if mask is not None and np.size(_flat_mask(mask)) != self.own_width:
+                raise SpecMismatchError(
+                    f"action_mask of agent {self.name!r} has {np.size(_flat_mask(mask))} entries but its "
+                    f"discrete action heads have {self.own_width} actions in all"
+                )
+            self.mask.hold(mask)
+
+    def replace(self, obs_: Any, info: Mapping[str, Any]) -> None:
+        """``obs_`` is held instead, and is the next observation of this agent's last row."""
+        if self.mask is None:
+            self.obs.replace(obs_)
+        else:
+            value, mask_ = self.split(obs_, info)
+            self.obs.replace(value)
+            self.mask.replace(mask_)
+
+    def write(
+        self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
+    ) -> None:
+        """Record the transition that left the held observation; hold ``obs_`` for the next one."""
+        self.write_values(row, action, obs_, reward, terminated, truncated, info)
+        self.active[row] = True
+
+    def write_values(
+        self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
+    ) -> None:
+        """`write` without marking the agent active (a single-agent buffer's rows always are)."""
+        if self.mask is None:
+            self._write_obs(row, obs_)
+        else:
+            value, mask_ = self.split(obs_, info)
+            self._write_obs(row, value)
+            self.mask.write(row, mask_)
+        self._write_action(row, action)
+        self.rewards[row] = reward
+        self.terminated[row] = terminated
+        self.truncated[row] = truncated
