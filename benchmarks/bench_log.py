@@ -5,7 +5,8 @@ Side by side in one run, interleaved rounds, the same actions: CartPole-v1 recor
 (22-step episodes) and with a policy that balances the pole (longer episodes), gymnasium's natively
 vectorized CartPole x64 (each ended episode logged in the step it ends, and with
 ``per_block=True``: with the recorder's blocks of steps), and PettingZoo's connect_four_v3 (AEC). Prints medians in microseconds
-per env step (per sub-env step for the vector env, per turn for AEC) and the ratio.
+per env step (per sub-env step for the vector env, per turn for AEC), the ratio, and what the log adds to each
+ended episode (the difference times the steps per episode).
 Run: python benchmarks/bench_log.py [--steps N] [--rounds R]
 """
 
@@ -32,15 +33,18 @@ from bench_record import (  # the recorded loops (its peers are imported there: 
     run_aec,
 )
 
+#: a case's microseconds per step and the episodes that ended in it
+Measured = tuple[float, int]
 
-def cartpole(log: str | None, steps: int) -> float:
+
+def cartpole(log: str | None, steps: int) -> Measured:
     env = fe.record(gym.make("CartPole-v1"), num_steps=steps, log=log)
     us = run(env, np.random.default_rng(0).integers(0, 2, steps).tolist())
     env.close()
-    return us
+    return us, env.buffer.n_episodes
 
 
-def balanced(log: str | None, steps: int) -> float:
+def balanced(log: str | None, steps: int) -> Measured:
     """CartPole with a policy that balances the pole (episodes of about 200-500 steps): what an
     episode's append costs spread over a longer episode."""
     env = fe.record(gym.make("CartPole-v1"), num_steps=steps, log=log)
@@ -52,10 +56,10 @@ def balanced(log: str | None, steps: int) -> float:
             obs, _ = env.reset()
     elapsed = time.perf_counter() - start
     env.close()
-    return elapsed / steps * 1e6
+    return elapsed / steps * 1e6, env.buffer.n_episodes
 
 
-def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) -> float:
+def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) -> Measured:
     venv = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
     buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(venv), num_steps=steps // n + 1)
     if log is not None:
@@ -69,27 +73,32 @@ def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) ->
     len(env.buffer)  # the last block written, as any read does
     elapsed = time.perf_counter() - start
     env.close()
-    return elapsed / (len(actions) * n) * 1e6
+    return elapsed / (len(actions) * n) * 1e6, env.buffer.n_episodes
 
 
-def connect_four(log: str | None, steps: int) -> float:
+def connect_four(log: str | None, steps: int) -> Measured:
     from pettingzoo.classic import connect_four_v3
 
     env = fe.record(connect_four_v3.env(), num_steps=steps, log=log)
     us = run_aec(env, np.random.default_rng(0).random(steps))
     env.close()
-    return us
+    return us, env.buffer.n_episodes
 
 
-def compare(name: str, run: Callable[[str | None, int], float], steps: int, rounds: int) -> None:
+def compare(name: str, run: Callable[[str | None, int], Measured], steps: int, rounds: int) -> None:
     ram: list[float] = []
     logged: list[float] = []
     for _ in range(rounds):
-        ram.append(run(None, steps))
+        ram.append(run(None, steps)[0])
         with tempfile.TemporaryDirectory() as directory:
-            logged.append(run(directory, steps))
+            us, episodes = run(directory, steps)
+            logged.append(us)
     a, b = statistics.median(ram), statistics.median(logged)
-    print(f"  {name:<40} RAM only {a:8.2f} us   with log {b:8.2f} us   {b / a:5.2f}x  (target <= 1.10x)")
+    per_episode = (b - a) * steps / max(episodes, 1)  # what the log adds to each ended episode
+    print(
+        f"  {name:<40} RAM only {a:8.2f} us   with log {b:8.2f} us   {b / a:5.2f}x  (target <= 1.10x)"
+        f"   {steps / max(episodes, 1):6.1f} steps/episode, the log adds {per_episode:6.0f} us an episode"
+    )
 
 
 def main() -> None:
@@ -98,7 +107,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print(f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds (medians)")
-    cases: list[tuple[str, Callable[[Any, int], float], int]] = [
+    cases: list[tuple[str, Callable[[Any, int], Measured], int]] = [
         ("CartPole-v1", cartpole, args.steps),
         ("CartPole-v1, a balancing policy", balanced, args.steps),
         ("CartPole-v1 x64, native vector", vector, args.steps * 8),

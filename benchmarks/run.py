@@ -41,6 +41,7 @@ def main() -> int:
     script, args = sys.argv[1], sys.argv[2:]
     command = ["python", f"benchmarks/{script}", *args]
     started = datetime.datetime.now(datetime.timezone.utc)
+    stamp = commit()  # the code that runs: taken before the run, while files may still change
     run = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True, check=False)
     sys.stdout.write(run.stdout)
     sys.stderr.write(run.stderr)
@@ -52,7 +53,7 @@ def main() -> int:
     page.write_text(
         f"# `{' '.join(command[1:])}`\n\n"
         f"Written by `python benchmarks/run.py {' '.join([script, *args])}` on {started:%Y-%m-%d %H:%M} UTC, "
-        f"commit {commit()}, on {machine()}.\n\n"
+        f"commit {stamp}, on {machine()}.\n\n"
         f"```text\n{run.stdout.rstrip()}\n```\n"
     )
     print(f"wrote {page.relative_to(HERE.parent)}")
