@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import keyword
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from flexibuff_envs.batch import FlexiBatch
-from flexibuff_envs.codecs import index_dtype
-from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, plain_dtype
+from flexibuff_envs.codecs import ObsCodec, index_dtype
+from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, SpecMismatchError, plain_dtype
 from flexibuff_envs.spec import BufferSpec
 
 
@@ -165,3 +166,58 @@ def encode(spec: BufferSpec, name: str, values: np.ndarray) -> np.ndarray:
 NEXT = {"obs_": "obs", "state_": "state", "action_mask_": "action_mask"}
 #: fields stored in another form than batches show (`Storage.decode`)
 DECODED = ("obs", "obs_", *MASKS)
+
+
+def stored_obs(spec: BufferSpec, codec: ObsCodec) -> ObsCodec:
+    """The codec whose rows a buffer of ``spec`` keeps for observations ``codec`` reads: category
+    indices where the spec has categories (`one_hot` undoes them), else ``codec`` itself."""
+    return codec.compact() if spec.obs_categories else codec
+
+
+def flat_mask(mask: Any) -> Any:
+    """A mask given per head (tuple of arrays) becomes one flat array; an array passes as is."""
+    return mask if isinstance(mask, np.ndarray) else np.concatenate([np.ravel(m) for m in mask])
+
+
+class MaskCodec:
+    """How an env's action mask (one array, or one per head; None: all legal) becomes a padded row
+    of bits (`pack_mask`).
+
+    Agents with fewer actions than the buffer's heads get False at the padded positions.
+    """
+
+    def __init__(self, own: tuple[int, ...], padded: tuple[int, ...]) -> None:
+        width = sum(padded)
+        self.size = mask_bytes(width)
+        offsets = np.cumsum((0, *padded[:-1])).astype(int)
+        self._positions = None if own == padded else np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, own)])
+        self._row = np.zeros(width, dtype=bool)
+        legal = np.zeros(width, dtype=bool)
+        legal[self._positions if self._positions is not None else slice(None)] = True
+        self.all_legal = pack_mask(legal)
+
+    def packed(self, mask: Any) -> np.ndarray:
+        if mask is None:
+            return self.all_legal
+        if self._positions is None:
+            return pack_mask(flat_mask(mask))
+        self._row[self._positions] = flat_mask(mask)
+        return pack_mask(self._row)
+
+    def batch(self, masks: np.ndarray | None, n: int) -> np.ndarray:
+        """``n`` rows of bits from the flags ``[n, actions]`` of ``n`` envs whose heads are all
+        the buffer's (None: all legal)."""
+        if masks is None:
+            return np.broadcast_to(self.all_legal, (n, self.size))
+        if masks.shape[-1] != self._row.size:
+            raise SpecMismatchError(
+                f"action_mask has {masks.shape[-1]} entries but the discrete action "
+                f"heads have {self._row.size} actions in all"
+            )
+        return pack_mask(masks)
+
+    def writer(self, store: np.ndarray) -> Callable[[int, Any], None]:
+        def write(p: int, mask: Any) -> None:
+            store[p] = self.packed(mask)
+
+        return write

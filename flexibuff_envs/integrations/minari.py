@@ -23,6 +23,7 @@ from flexibuff_envs.batch import ONCE_PER_ROW, PER_AGENT, FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError
+from flexibuff_envs.fields import stored_obs
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 
@@ -296,7 +297,7 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
     spec = spec_from_codecs(obs, action)
     buffer_options.setdefault("num_steps", max(int(dataset.total_steps), 1))
     buffer = FlexibleBuffer.from_spec(spec, **buffer_options)
-    stored = obs.compact() if spec.obs_categories else obs
+    stored = stored_obs(spec, obs)
     fields = {
         name: buffer.field(name)
         for name in ("obs", "obs_", "individual_rewards", "global_rewards", "terminated", "truncated")

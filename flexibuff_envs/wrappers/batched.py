@@ -23,8 +23,8 @@ from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.chain import as_rows
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.episodes import Episode, Lane, span_rows
-from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, SpecMismatchError, short_repr
-from flexibuff_envs.fields import pack_mask
+from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, short_repr
+from flexibuff_envs.fields import MaskCodec, stored_obs
 from flexibuff_envs.holders import HeldBatch
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.wrappers.annotations import add_feedback, checked
@@ -69,7 +69,7 @@ class BatchRecorder:
         self._capacity = buffer.num_steps
         self._lane_array = np.array(lanes, dtype=np.int64)
         self._offsets = self._lane_array * buffer.num_steps
-        codec = obs.compact() if buffer.spec.obs_categories else obs
+        codec = stored_obs(buffer.spec, obs)
         self._encode_obs = codec.batch
         self._flatten = codec.flatten
         self._action = action
@@ -86,6 +86,7 @@ class BatchRecorder:
         self._terminated = writer.column("terminated")[0]
         self._truncated = writer.column("truncated")[0]
         self._mask_width = sum(action.cardinalities)
+        self._mask_codec = MaskCodec(action.cardinalities, action.cardinalities)
         # the staging block: per step, what each sub-env returned
         step_bytes = n * (
             codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities) + 4 * action.continuous_dim + 8
@@ -454,21 +455,14 @@ class BatchRecorder:
 
     def _enable_masks(self) -> None:
         self.mask = HeldBatch(self.writer.chain("action_mask_"), 0, self.n)
-        self._all_legal = pack_mask(np.ones((self.n, self._mask_width), dtype=bool))
+        self._all_legal = self._mask_codec.batch(None, self.n)
         self.mask.hold(np.arange(self.n), self._all_legal)
         self._masks = np.zeros((self._block + 1, *self._all_legal.shape), dtype=np.uint8)
         self._masks[0] = self.mask.values()
         self._final_masks = np.zeros_like(self._masks[1:])
 
     def _packed(self, masks: np.ndarray | None) -> np.ndarray:
-        if masks is None:
-            return self._all_legal
-        if masks.shape[-1] != self._mask_width:
-            raise SpecMismatchError(
-                f"action_mask has {masks.shape[-1]} entries but the discrete action "
-                f"heads have {self._mask_width} actions in all"
-            )
-        return pack_mask(masks)
+        return self._mask_codec.batch(masks, self.n)
 
     def _cut(self, lanes: np.ndarray, *, bootstrap: bool) -> None:
         """The running episodes of ``lanes`` end at their last row, truncated there."""

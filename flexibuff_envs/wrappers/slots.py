@@ -4,7 +4,7 @@ action heads, masks padded for agents of different sizes), and the checks of wha
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
-from flexibuff_envs.fields import mask_bytes, pack_mask
+from flexibuff_envs.fields import MaskCodec, flat_mask, stored_obs
 from flexibuff_envs.holders import Held
 from flexibuff_envs.writer import Writer
 
@@ -49,43 +49,6 @@ def number(value: Any, what: str) -> float:
     raise EnvValueError(f"{what} must be a number, got {short_repr(value)}")
 
 
-def _flat_mask(mask: Any) -> Any:
-    """A mask given per head (tuple of arrays) becomes one flat array; an array passes as is."""
-    return mask if isinstance(mask, np.ndarray) else np.concatenate([np.ravel(m) for m in mask])
-
-
-class MaskCodec:
-    """How an env's action mask (one array, or one per head; None: all legal) becomes a padded row
-    of bits (`pack_mask`).
-
-    Agents with fewer actions than the buffer's heads get False at the padded positions.
-    """
-
-    def __init__(self, own: tuple[int, ...], padded: tuple[int, ...]) -> None:
-        width = sum(padded)
-        self.size = mask_bytes(width)
-        offsets = np.cumsum((0, *padded[:-1])).astype(int)
-        self._positions = None if own == padded else np.concatenate([np.arange(o, o + c) for o, c in zip(offsets, own)])
-        self._row = np.zeros(width, dtype=bool)
-        legal = np.zeros(width, dtype=bool)
-        legal[self._positions if self._positions is not None else slice(None)] = True
-        self.all_legal = pack_mask(legal)
-
-    def packed(self, mask: Any) -> np.ndarray:
-        if mask is None:
-            return self.all_legal
-        if self._positions is None:
-            return pack_mask(_flat_mask(mask))
-        self._row[self._positions] = _flat_mask(mask)
-        return pack_mask(self._row)
-
-    def writer(self, store: np.ndarray) -> Callable[[int, Any], None]:
-        def write(p: int, mask: Any) -> None:
-            store[p] = self.packed(mask)
-
-        return write
-
-
 def held(writer: Writer, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int = 0) -> Held:
     """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` in ``lane``."""
     first = lane * writer.buffer.num_steps
@@ -101,7 +64,7 @@ class AgentSlot:
         self.lane = lane
         self.name = spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = held(writer, "obs_", obs.compact() if spec.obs_categories else obs, index, lane)
+        self.obs = held(writer, "obs_", stored_obs(spec, obs), index, lane)
         self._write_obs = self.obs.write
         self._write_action = action.writer(
             writer.column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
@@ -139,9 +102,9 @@ class AgentSlot:
         value, mask = self.split(obs, info)
         self.obs.hold(value)
         if self.mask is not None:
-            if mask is not None and np.size(_flat_mask(mask)) != self.own_width:
+            if mask is not None and np.size(flat_mask(mask)) != self.own_width:
                 raise SpecMismatchError(
-                    f"action_mask of agent {self.name!r} has {np.size(_flat_mask(mask))} entries but its "
+                    f"action_mask of agent {self.name!r} has {np.size(flat_mask(mask))} entries but its "
                     f"discrete action heads have {self.own_width} actions in all"
                 )
             self.mask.hold(mask)
