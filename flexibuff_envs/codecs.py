@@ -215,17 +215,39 @@ def _one_hot(indices: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def _checked_indices(indices: np.ndarray, sizes: np.ndarray, space: spaces.Space, where: str) -> np.ndarray:
+    """``indices`` (each category's index + 1), or `EnvValueError` naming ``where`` when one lies
+    outside its category (a value outside ``space``: stored, it could never be read back)."""
+    if indices.size and ((indices < 1) | (indices > sizes)).any():
+        raise EnvValueError(f"{where}: a value outside {space!r}")
+    return indices
+
+
+def _integers(value: Any, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """``value`` as integers of ``shape``, else `EnvValueError` naming ``where``."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.shape != shape:
+        raise EnvValueError(f"{where}: expected integers of shape {shape}, got {short_repr(value)}")
+    return array
+
+
 @_obs_codec.register
 def _(space: spaces.Discrete, where: str) -> ObsCodec:
-    shift = int(space.start) - 1
+    shift, n = int(space.start) - 1, int(space.n)
+    sizes = np.array([n])
 
     def indices(value: Any) -> np.ndarray:
-        return np.array([int(value) - shift])
+        if value.__class__ is not int and value.__class__ is not np.int64:
+            value = _integers(value, (), where)
+        index = int(value) - shift
+        if not 1 <= index <= n:
+            raise EnvValueError(f"{where}: {value!r} is outside {space!r}")
+        return np.array([index])
 
     def batch_indices(values: Any) -> np.ndarray:
-        return (numbers_batch(values, (), "iu", where) - shift).reshape(-1, 1)
+        return _checked_indices((numbers_batch(values, (), "iu", where) - shift).reshape(-1, 1), sizes, space, where)
 
-    categories = (int(space.n),)
+    categories = (n,)
     return dataclasses.replace(
         _flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
         categories=categories,
@@ -237,14 +259,18 @@ def _(space: spaces.Discrete, where: str) -> ObsCodec:
 @_obs_codec.register
 def _(space: spaces.MultiDiscrete, where: str) -> ObsCodec:
     shift = np.asarray(space.start).reshape(-1) - 1
+    shape = tuple(space.shape)
+    sizes = np.asarray(space.nvec).reshape(-1)
 
     def indices(value: Any) -> np.ndarray:
-        return np.asarray(value).reshape(-1) - shift
+        return _checked_indices(_integers(value, shape, where).reshape(-1) - shift, sizes, space, where)
 
     def batch_indices(values: Any) -> np.ndarray:
-        return numbers_batch(values, tuple(space.shape), "iu", where).reshape(-1, shift.size) - shift
+        return _checked_indices(
+            numbers_batch(values, shape, "iu", where).reshape(-1, shift.size) - shift, sizes, space, where
+        )
 
-    categories = tuple(int(n) for n in np.asarray(space.nvec).reshape(-1))
+    categories = tuple(int(n) for n in sizes)
     return dataclasses.replace(
         _flattened(space, where, lambda values: _one_hot(batch_indices(values) - 1, categories)),
         categories=categories,
