@@ -372,6 +372,9 @@ def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
     newest = list(envs.buffer.draw(Newest(3), fields=("obs", "terminated")))
     assert [b.idx.tolist() for b in newest] == [rows[rows < 100][:-4:-1].tolist(), rows[rows >= 100][:-4:-1].tolist()]
     assert newest[0].obs.shape == (3, 4) and newest[0].G is None
+    stepped = list(envs.buffer.draw(Newest(3), n_step=3))  # n-step windows for a sampler of one's own
+    assert [b.idx.tolist() for b in stepped] == [b.idx.tolist() for b in newest]
+    assert all(b.discounts is not None and b.discounts.shape == (3,) for b in stepped)
     envs.buffer.rng = np.random.default_rng(5)
     one = envs.buffer.sample_transitions(16)
     envs.buffer.rng = np.random.default_rng(5)
