@@ -15,27 +15,17 @@ from flexibuff_envs.ends import write_episode_returns
 from flexibuff_envs.episodes import ALL, Episode, Lane
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.fields import NEXT
-from flexibuff_envs.index import EpisodeIndex, episode_table, newest_rows
+from flexibuff_envs.index import episode_table, newest_rows
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.samplers import live_rows
-
-if TYPE_CHECKING:
-    from flexibuff_envs.spec import BufferSpec
-    from flexibuff_envs.storage import Storage
+from flexibuff_envs.sampling import Half
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
 _OPEN_ROWS = 1024
 
 
-class Filling:
+class Filling(Half):
     """The writing half of `FlexibleBuffer`."""
-
-    spec: BufferSpec
-    num_steps: int
-    gamma: float
-    gae_lambda: float
-    _store: Storage
-    _index: EpisodeIndex
 
     if TYPE_CHECKING:  # given by `FlexibleBuffer`
 

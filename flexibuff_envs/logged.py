@@ -16,6 +16,7 @@ from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log
+from flexibuff_envs.sampling import Half
 from flexibuff_envs.storage import Storage
 
 if TYPE_CHECKING:
@@ -24,15 +25,9 @@ if TYPE_CHECKING:
     from flexibuff_envs.spec import BufferSpec
 
 
-class Logged:
+class Logged(Half):
     """The episode log's half of `FlexibleBuffer`."""
 
-    spec: BufferSpec
-    num_steps: int
-    gamma: float
-    gae_lambda: float
-    _store: Storage
-    _index: EpisodeIndex
     _ring: list[Lane]
     _log: Follower | None
 

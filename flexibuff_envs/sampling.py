@@ -53,18 +53,24 @@ def checked_fields(fields: Collection[str], known: frozenset[str]) -> frozenset[
     return checked
 
 
-class Sampling:
-    """The reading half of `FlexibleBuffer`: every way to draw a `FlexiBatch` from its rows."""
+class Half:
+    """What each half of `FlexibleBuffer` (`Sampling`, `Filling`, `Logged`) reads of it: its
+    layout, ring size, discounts and sampling generator, its arrays, and its episode index
+    (every read commits what batch recorders hold first, `EpisodeIndex.read`)."""
 
     spec: BufferSpec
-    rng: np.random.Generator
     num_steps: int
     gamma: float
+    gae_lambda: float
+    rng: np.random.Generator
+    _store: Storage
+    _index: EpisodeIndex
 
-    if TYPE_CHECKING:  # given by `FlexibleBuffer`: its arrays and lanes (every read commits
-        # what batch recorders hold first, `EpisodeIndex.read`)
-        _store: Storage
-        _index: EpisodeIndex
+
+class Sampling(Half):
+    """The reading half of `FlexibleBuffer`: every way to draw a `FlexiBatch` from its rows."""
+
+    if TYPE_CHECKING:  # given by `FlexibleBuffer`
 
         def _prioritized(self) -> Prioritized: ...
 
