@@ -140,21 +140,10 @@ class Stored:
             extracted = self._chains[name] = storage.chains[name].extract(numbers, cut)
         return (extracted[part == "tail"],)
 
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple) or len(key) != 2:
-            return False
-        name, part = key
-        return (
-            name in self.storage.arrays if part is None else part in ("index", "tail") and name in self.storage.chains
-        )
-
     def __iter__(self) -> Iterator[tuple[str, str | None]]:
         yield from ((name, None) for name in self.storage.arrays)
         for name in self.storage.chains:
             yield from ((name, "index"), (name, "tail"))
-
-    def __len__(self) -> int:
-        return len(self.storage.arrays) + 2 * len(self.storage.chains)
 
     def parts(self) -> list[Part]:
         """Every part, made now."""
