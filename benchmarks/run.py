@@ -8,30 +8,15 @@ Run: python benchmarks/run.py bench_log.py [its arguments...]
 from __future__ import annotations
 
 import datetime
-import os
-import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+from stamp import commit, machine  # beside this script
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "docs" / "benchmarks" / "results"
-
-
-def commit() -> str:
-    """The checkout's commit, marked when files differ from it."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def machine() -> str:
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else 0
-    return f"{platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, Python {platform.python_version()}"
 
 
 def main() -> int:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import os
-import platform
 import re
 import statistics
 import subprocess
@@ -24,6 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "benchmarks"))  # the stamp the benchmark pages carry
+
+from stamp import commit, machine
+
 PAGE = HERE.parent / "docs" / "examples.md"
 BEGIN, END = "<!-- figures: written by examples/figures.py -->", "<!-- end of figures -->"
 
@@ -82,14 +84,6 @@ def run(example: str, seed: int) -> tuple[str, float]:
     return done.stdout, time.perf_counter() - start
 
 
-def commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=False).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -108,15 +102,13 @@ def main() -> None:
             f"| `{figure.example}.py` | {figure.what} | {statistics.mean(values):.1f} ± {spread:.1f} "
             f"| {', '.join(f'{seed}: {v:.1f}' for seed, v in zip(seeds, values))} | {statistics.mean(seconds):.0f} s |"
         )
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     table = "\n".join(
         [
             BEGIN,
             (
                 f"Written by `python examples/figures.py --seeds {' '.join(map(str, args.seeds))}` "
                 f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on "
-                f"{platform.machine()}, {os.cpu_count()} cores, {memory:.0f} GiB, Python "
-                f"{platform.python_version()}, torch on CPU. Each example ran once per seed with its "
+                f"{machine()}, torch on CPU. Each example ran once per seed with its "
                 "default arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
             ),
             "",
