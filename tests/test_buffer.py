@@ -361,6 +361,7 @@ def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
             self.n = n
 
         def draws(self, live: Live, rng: np.random.Generator) -> list[Draw]:
+            self.seen = live.size  # the live rows it drew from
             return [Draw(rows[: -self.n - 1 : -1]) for rows in live.by_lane()]
 
     envs = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=100)
@@ -369,7 +370,9 @@ def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
         envs.step(np.array([0, 1]))
     rows = np.concatenate([b.idx for b in envs.buffer.draw(Minibatches(7, shuffle=False))])
     assert len(rows) == len(envs.buffer) and (np.diff(rows[rows < 100]) == 1).all()  # every row, in order
-    newest = list(envs.buffer.draw(Newest(3), fields=("obs", "terminated")))
+    sampler = Newest(3)
+    newest = list(envs.buffer.draw(sampler, fields=("obs", "terminated")))
+    assert sampler.seen == len(envs.buffer) == sum(rows.size for rows in envs.buffer._live().by_lane())
     assert [b.idx.tolist() for b in newest] == [rows[rows < 100][:-4:-1].tolist(), rows[rows >= 100][:-4:-1].tolist()]
     assert newest[0].obs.shape == (3, 4) and newest[0].G is None
     stepped = list(envs.buffer.draw(Newest(3), n_step=3))  # n-step windows for a sampler of one's own
