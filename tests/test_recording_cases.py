@@ -10,7 +10,7 @@ wraps, faults) are one set, whichever engine applies them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -49,7 +49,6 @@ class Case:
     num_steps: int = 200
     bootstrap: bool = False  # record with a bootstrap_fn
     values: bool = False  # annotate values every step (GAE)
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 CASES = {
