@@ -375,6 +375,8 @@ def test_agents_that_sit_out_or_spawn_late_get_their_own_transitions_and_G(scrip
         num_steps=50,
         gamma=0.5,
         bootstrap_fn=lambda obs_, agent: seen.append((obs_.copy(), agent)) or 10.0,
+        agent_state=lambda env, agent, obs: [env._t, *obs],  # the env's clock: taken when obs is seen
+        agent_state_size=3,
     )
     assert same(own_transitions(env, plan), expected)  # drop-in
     (episode,) = env.buffer.sample_episodes(n_episodes=1)
@@ -387,6 +389,8 @@ def test_agents_that_sit_out_or_spawn_late_get_their_own_transitions_and_G(scrip
             continue
         np.testing.assert_array_equal(episode.obs[i, rows], [t["obs"] for t in mine])
         np.testing.assert_array_equal(episode.obs_[i, rows], [t["obs_"] for t in mine])
+        np.testing.assert_array_equal(episode.agent_state[i, rows], [[t["obs"][0], *t["obs"]] for t in mine])
+        np.testing.assert_array_equal(episode.agent_state_[i, rows], [[t["obs_"][0], *t["obs_"]] for t in mine])
         np.testing.assert_allclose(episode.individual_rewards[i, rows], [t["reward"] for t in mine])
         assert (episode.terminated if not truncate else episode.truncated)[i, rows[-1]]
         np.testing.assert_allclose(

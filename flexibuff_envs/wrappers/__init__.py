@@ -13,6 +13,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import ArgumentTypeError, NotAnEnvError, UnknownNameError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
+from flexibuff_envs.wrappers.agent_state import AgentStateFn
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
 from flexibuff_envs.wrappers.gymnasium_vector import VectorRecorder
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath
@@ -67,6 +68,8 @@ def record(
     alpha: float | None = None,
     extra_fields: Mapping[str, Any] | None = None,
     log: LogPath | None = None,
+    agent_state: AgentStateFn | None = None,
+    agent_state_size: int | None = None,
 ) -> Any: ...
 
 
@@ -84,6 +87,8 @@ def record(
     alpha: float | None = None,
     extra_fields: Mapping[str, Any] | None = None,
     log: LogPath | None = None,
+    agent_state: AgentStateFn | None = None,
+    agent_state_size: int | None = None,
 ) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
@@ -106,6 +111,11 @@ def record(
             "float16")}``, filled through ``env.annotate(hidden=h)`` (a given buffer must hold them).
         log: an episode log directory (made, or continued) every whole episode is appended to as
             it ends (`FlexibleBuffer.log_to`); ``env.close()`` closes it.
+        agent_state: PettingZoo only: ``fn(env, agent, obs) -> values``, a state per agent for
+            its own critic (HARL's "FP" state), taken whenever an agent observes and recorded as
+            the fields ``agent_state`` (beside the row's ``obs``) and ``agent_state_`` (beside its
+            ``obs_``), ``[n_agents, batch, agent_state_size]`` in a batch.
+        agent_state_size: how many values ``agent_state`` returns (float32).
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
@@ -123,7 +133,12 @@ def record(
     if kind in ("gymnasium", "vector"):
         extra = [
             name
-            for name, value in (("global_reward", global_reward), ("record_state", record_state))
+            for name, value in (
+                ("global_reward", global_reward),
+                ("record_state", record_state),
+                ("agent_state", agent_state),
+                ("agent_state_size", agent_state_size),
+            )
             if value is not None
         ]
         if extra:
@@ -162,6 +177,8 @@ def record(
             alpha=alpha,
             extra_fields=extra_fields,
             log=log,
+            agent_state=agent_state,
+            agent_state_size=agent_state_size,
         )
     got = f"{type(env).__module__}.{type(env).__qualname__}"
     sb3 = sys.modules.get("stable_baselines3.common.vec_env")

@@ -17,6 +17,7 @@ from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.interrupts import HOLD, holding
+from flexibuff_envs.wrappers.agent_state import AgentStates
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, reducer
 from flexibuff_envs.wrappers.slots import NUMBERS, AgentSlot, held, number
@@ -61,6 +62,7 @@ class LaneRecorder:
         # "sum" is kept as a running sum per row; other reductions look at the finished row
         self._summing = global_reward == "sum"
         self.state = None if state is None else held(writer, "state_", state, None, lane)
+        self.agent_states: AgentStates | None = None  # a state per agent, when the recorder takes one
         self.running = False
         n = len(self.slots)
         self.open = [False] * n  # which agents are in the running episode
@@ -112,6 +114,8 @@ class LaneRecorder:
         the reward it received so far, which its first transition will carry."""
         self._discover_masks(info)
         self.slots[index].begin(obs, info)
+        if self.agent_states is not None:
+            self.agent_states.hold(index, obs)
         if not self.open[index] and self.steps[index]:  # back after its own episode ended: a new one
             self.writer.rejoin_agent(self.lane, index)
             self.steps[index], self.last[index] = 0, -1
@@ -200,6 +204,8 @@ class LaneRecorder:
         if self.carry[index]:
             reward, self.carry[index] = reward + self.carry[index], 0.0
         self.slots[index].write(row, action, obs_, reward, terminated, truncated, info)
+        if self.agent_states is not None:
+            self.agent_states.write(row, index, obs_)
         self.steps[index] += 1
         self.last[index] = row
         if self._annotated:
@@ -219,10 +225,14 @@ class LaneRecorder:
             self.last[index] = last = -1
         if last < 0:
             self.slots[index].begin(obs_, info)
+            if self.agent_states is not None:
+                self.agent_states.hold(index, obs_)
             self.carry[index] += reward
             return
         slot = self.slots[index]
         slot.replace(obs_, info)
+        if self.agent_states is not None:
+            self.agent_states.replace(last, index, obs_)
         slot.terminated[last] = terminated
         slot.truncated[last] = truncated
         self._add_reward(index, last, reward)

@@ -18,6 +18,7 @@ from pettingzoo.utils.wrappers import (
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.wrappers.agent_state import AgentStateFn
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath
 
@@ -75,6 +76,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         alpha: float | None = None,
         extra_fields: Mapping[str, Any] | None = None,
         log: LogPath | None = None,
+        agent_state: AgentStateFn | None = None,
+        agent_state_size: int | None = None,
     ) -> None:
         BaseWrapper.__init__(self, env)
         self._setup(
@@ -90,6 +93,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
             alpha=alpha,
             extra_fields=extra_fields,
             log=log,
+            agent_state=agent_state,
+            agent_state_size=agent_state_size,
         )
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward

@@ -11,6 +11,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
+from flexibuff_envs.wrappers.agent_state import AgentStateFn, AgentStates, with_agent_state
 from flexibuff_envs.wrappers.core import LaneRecorder
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath, prepare_buffer
 from flexibuff_envs.writer import Unpicklable, Writer
@@ -48,6 +49,8 @@ class PettingZooRecorderMixin(Unpicklable):
         alpha: float | None,
         extra_fields: Mapping[str, Any] | None,
         log: LogPath | None,
+        agent_state: AgentStateFn | None,
+        agent_state_size: int | None,
     ) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
@@ -61,7 +64,7 @@ class PettingZooRecorderMixin(Unpicklable):
             seed=seed,
             global_reward=global_reward,
             alpha=alpha,
-            extra_fields=extra_fields,
+            extra_fields=with_agent_state(extra_fields, agent_state, agent_state_size),
             log=log,
         )
         self._log_opened = log is not None
@@ -72,6 +75,8 @@ class PettingZooRecorderMixin(Unpicklable):
         self._recorder = LaneRecorder(
             self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward, state=state
         )
+        if agent_state is not None:
+            self._recorder.agent_states = AgentStates(self._writer, agent_state, env, ids)
         self._raw = env.unwrapped
         # the raw env's state(): the wrappers around it only check that reset came first
         self._state = self._raw.state if state is not None else None

@@ -10,6 +10,7 @@ from pettingzoo.utils.env import ParallelEnv
 from typing_extensions import override
 
 from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.wrappers.agent_state import AgentStateFn
 from flexibuff_envs.wrappers.pettingzoo_base import PettingZooRecorderMixin
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, LogPath
 
@@ -36,6 +37,10 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         global_reward: "sum" (default), "mean", "none" or ``fn(rewards, active) -> float``.
         record_state: record the global state where the env has one (default). Each step then
             calls the env's ``state()``, which on mpe2 costs about as much as recording itself.
+        agent_state: ``fn(env, agent, obs) -> values``, a state per agent for its own critic (HARL's
+            "FP" state): called whenever an agent observes, recorded as the fields of your own
+            ``agent_state`` (with the row's ``obs``) and ``agent_state_`` (with its ``obs_``).
+        agent_state_size: how many values ``agent_state`` returns (float32).
     """
 
     def __init__(
@@ -53,6 +58,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         alpha: float | None = None,
         extra_fields: Mapping[str, Any] | None = None,
         log: LogPath | None = None,
+        agent_state: AgentStateFn | None = None,
+        agent_state_size: int | None = None,
     ) -> None:
         BaseParallelWrapper.__init__(self, env)
         self._setup(
@@ -68,6 +75,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             alpha=alpha,
             extra_fields=extra_fields,
             log=log,
+            agent_state=agent_state,
+            agent_state_size=agent_state_size,
         )
 
     @override
