@@ -94,3 +94,13 @@ def test_the_code_is_formatted_linted_and_typed() -> None:
     for command in (["ruff", "format", "--check", *sources], ["ruff", "check", *sources], ["mypy", "flexibuff_envs"]):
         done = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, check=False)
         assert done.returncode == 0, f"{' '.join(command)}:\n{done.stdout}{done.stderr}"
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """A module that outgrows one screenful of parts is split along its seams (issue 32)."""
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 400
+    }
+    assert not long, long

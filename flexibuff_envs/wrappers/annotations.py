@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,46 @@ class Annotations:
                 self._stores[name][row] = value
             else:
                 self._stores[name][index, row] = value
+
+
+class StagedAnnotations:
+    """A vector recorder's annotations: given per sub-env (a leading ``[n]`` axis) for the next
+    step, staged with the block's steps, written with the block (`Annotations`' rules: once a
+    field has been annotated, a step not given it holds its "not given" value)."""
+
+    def __init__(self, writer: Writer, n: int, block: int) -> None:
+        self.writer, self.n, self.block = writer, n, block
+        # name -> (store, value when not given, staged [block, n, ...]); the ones given for the next step
+        self.fields: dict[str, tuple[np.ndarray, float, np.ndarray]] = {}
+        self.given: dict[str, np.ndarray] = {}
+
+    def add(self, fields: Mapping[str, Any], drain: Callable[[], None]) -> None:
+        """Check ``fields`` and hold them for the next step; ``drain`` writes the staged steps
+        before a first annotation of a field (they were not annotated)."""
+        given = {name: checked(self.writer, name, value, self.n, "a sub-env") for name, value in fields.items()}
+        for name, values in given.items():  # allocated only once every field passed
+            if name in ("values", "memory_weights"):
+                values = values[:, 0]
+            if name not in self.fields:
+                drain()
+                store = self.writer.column(name, width=values.shape[1] if name == "continuous_log_probs" else None)
+                missing = self.writer.missing(name)
+                self.fields[name] = (
+                    store if name == "memory_weights" else store[0],
+                    missing,
+                    np.full((self.block, *values.shape), missing, dtype=store.dtype),
+                )
+            self.given[name] = values
+
+    def stage(self, k: int) -> None:
+        """The annotations given for step ``k`` of the block (the others: "not given")."""
+        for name, (_, missing, staged) in self.fields.items():
+            staged[k] = self.given.pop(name, missing)
+
+    def write(self, rows: np.ndarray, flat: np.ndarray, k: int) -> None:
+        """The staged annotations of the transitions ``flat`` (into the block's ``[k, n]``) into ``rows``."""
+        for store, _, staged in self.fields.values():
+            store[rows] = staged[:k].reshape(-1, *staged.shape[2:]).take(flat, axis=0)
 
 
 def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:

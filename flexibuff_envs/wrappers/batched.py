@@ -1,9 +1,10 @@
 """Recording the single-agent lanes of a vector env a block of steps at a time.
 
-`BatchRecorder` copies each vector step into staging arrays (one copy per field) and writes a
-block of 64 to 256 steps into the buffer in a fixed number of numpy operations: which sub-envs
-took a transition, where each lands, the next-value chains, episode ends and starts all come
-from the block's flags at once. Nothing runs per sub-env, nor per step beyond the copies.
+`BatchRecorder` copies each vector step into staging arrays (`staging.Stage`, one copy per
+field) and writes a block of 64 to 256 steps into the buffer in a fixed number of numpy
+operations: which sub-envs took a transition, where each lands, the next-value chains, episode
+ends and starts all come from the block's flags at once (`blocks`). Nothing runs per sub-env,
+nor per step beyond the copies.
 
 The buffer's `Lane` objects are brought up to date (`commit`) only when something reads the
 buffer: the recorder marks it uncommitted, and every read commits first, writing ``G`` (and GAE)
@@ -20,14 +21,15 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.action_codecs import ActionCodec
-from flexibuff_envs.chain import as_rows
 from flexibuff_envs.codecs import ObsCodec
-from flexibuff_envs.episodes import Episode, Lane, span_rows
-from flexibuff_envs.errors import EnvValueError, InvalidArgumentError, short_repr
-from flexibuff_envs.fields import MaskCodec, stored_obs
+from flexibuff_envs.episodes import Lane, span_rows
+from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.fields import stored_obs
 from flexibuff_envs.holders import HeldBatch
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.wrappers.annotations import add_feedback, checked
+from flexibuff_envs.wrappers.annotations import StagedAnnotations, add_feedback
+from flexibuff_envs.wrappers.blocks import ends_of, episode_spans, publish, transitions
+from flexibuff_envs.wrappers.staging import Stage
 from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
@@ -70,50 +72,21 @@ class BatchRecorder:
         self._lane_array = np.array(lanes, dtype=np.int64)
         self._offsets = self._lane_array * buffer.num_steps
         codec = stored_obs(buffer.spec, obs)
-        self._encode_obs = codec.batch
-        self._flatten = codec.flatten
-        self._action = action
-        self._discrete = writer.column("discrete_actions")[0] if action.cardinalities else np.zeros((0, 0))
-        self._discrete_rows = as_rows(self._discrete)
-        self._continuous = (
-            writer.column("continuous_actions")[0][:, : action.continuous_dim]
-            if action.continuous_dim
-            else np.zeros((0, 0))
-        )
         self.obs = HeldBatch(writer.chain("obs_"), 0, n)
-        self._rewards = writer.column("individual_rewards")[0]
-        self._team = writer.column("global_rewards") if writer.has("global_rewards") else None
-        self._terminated = writer.column("terminated")[0]
-        self._truncated = writer.column("truncated")[0]
         self._mask_width = sum(action.cardinalities)
-        self._mask_codec = MaskCodec(action.cardinalities, action.cardinalities)
-        # the staging block: per step, what each sub-env returned
         step_bytes = n * (
             codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities) + 4 * action.continuous_dim + 8
         )
         # lanes make room for blocks an eighth of their ring at a time: at most that much of a lane
         # (and the episode it cuts into) is forgotten before the single-env recorder would
         self._block = max(1, min(max(64, min(256, _BLOCK // n)), buffer.num_steps // 8, _STAGE_BYTES // step_bytes))
-        k = self._block
         self._k = 0  # steps staged
-        # what each lane holds: [0] when the block began, [j + 1] after its step j
-        self._obs = np.zeros((k + 1, n, codec.size), dtype=codec.dtype)
-        self._obs[0] = self.obs.values()
-        self._final: np.ndarray | None = None  # SAME_STEP: the finished sub-envs' last obs_ per step
-        self._has_final = [False] * k
-        self._actions = (
-            np.zeros((k, n, len(action.cardinalities)), dtype=np.int64),
-            np.zeros((k, n, action.continuous_dim), dtype=np.float32),
-        )
-        self._staged_rewards = np.zeros((k, n), dtype=np.float32)
-        self._flags = np.zeros((2, k, n), dtype=bool)  # terminated, truncated
+        self._stage = Stage(writer, codec, action, n, self._block)
+        self._stage.obs[0] = self.obs.values()
         self.mask: HeldBatch | None = None
-        self._masks = self._final_masks = np.zeros((0, 0, 0), dtype=np.uint8)  # as ``_obs``, ``_final``
         if buffer.spec.action_mask:
             self._enable_masks()
-        # annotations: name -> (store, value when not given, staged [k, n, ...]); given ones
-        self._annotated: dict[str, tuple[np.ndarray, float, np.ndarray]] = {}
-        self._given: dict[str, np.ndarray] = {}
+        self.annotations = StagedAnnotations(writer, n, self._block)
         # per lane, as of the last written block: next position, start of the running episode,
         # running?, and NEXT_STEP's "next step resets"
         self.pos = np.zeros(n, dtype=np.int64)
@@ -162,39 +135,15 @@ class BatchRecorder:
     def _push(self, *, ended: bool = False) -> None:
         """The lanes as of the last written block (with ``ended``, only those where episodes
         ended: what the episode log needs; the buffer stays uncommitted until the next read)."""
-        lanes = self._lanes()
-        ended_in: list[int] = []
+        spans = None
         if self._ended:
-            which, starts, ends, boots = (np.concatenate(parts) for parts in zip(*self._ended))
+            which, starts, ends, boots = spans = tuple(np.concatenate(parts) for parts in zip(*self._ended))
             self._ended = []
-            order = np.argsort(which, kind="stable")  # lane by lane, each in time order
-            bounds = np.searchsorted(which[order], np.arange(self.n + 1))
-            first, last = starts[order], ends[order]
-            ended_in = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
-            for i in ended_in:
-                lane, lo, hi = lanes[i], bounds[i], bounds[i + 1]
-                self._running_episode(lane, int(first[lo]))  # the first may be the episode running there
-                lane.running.end = int(last[lo])  # type: ignore[union-attr]
-                lane.end()
-                lane.ended.extend(first[lo + 1 : hi], last[lo + 1 : hi])
+        ended_in = publish(self._lanes(), spans, self.pos, self.start, self.running, only_ended=ended)
+        if spans is not None:
             self.writer.write_run_returns(self._lane_array[which], starts, ends, boots)
-        positions, starts_at, running = self.pos.tolist(), self.start.tolist(), self.running.tolist()
-        for i in ended_in if ended else range(self.n):
-            lane, pos = lanes[i], positions[i]
-            lane.written = pos
-            lane.dirty = max(lane.dirty, pos)
-            if running[i]:
-                self._running_episode(lane, starts_at[i])
-                lane.running.end = pos  # type: ignore[union-attr]
         if ended_in:
             self.writer.flush_log(self._lane_array[ended_in].tolist())
-
-    @staticmethod
-    def _running_episode(lane: Lane, start: int) -> None:
-        """``lane`` runs the episode that began at ``start`` (a new one unless it already does)."""
-        if lane.running is None or lane.running.start != start:
-            lane.running = Episode(start, start)
-            lane.agent_start = [start]
 
     # ----------------------------------------------------------------- staging
 
@@ -218,59 +167,19 @@ class BatchRecorder:
         k = self._k
         try:
             self.writer.uncommitted()
-            self._obs[k + 1] = self._encode_obs(obs)
-            self._staged_rewards[k] = self._checked_rewards(rewards)
-            self._stage_actions(k, actions)
-            self._flags[0, k] = terminated
-            self._flags[1, k] = truncated
-            self._has_final[k] = final is not None
-            if final is not None:  # one sub-env at a time: they come as separate objects
-                if self._final is None:
-                    self._final = np.zeros_like(self._obs[1:])
-                lanes, values = final
-                self._final[k][lanes] = np.stack([self._flatten(value) for value in values])
+            self._stage.put(k, actions, obs, rewards, terminated, truncated, final)
             if self.mask is not None:
-                self._masks[k + 1] = self._packed(masks)
-                self._final_masks[k] = self._masks[k + 1] if masks_ is None else self._packed(masks_)
-            for name, (_, missing, staged) in self._annotated.items():
-                staged[k] = self._given.pop(name, missing)
+                self._stage.put_masks(k, masks, masks_)
+            self.annotations.stage(k)
         except BaseException as error:
             self.abandon(error)
             raise
         self._k = k + 1
         # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`)
-        if self._k == self._block or (self._flags[:, k].any() and self.writer.logging_each_step):
+        if self._k == self._block or (self._stage.flags[:, k].any() and self.writer.logging_each_step):
             self._drain()
 
-    def _checked_rewards(self, rewards: Any) -> np.ndarray:
-        if rewards.__class__ is np.ndarray and rewards.dtype.kind in "biuf" and rewards.shape == (self.n,):
-            return rewards
-        values = np.asarray(rewards)
-        if values.shape != (self.n,) or values.dtype.kind not in "biuf":
-            raise EnvValueError(f"rewards must be {self.n} numbers, one per sub-env, got {short_repr(rewards)}")
-        return values
-
-    def _stage_actions(self, k: int, actions: Any) -> None:
-        self._action.write_batch(self._actions[0][k], self._actions[1][k], actions)
-
     # ----------------------------------------------------------------- writing a block
-
-    def _transitions(self, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """From the block's ``done`` flags ``[k, n]``: which sub-env steps are transitions, which
-        steps start an episode (after the step's transition, if any), and each lane's running
-        state after the block."""
-        before = np.zeros_like(done)  # done at the step before
-        before[1:] = done[:-1]
-        if self.mode == AutoresetMode.NEXT_STEP:  # the step after a done only resets
-            before[0] = self._resetting
-            alive = np.logical_or.accumulate(before, axis=0) | self.running
-            self._resetting = done[-1].copy()
-            return alive & ~before, before, alive[-1] & ~done[-1]
-        if self.mode == AutoresetMode.SAME_STEP:  # a finished sub-env resets within its step
-            alive = np.logical_or.accumulate(before, axis=0) | self.running
-            return alive, done, alive[-1] | done[-1]
-        stopped = np.logical_or.accumulate(before, axis=0)  # DISABLED: finished ones wait for reset()
-        return self.running & ~stopped, np.zeros_like(done), self.running & ~(stopped[-1] | done[-1])
 
     def _drain(self) -> None:
         """Write the staged steps into the buffer."""
@@ -280,8 +189,10 @@ class BatchRecorder:
         self._draining = True
         try:
             self._sync()
-            terminated, truncated = self._flags[0, :k], self._flags[1, :k]
-            steps, resets, running = self._transitions(terminated | truncated)
+            stage = self._stage
+            terminated, truncated = stage.flags[0, :k], stage.flags[1, :k]
+            block = transitions(self.mode, terminated | truncated, self.running, self._resetting)
+            steps, resets = block.steps, block.resets
             counts = steps.sum(axis=0)
             needed = self.pos + counts
             if (needed > self._live_end).any():
@@ -296,7 +207,8 @@ class BatchRecorder:
             flat = at * self.n + lanes  # in the block's [k, n] steps
             after = positions.reshape(-1).take(flat)  # each transition's next position
             rows = self._offsets[lanes] + (after - 1) % self._capacity
-            self._write_fields(rows, flat, k)
+            stage.write(rows, flat, k)
+            self.annotations.write(rows, flat, k)
             ends = steps & (terminated | truncated)
             ended = ends.reshape(-1).take(flat)
             stepped = counts > 0
@@ -310,40 +222,38 @@ class BatchRecorder:
             )
             touched = stepped | reset
             finished = flat[ended]  # in the transitions' order
-            end_obs = self._ends_of(self._obs, self._final, finished)
+            end_obs = ends_of(stage.obs, stage.final, stage.has_final, finished)
             self.obs.write(
                 rows,
                 lanes,
-                self._obs[:k].reshape(k * self.n, -1).take(flat, axis=0),
+                stage.obs[:k].reshape(k * self.n, -1).take(flat, axis=0),
                 ended,
                 end_obs,
                 newest,
                 chained,
                 touched,
-                self._obs[k],
+                stage.obs[k],
             )
-            self._obs[0] = self._obs[k]
             if self.mask is not None:
                 self.mask.write(
                     rows,
                     lanes,
-                    self._masks[:k].reshape(k * self.n, -1).take(flat, axis=0),
+                    stage.masks[:k].reshape(k * self.n, -1).take(flat, axis=0),
                     ended,
-                    self._ends_of(self._masks, self._final_masks, finished),
+                    ends_of(stage.masks, stage.final_masks, stage.has_final, finished),
                     newest,
                     chained,
                     touched,
-                    self._masks[k],
+                    stage.masks[k],
                 )
-                self._masks[0] = self._masks[k]
             starts = np.maximum.accumulate(np.where(resets, positions, -1), axis=0)  # latest episode start
             if finished.size:
                 self._end_block(finished, starts, positions, end_obs, truncated & ~terminated)
             self.start = np.where(starts[-1] >= 0, starts[-1], self.start)
             self.pos = self.pos + counts
-            self.running = running
+            self.running, self._resetting = block.running, block.resetting
+            stage.restart(k)
             self._k = 0
-            self._has_final = [False] * self._block
             self.writer.uncommitted()  # the lanes are behind until `commit`
             if finished.size and self.writer.logging:  # the episodes that ended go to the log now
                 self._push(ended=True)
@@ -373,32 +283,6 @@ class BatchRecorder:
         for i in np.flatnonzero(needed > self._opened).tolist():
             self._opened[i] = self.writer.open(self.lane_ids[i], int(needed[i]))
 
-    def _write_fields(self, rows: np.ndarray, flat: np.ndarray, k: int) -> None:
-        """Rewards, end flags, actions and annotations of the transitions ``flat`` (indices into
-        the block's ``[k, n]`` steps) into ``rows``."""
-        self._rewards[rows] = rewards = self._staged_rewards[:k].reshape(-1).take(flat)
-        if self._team is not None:
-            self._team[rows] = rewards
-        self._terminated[rows] = self._flags[0, :k].reshape(-1).take(flat)
-        self._truncated[rows] = self._flags[1, :k].reshape(-1).take(flat)
-        if self._action.cardinalities:
-            self._discrete_rows[rows] = as_rows(
-                self._actions[0][:k].reshape(-1, self._discrete.shape[1]).take(flat, axis=0)
-            )
-        if self._action.continuous_dim:
-            self._continuous[rows] = self._actions[1][:k].reshape(-1, self._action.continuous_dim).take(flat, axis=0)
-        for store, _, staged in self._annotated.values():
-            store[rows] = staged[:k].reshape(-1, *staged.shape[2:]).take(flat, axis=0)
-
-    def _ends_of(self, held: np.ndarray, final: np.ndarray | None, finished: np.ndarray) -> np.ndarray:
-        """The next values of the transitions ``finished`` (flat indices, each lane's in step order) that end
-        an episode: what their lane held after the step (SAME_STEP: the final ones)."""
-        values = held[1:].reshape(-1, held.shape[-1]).take(finished, axis=0)
-        if final is not None and any(self._has_final):
-            own = np.flatnonzero(np.array(self._has_final)[finished // self.n])
-            values[own] = final.reshape(-1, held.shape[-1]).take(finished[own], axis=0)
-        return values
-
     def _end_block(
         self,
         finished: np.ndarray,
@@ -409,10 +293,7 @@ class BatchRecorder:
     ) -> None:
         """The episodes that ended in this block (``finished``: flat indices of their last
         transitions, each lane's in step order), queued for `commit` with their bootstraps."""
-        at, lanes = np.divmod(finished, self.n)
-        before = np.where(at > 0, starts[np.maximum(at - 1, 0), lanes], -1)
-        first = np.where(before >= 0, before, self.start[lanes])
-        last = positions[at, lanes]
+        at, lanes, first, last = episode_spans(finished, starts, positions, self.start)
         boots = np.zeros(lanes.size)
         if self.bootstrap_fn is not None:
             for j in np.flatnonzero(truncated[at, lanes]).tolist():
@@ -426,12 +307,12 @@ class BatchRecorder:
         """Lanes ``lanes`` (indices) were reset by the user to ``obs`` (the whole batch; with
         ``masks``, the batch's legal-action flags ``[n, actions]``): episodes running there end
         as truncated."""
-        values = self._encode_obs(obs)[lanes]  # may raise: then nothing has changed
+        values = self._stage.codec.batch(obs)[lanes]  # may raise: then nothing has changed
         self._drain()
         if masks is not None and self.mask is None and self._mask_width:
             self.writer.enable_action_mask()  # reads the lanes: before anything changes here
             self._enable_masks()
-        packed = self._packed(masks)[lanes] if self.mask is not None else None
+        packed = self._stage.mask_codec.batch(masks, self.n)[lanes] if self.mask is not None else None
         self._sync()
         foreign = lanes[self._foreign[lanes]]
         for i in foreign.tolist():  # an episode a loaded file left running: closed as `begin_episode` does
@@ -442,10 +323,10 @@ class BatchRecorder:
         if cut.size:
             self._cut(cut, bootstrap=True)
         self.obs.hold(lanes, values)
-        self._obs[0] = self.obs.values()
+        self._stage.obs[0] = self.obs.values()
         if self.mask is not None and packed is not None:
             self.mask.hold(lanes, packed)
-            self._masks[0] = self.mask.values()
+            self._stage.masks[0] = self.mask.values()
         self.start[lanes] = self.pos[lanes]
         self.running[lanes] = True
         self._resetting[lanes] = False
@@ -455,19 +336,13 @@ class BatchRecorder:
 
     def _enable_masks(self) -> None:
         self.mask = HeldBatch(self.writer.chain("action_mask_"), 0, self.n)
-        self._all_legal = self._mask_codec.batch(None, self.n)
-        self.mask.hold(np.arange(self.n), self._all_legal)
-        self._masks = np.zeros((self._block + 1, *self._all_legal.shape), dtype=np.uint8)
-        self._masks[0] = self.mask.values()
-        self._final_masks = np.zeros_like(self._masks[1:])
-
-    def _packed(self, masks: np.ndarray | None) -> np.ndarray:
-        return self._mask_codec.batch(masks, self.n)
+        self.mask.hold(np.arange(self.n), self._stage.mask_codec.batch(None, self.n))  # all legal
+        self._stage.enable_masks(self.mask.values())
 
     def _cut(self, lanes: np.ndarray, *, bootstrap: bool) -> None:
         """The running episodes of ``lanes`` end at their last row, truncated there."""
         last = self._offsets[lanes] + (self.pos[lanes] - 1) % self._capacity
-        self._truncated[last] = True
+        self._stage.truncated[last] = True
         boots = np.zeros(lanes.size)
         if bootstrap and self.bootstrap_fn is not None:
             for k, lane in enumerate(lanes.tolist()):
@@ -502,20 +377,7 @@ class BatchRecorder:
     def annotate(self, fields: Mapping[str, Any]) -> None:
         """Hold per sub-env annotations (a leading ``[n]`` axis) for the next step; a sub-env
         whose next step is no transition (it only resets) drops them."""
-        given = {name: checked(self.writer, name, value, self.n, "a sub-env") for name, value in fields.items()}
-        for name, values in given.items():  # allocated only once every field passed
-            if name in ("values", "memory_weights"):
-                values = values[:, 0]
-            if name not in self._annotated:
-                self._drain()  # earlier steps of the block were not annotated
-                store = self.writer.column(name, width=values.shape[1] if name == "continuous_log_probs" else None)
-                missing = self.writer.missing(name)
-                self._annotated[name] = (
-                    store if name == "memory_weights" else store[0],
-                    missing,
-                    np.full((self._block, *values.shape), missing, dtype=store.dtype),
-                )
-            self._given[name] = values
+        self.annotations.add(fields, self._drain)
 
     @holding
     def feedback(self, lane: int, value: float, step: int) -> None:
