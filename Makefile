@@ -38,21 +38,27 @@ package: $(VENV)/.installed
 figures: $(VENV)/.installed
 	$(PY) examples/figures.py --seeds 0 1 2
 
-# every benchmark, each one's output written to docs/benchmarks/results/ (benchmarks/run.py)
+# every benchmark, each one's output written to docs/benchmarks/results/ (benchmarks/run.py),
+# then the README's headline figures read out of them
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'   # the peers compared side by side
 	$(PY) benchmarks/run.py bench_record.py
 	$(PY) benchmarks/run.py bench_vector.py
 	$(PY) benchmarks/run.py bench_sample.py
 	$(PY) benchmarks/run.py bench_sample.py --fields
+	$(PY) benchmarks/run.py bench_sample.py --frames
 	$(PY) benchmarks/run.py bench_pettingzoo.py
 	$(PY) benchmarks/run.py bench_gae.py
 	$(PY) benchmarks/run.py bench_io.py
+	$(PY) benchmarks/run.py bench_io.py --episodes 200000
 	$(PY) benchmarks/run.py bench_memory.py
 	$(PY) benchmarks/run.py bench_per.py
 	$(PY) benchmarks/run.py bench_sb3.py
-	$(PY) benchmarks/run.py bench_log.py
+	$(PY) benchmarks/run.py bench_log.py --rounds 5
 	$(PY) benchmarks/run.py bench_log_read.py
-	$(PY) benchmarks/run.py bench_log_memory.py
-	$(PY) benchmarks/run.py bench_exports.py
+	$(PY) benchmarks/run.py bench_log_memory.py --steps 10000000
+	$(PY) benchmarks/run.py bench_log_memory.py   # 100 million steps: about an hour
+	$(PY) benchmarks/run.py bench_exports.py --steps 100000 --frames-mb 1024 --rounds 3
 	$(PY) benchmarks/run.py bench_by_agent.py
+	$(PY) benchmarks/run.py bench_distributed.py
+	$(PY) benchmarks/headline.py   # the README's figures, read out of the outputs above

@@ -69,6 +69,26 @@ def frames_chunk(rows: int) -> fe.Chunk:
     return buffer.take_episodes()
 
 
+def bytes_a_step() -> dict[str, float]:
+    """``Chunk.nbytes / Chunk.rows`` of 2,000 steps of random legal actions, per env kind."""
+    import gymnasium as gym
+    from pettingzoo.classic import connect_four_v3
+
+    envs = {
+        "CartPole-v1": gym.make("CartPole-v1"),
+        "connect_four_v3 (AEC, masks; a row is both players' turn)": connect_four_v3.env(),
+        "simple_spread_v3 (3 agents, with state)": make_env(),
+    }
+    out = {}
+    for name, env in envs.items():
+        buffer = fe.warm(env, steps=2000, seed=0, progress=False, num_steps=4000)
+        chunk = buffer.take_episodes()
+        out[name] = chunk.nbytes / chunk.rows
+    frames = frames_chunk(2000)
+    out["84x84x4 uint8 frames"] = frames.nbytes / frames.rows
+    return out
+
+
 def ceiling(chunk: fe.Chunk, seconds: float = 3.0) -> tuple[float, float]:
     """Steps/s and MB/s the learner takes in (fetch + merge) from 2 workers that only send ``chunk``."""
     learner = fe.FlexibleBuffer.from_spec(
@@ -142,6 +162,12 @@ def main() -> None:
         print(
             f"  {name:17} {steps_per_s:10,.0f} steps/s, {mb_per_s:7,.0f} MB/s "
             f"= {steps_per_s / (many / args.workers):,.0f} workers at the measured rate per worker"
+        )
+    print("bytes a step of what arrives (Chunk.nbytes / Chunk.rows, 2,000 steps of random legal actions, seed 0):")
+    for name, per_step in bytes_a_step().items():
+        print(
+            f"  {name:58} {per_step:9,.0f} B; a network into the learner of 1 Gb/s carries "
+            f"{125e6 / per_step:10,.0f} steps/s, 10 Gb/s {1250e6 / per_step:11,.0f}"
         )
 
 
