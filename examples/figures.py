@@ -1,11 +1,13 @@
 """Run the learning examples over several seeds and write their results, with the spread over
-seeds, the machine, the date and the commit, into docs/examples.md (``make figures``).
+seeds, the machine, the date and the commit, into docs/examples.md (``make figures``); and run
+``make demo``'s command line (``flexibuff-envs record``, ``inspect`` and ``plot`` of its log) and
+write what it printed and drew into docs/getting-started/cli.md.
 
 Each example runs once per seed with its default arguments, in its own process; the numbers are
 read from the line it prints, and seed 0's learning curves are drawn into docs/images/. Nothing
-else in docs/examples.md is touched: the table goes between its ``figures`` markers.
+else in the pages is touched: what is written goes between their ``figures`` markers.
 
-Run: python examples/figures.py [--seeds 0 1 2]
+Run: python examples/figures.py [--seeds 0 1 2] [--part examples|cli|all]
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))  # the stamp the benchmark p
 from stamp import commit, machine
 
 PAGE = HERE.parent / "docs" / "examples.md"
+CLI_PAGE = HERE.parent / "docs" / "getting-started" / "cli.md"
 BEGIN, END = "<!-- figures: written by examples/figures.py -->", "<!-- end of figures -->"
 
 
@@ -84,11 +89,49 @@ def run(example: str, seed: int) -> tuple[str, float]:
     return done.stdout, time.perf_counter() - start
 
 
+def write_between(page: Path, text: str) -> None:
+    """Put ``text`` between the first pair of ``figures`` markers of ``page``."""
+    head, _, rest = page.read_text().partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    page.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    print(f"wrote {page.relative_to(HERE.parent)}")
+
+
+def cli_transcript(stamp: str) -> None:
+    """``make demo``'s ``flexibuff-envs record`` (its default env, 100 episodes, seed 0), then
+    ``inspect`` and ``plot`` of the log it wrote, run in a scratch directory; their output into
+    docs/getting-started/cli.md and the plot into docs/images/connect_four_v3.png."""
+    cli = Path(sys.executable).with_name("flexibuff-envs")
+    image = PAGE.parent / "images" / "connect_four_v3.png"
+    with tempfile.TemporaryDirectory() as scratch:
+
+        def run_cli(*args: str) -> str:
+            done = subprocess.run([str(cli), *args], cwd=scratch, capture_output=True, text=True, check=True)
+            return done.stdout.replace(os.path.realpath(scratch) + os.sep, "").replace(scratch + os.sep, "").rstrip()
+
+        recorded = run_cli("record")
+        inspected = run_cli("inspect", "connect_four_v3.log")
+        run_cli("plot", "connect_four_v3.log", "--out", str(image))
+    write_between(
+        CLI_PAGE,
+        f"Written by `python examples/figures.py --part cli` on "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on {machine()}: "
+        f"`flexibuff-envs record` (what `make demo` runs) prints\n\n```\n{recorded}\n```\n\n"
+        f"and `flexibuff-envs inspect connect_four_v3.log` maps the log (`FlexibleBuffer.open`) and prints:"
+        f"\n\n```\n{inspected}\n```",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--part", choices=("examples", "cli", "all"), default="all")
     args = parser.parse_args()
     stamp = commit()  # before the runs, which write the curves in docs/images
+    if args.part in ("cli", "all"):
+        cli_transcript(stamp)
+    if args.part == "cli":
+        return
     rows = []
     for figure in FIGURES:
         seeds = list(args.seeds)
@@ -102,27 +145,23 @@ def main() -> None:
             f"| `{figure.example}.py` | {figure.what} | {statistics.mean(values):.1f} ± {spread:.1f} "
             f"| {', '.join(f'{seed}: {v:.1f}' for seed, v in zip(seeds, values))} | {statistics.mean(seconds):.0f} s |"
         )
-    table = "\n".join(
-        [
-            BEGIN,
-            (
-                f"Written by `python examples/figures.py --seeds {' '.join(map(str, args.seeds))}` "
-                f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on "
-                f"{machine()}, torch on CPU. Each example ran once per seed with its "
-                "default arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
-            ),
-            "",
-            "| example | measure | mean ± sd | per seed | time per run |",
-            "|---|---|---|---|---|",
-            *rows,
-            END,
-        ]
+    write_between(
+        PAGE,
+        "\n".join(
+            [
+                (
+                    f"Written by `python examples/figures.py --seeds {' '.join(map(str, args.seeds))}` "
+                    f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on "
+                    f"{machine()}, torch on CPU. Each example ran once per seed with its "
+                    "default arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
+                ),
+                "",
+                "| example | measure | mean ± sd | per seed | time per run |",
+                "|---|---|---|---|---|",
+                *rows,
+            ]
+        ),
     )
-    page = PAGE.read_text()
-    head, _, rest = page.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    PAGE.write_text(head + table + tail)
-    print(f"wrote {PAGE.relative_to(HERE.parent)}")
 
 
 if __name__ == "__main__":
