@@ -14,19 +14,21 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
-from flexibuff_envs.codecs import index_dtype
+from flexibuff_envs.codecs import ObsCodec, index_dtype
 from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.fields import (
     DECODED,
     MASKS,
     N_STEP_MADE,
     NEXT,
+    MaskCodec,
     field_table,
     mask_bytes,
     one_hot,
     pack_mask,
     unpack_mask,
 )
+from flexibuff_envs.holders import Held, HeldBatch
 from flexibuff_envs.nstep import Windows, discounted_sum
 from flexibuff_envs.parts import Part, Segments, Stored, runs
 from flexibuff_envs.spec import BufferSpec
@@ -152,6 +154,16 @@ class Storage:
         if chain is None:
             chain = self.chains[name] = Chain(self.ensure(NEXT[name]), self.fields[name].per_agent)
         return chain
+
+    def holder(self, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int) -> Held:
+        """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` (None:
+        a global field) in lane ``lane``: the encoder a recorder writes that field through."""
+        first = lane * self.lane_rows
+        return Held(self.chain(name), agent, codec.writer, codec.size, (first, first + self.lane_rows))
+
+    def batch_holder(self, name: str, n: int) -> HeldBatch:
+        """A `HeldBatch` writing next-value field ``name`` of ``n`` single-agent lanes."""
+        return HeldBatch(self.chain(name), 0, n)
 
     # ----------------------------------------------------------------- reading: every encoding undone here
 

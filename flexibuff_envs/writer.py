@@ -1,7 +1,8 @@
 """`Writer`: the one interface recorders write a `FlexibleBuffer` through.
 
-A recorder claims lanes, claims and clears rows, writes next values through chains, ends agents'
-own episodes, and (a batch recorder) writes ``G`` of many episodes at once. None of this is on
+A recorder claims lanes, claims and clears rows, writes next values through the holders the
+storage makes (`Storage.holder`: never a raw chain), ends agents' own episodes, and (a batch
+recorder) writes ``G`` of many episodes at once. None of this is on
 the buffer's public surface: users fill a buffer by hand with ``field``, ``claim_row``,
 ``begin_episode`` and ``end_episode``, and read it through the sampling methods.
 """
@@ -14,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flexibuff_envs.chain import Chain
+from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.ends import write_episode_returns, write_run_returns
 from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
+from flexibuff_envs.fields import MaskCodec
+from flexibuff_envs.holders import Held, HeldBatch
 from flexibuff_envs.interrupts import holding
 
 if TYPE_CHECKING:
@@ -125,13 +128,20 @@ class Writer:
         """Whether field ``name`` is allocated."""
         return name in self.buffer._store.arrays
 
-    def chain(self, name: str) -> Chain:
-        """The chain next-value field ``name`` is written through (next values written out by
-        hand are compacted first)."""
-        buffer = self.buffer
-        if name in buffer._store.arrays:
-            buffer.compact()
-        return buffer._store.chain(name)
+    def holder(self, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int) -> Held:
+        """What a recorder writes next-value field ``name`` of ``agent`` in ``lane`` through
+        (`storage.Storage.holder`; next values written out by hand are compacted first)."""
+        self._compacted(name)
+        return self.buffer._store.holder(name, codec, agent, lane)
+
+    def batch_holder(self, name: str, n: int) -> HeldBatch:
+        """What a vector recorder writes next-value field ``name`` of its ``n`` lanes through."""
+        self._compacted(name)
+        return self.buffer._store.batch_holder(name, n)
+
+    def _compacted(self, name: str) -> None:
+        if name in self.buffer._store.arrays:  # written out by hand: stored once again first
+            self.buffer.compact()
 
     def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
         """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""

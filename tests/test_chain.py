@@ -19,7 +19,6 @@ import flexibuff_envs as fe
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.index import episode_table
 from flexibuff_envs.samplers import live_rows
-from flexibuff_envs.wrappers.slots import held
 from flexibuff_envs.writer import Writer
 
 AGENTS, LANES, CAPACITY, WIDTH = 2, 2, 7, 3
@@ -55,7 +54,7 @@ def test_the_chain_reads_every_live_row_as_a_plain_model_does(ops: list[tuple[An
     buffer = fe.FlexibleBuffer(CAPACITY, WIDTH, n_agents=AGENTS, n_envs=LANES)  # small: rings wrap
     codec = obs_codec(spaces.Box(-1e9, 1e9, (WIDTH,), np.float32))
     writer = Writer(buffer, buffer)  # what a recorder writes through
-    holders = {(lane, a): held(writer, "obs_", codec, a, lane) for lane in range(LANES) for a in range(AGENTS)}
+    holders = {(lane, a): writer.holder("obs_", codec, a, lane) for lane in range(LANES) for a in range(AGENTS)}
     model, running, counter = Model(), [False] * LANES, iter(range(1, 10**6))
     undo: list[Any] = [None] * LANES  # what the lane's last step changed, to give it back
 

@@ -72,7 +72,7 @@ class BatchRecorder:
         self._lane_array = np.array(lanes, dtype=np.int64)
         self._offsets = self._lane_array * buffer.num_steps
         codec = stored_obs(buffer.spec, obs)
-        self.obs = HeldBatch(writer.chain("obs_"), 0, n)
+        self.obs = writer.batch_holder("obs_", n)
         self._mask_width = sum(action.cardinalities)
         step_bytes = n * (
             codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities) + 4 * action.continuous_dim + 8
@@ -335,7 +335,7 @@ class BatchRecorder:
             self._push(ended=True)
 
     def _enable_masks(self) -> None:
-        self.mask = HeldBatch(self.writer.chain("action_mask_"), 0, self.n)
+        self.mask = self.writer.batch_holder("action_mask_", self.n)
         self.mask.hold(np.arange(self.n), self._stage.mask_codec.batch(None, self.n))  # all legal
         self._stage.enable_masks(self.mask.values())
 

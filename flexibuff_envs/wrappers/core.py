@@ -20,7 +20,7 @@ from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.wrappers.agent_state import AgentStates
 from flexibuff_envs.wrappers.annotations import Annotations, add_feedback
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward, reducer
-from flexibuff_envs.wrappers.slots import NUMBERS, AgentSlot, held, number
+from flexibuff_envs.wrappers.slots import NUMBERS, AgentSlot, number
 from flexibuff_envs.writer import Writer
 
 
@@ -61,7 +61,7 @@ class LaneRecorder:
         self.global_rewards = writer.column("global_rewards") if self.reduce is not None else None
         # "sum" is kept as a running sum per row; other reductions look at the finished row
         self._summing = global_reward == "sum"
-        self.state = None if state is None else held(writer, "state_", state, None, lane)
+        self.state = None if state is None else writer.holder("state_", state, None, lane)
         self.agent_states: AgentStates | None = None  # a state per agent, when the recorder takes one
         self.running = False
         n = len(self.slots)

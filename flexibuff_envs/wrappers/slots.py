@@ -49,12 +49,6 @@ def number(value: Any, what: str) -> float:
     raise EnvValueError(f"{what} must be a number, got {short_repr(value)}")
 
 
-def held(writer: Writer, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int = 0) -> Held:
-    """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` in ``lane``."""
-    first = lane * writer.buffer.num_steps
-    return Held(writer.chain(name), agent, codec.writer, codec.size, (first, first + writer.buffer.num_steps))
-
-
 class AgentSlot:
     """Writes one agent's transitions into its slice of the buffer."""
 
@@ -64,7 +58,7 @@ class AgentSlot:
         self.lane = lane
         self.name = spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = held(writer, "obs_", stored_obs(spec, obs), index, lane)
+        self.obs = writer.holder("obs_", stored_obs(spec, obs), index, lane)
         self._write_obs = self.obs.write
         self._write_action = action.writer(
             writer.column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
@@ -82,7 +76,7 @@ class AgentSlot:
 
     def enable_masks(self, writer: Writer) -> None:
         """Start recording this agent's action masks."""
-        self.mask = held(writer, "action_mask_", self._mask_codec, self.index, self.lane)
+        self.mask = writer.holder("action_mask_", self._mask_codec, self.index, self.lane)
         self.mask.hold(None)
 
     def undo(self, row: int) -> None:
