@@ -196,16 +196,19 @@ class Chain:
     # ----------------------------------------------------------------- conversion
 
     def extract(
-        self, rows: np.ndarray, cut: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
+        self, rows: np.ndarray | slice, cut: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The next values of ``rows`` as a chain of their own: ``(index, tail)``.
+        """The next values of ``rows`` (row numbers, or a slice of the ring) as a chain of their
+        own: ``(index, tail)``.
 
         A chained row reads the next of ``rows``; the slots the rows name are renumbered
         ``1, 2, ...`` in a tail holding only those (slot 0: zeros). ``cut``: positions in ``rows``
         whose successor is not the next of ``rows``, and a function giving those successors' rows
         (called only when one is chained): a chained row there gets a slot with its value.
         """
-        index, tail = renumbered(self.index.take(rows, axis=-1), self.tail)
+        index, tail = renumbered(
+            self.index[..., rows] if isinstance(rows, slice) else self.index.take(rows, axis=-1), self.tail
+        )
         if cut is not None:
             # a global field is handled as one agent's
             at, (positions, successors) = (index if self.per_agent else index[None]), cut

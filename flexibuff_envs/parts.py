@@ -133,11 +133,20 @@ class Stored:
             return default
         extracted = self._chains.get(name)
         if extracted is None:
-            if self._numbers is None:
-                self._numbers = segment_rows(self._segments or ())
-            numbers, last = self._numbers, self.last
-            cut = None if last is None else (last, functools.partial(storage.successor_rows, numbers[last]))
-            extracted = self._chains[name] = storage.chains[name].extract(numbers, cut)
+            rows: np.ndarray | slice
+            if self._numbers is None and self._segments is not None and len(self._segments) == 1:
+                (lo, hi), at = self._segments[0], self._segments[0][0]  # one range: read as a slice
+                rows = slice(lo, hi)
+            else:
+                if self._numbers is None:
+                    self._numbers = segment_rows(self._segments or ())
+                rows, at = self._numbers, 0
+            last = self.last
+            cut = None
+            if last is not None:
+                positions = last + at if isinstance(rows, slice) else rows[last]
+                cut = (last, functools.partial(storage.successor_rows, positions))
+            extracted = self._chains[name] = storage.chains[name].extract(rows, cut)
         return (extracted[part == "tail"],)
 
     def __iter__(self) -> Iterator[tuple[str, str | None]]:
