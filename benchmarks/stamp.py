@@ -12,13 +12,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def commit() -> str:
-    """The checkout's commit, marked when tracked files differ from it."""
+    """The checkout's commit, marked when tracked files other than the docs differ from it (the
+    docs are what the runs write: a results page rewritten by an earlier run is no change to the
+    code that runs)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + (" (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs")
+    return head + (" (with uncommitted changes)" if changed else "")
 
 
 def machine() -> str:
