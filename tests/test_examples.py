@@ -182,3 +182,38 @@ def test_the_readme_quickstart_is_examples_quickstart_and_runs(
     load("quickstart")
     rows, episodes, logged = map(int, re.findall(r"\d+", capsys.readouterr().out))
     assert rows == 10_000 and episodes == logged > 100 and (tmp_path / "cartpole.fbuf").stat().st_size > 0
+
+
+def test_the_readme_figures_are_what_the_benchmark_outputs_say() -> None:
+    """`benchmarks/headline.py` reads each headline figure out of its benchmark's latest output:
+    every pattern still finds its figure there, and the README holds exactly that table (a
+    figure edited by hand, or an output rewritten without the table, fails here)."""
+    spec = importlib.util.spec_from_file_location("headline", EXAMPLES.parent / "benchmarks" / "headline.py")
+    headline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headline)
+    table = headline.table()
+    assert len(table.splitlines()) == 2 + len(headline.ROWS)
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    assert f"{headline.START}\n{table}\n{headline.END}" in readme
+
+
+def test_figures_writes_the_demo_transcript_between_its_markers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`examples/figures.py --part cli` runs `make demo`'s command and writes what it printed
+    (and the plot of its log) into the page, touching nothing outside the markers."""
+    pytest.importorskip("pettingzoo")
+    pytest.importorskip("matplotlib")
+    figures = load("figures")
+    page, images = tmp_path / "cli.md", tmp_path / "images"
+    images.mkdir()
+    page.write_text(f"before\n{figures.BEGIN}\nold\n{figures.END}\nafter\n")
+    monkeypatch.setattr(figures, "CLI_PAGE", page)
+    monkeypatch.setattr(figures, "PAGE", tmp_path / "examples.md")
+    monkeypatch.setattr(figures, "HERE", tmp_path / "examples")  # the page's path is printed relative to its parent
+    figures.cli_transcript("abc1234")
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith("\nafter\n") and "old" not in text
+    assert "commit abc1234" in text
+    assert "episodes  100 ended" in text and "rows      1,130 held, 100 whole episodes" in text
+    assert (images / "connect_four_v3.png").stat().st_size > 1000
