@@ -8,6 +8,7 @@ extra (flexibuff 0.3.1, stable-baselines3, tianshou, torchrl); a peer that is no
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -126,9 +127,16 @@ def tianshou_ignore_obs_next(obs_space: spaces.Box, capacity: int) -> tuple[Add,
     return tianshou(obs_space, capacity, ignore_obs_next=True)
 
 
+def _torchrl_quiet() -> None:
+    """TorchRL logs every storage it makes at INFO to stdout, which would land in the outputs."""
+    logging.getLogger("torchrl").setLevel(logging.WARNING)
+
+
 def torchrl(obs_space: spaces.Box, capacity: int) -> tuple[Add, Sample]:
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+    _torchrl_quiet()
 
     buffer = ReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=256)
 
@@ -291,6 +299,7 @@ def loaded(
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage, ReplayBuffer
 
+    _torchrl_quiet()
     rb = ReplayBuffer(storage=LazyTensorStorage(n), batch_size=256)
     rb.extend(
         TensorDict(
