@@ -97,7 +97,7 @@ def write_between(page: Path, text: str) -> None:
     print(f"wrote {page.relative_to(HERE.parent)}")
 
 
-def cli_transcript(stamp: str) -> None:
+def cli_transcript(stamp: str, command: str = "python examples/figures.py --part cli") -> None:
     """``make demo``'s ``flexibuff-envs record`` (its default env, 100 episodes, seed 0), then
     ``inspect`` and ``plot`` of the log it wrote, run in a scratch directory; their output into
     docs/getting-started/cli.md and the plot into docs/images/connect_four_v3.png."""
@@ -114,7 +114,7 @@ def cli_transcript(stamp: str) -> None:
         run_cli("plot", "connect_four_v3.log", "--out", str(image))
     write_between(
         CLI_PAGE,
-        f"Written by `python examples/figures.py --part cli` on "
+        f"Written by `{command}` on "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on {machine()}: "
         f"`flexibuff-envs record` (what `make demo` runs) prints\n\n```\n{recorded}\n```\n\n"
         f"and `flexibuff-envs inspect connect_four_v3.log` maps the log (`FlexibleBuffer.open`) and prints:"
@@ -129,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     stamp = commit()  # before the runs, which write the curves in docs/images
     if args.part in ("cli", "all"):
-        cli_transcript(stamp)
+        cli_transcript(stamp, " ".join(["python examples/figures.py", *sys.argv[1:]]))
     if args.part == "cli":
         return
     rows = []
