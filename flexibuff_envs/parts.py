@@ -135,17 +135,17 @@ class Stored:
         if extracted is None:
             rows: np.ndarray | slice
             if self._numbers is None and self._segments is not None and len(self._segments) == 1:
-                (lo, hi), at = self._segments[0], self._segments[0][0]  # one range: read as a slice
+                ((lo, hi),) = self._segments  # one range of the ring: read through a slice
                 rows = slice(lo, hi)
             else:
                 if self._numbers is None:
                     self._numbers = segment_rows(self._segments or ())
-                rows, at = self._numbers, 0
+                rows = self._numbers
             last = self.last
             cut = None
-            if last is not None:
-                positions = last + at if isinstance(rows, slice) else rows[last]
-                cut = (last, functools.partial(storage.successor_rows, positions))
+            if last is not None:  # the ring rows at those positions, whose successors a cut needs
+                at = last + rows.start if isinstance(rows, slice) else rows[last]
+                cut = (last, functools.partial(storage.successor_rows, at))
             extracted = self._chains[name] = storage.chains[name].extract(rows, cut)
         return (extracted[part == "tail"],)
 

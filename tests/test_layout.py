@@ -97,7 +97,7 @@ def test_the_code_is_formatted_linted_and_typed() -> None:
 
 
 def test_no_module_is_over_400_lines() -> None:
-    """A module that outgrows one screenful of parts is split along its seams (issue 32)."""
+    """A module that outgrows 400 lines is split along its seams."""
     long = {
         str(path.relative_to(ROOT)): n
         for path in PACKAGE.rglob("*.py")
