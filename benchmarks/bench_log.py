@@ -7,7 +7,7 @@ vectorized CartPole x64 (each ended episode logged in the step it ends, and with
 ``per_block=True``: with the recorder's blocks of steps), and PettingZoo's connect_four_v3 (AEC). Prints medians in microseconds
 per env step (per sub-env step for the vector env, per turn for AEC), the ratio, and what the log adds to each
 ended episode (the difference times the steps per episode).
-Run: python benchmarks/bench_log.py [--steps N] [--rounds R]
+Run: python benchmarks/bench_log.py [--steps N] [--rounds R] [--only NAME]
 """
 
 from __future__ import annotations
@@ -105,6 +105,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = parser.parse_args()
     print(f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds (medians)")
     cases: list[tuple[str, Callable[[Any, int], Measured], int]] = [
@@ -115,7 +116,8 @@ def main() -> None:
         ("connect_four_v3 (AEC)", connect_four, args.steps // 5),
     ]
     for name, measure, steps in cases:
-        compare(name, measure, steps, args.rounds)
+        if args.only in name:
+            compare(name, measure, steps, args.rounds)
 
 
 if __name__ == "__main__":

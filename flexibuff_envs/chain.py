@@ -199,25 +199,38 @@ class Chain:
         self, rows: np.ndarray | slice, cut: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The next values of ``rows`` (row numbers, or a slice of the ring) as a chain of their
-        own: ``(index, tail)``.
+        own: ``(index, tail)``, the slots the rows name renumbered ``1, 2, ...`` in a tail holding
+        only those (slot 0: zeros). ``cut`` as for `appended`."""
+        index, values = self.appended(rows, 1, cut)
+        return index, np.concatenate([self.tail[:1], values])
 
-        A chained row reads the next of ``rows``; the slots the rows name are renumbered
-        ``1, 2, ...`` in a tail holding only those (slot 0: zeros). ``cut``: positions in ``rows``
-        whose successor is not the next of ``rows``, and a function giving those successors' rows
-        (called only when one is chained): a chained row there gets a slot with its value.
+    def appended(
+        self, rows: np.ndarray | slice, first: int, cut: tuple[np.ndarray, Callable[[], np.ndarray]] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The next values of ``rows`` (row numbers, or a slice of the ring) as they extend
+        another chain whose next free slot is ``first``: an index naming slots ``first, first +
+        1, ...`` in the order it names them (chained rows stay chained, slot 0 stays the zeros),
+        and the values of those slots.
+
+        A chained row reads the next of ``rows``. ``cut``: positions in ``rows`` whose successor is
+        not the next of ``rows``, and a function giving those successors' rows (called only when
+        one is chained): a chained row there gets a slot with its value.
         """
-        index, tail = renumbered(
-            self.index[..., rows] if isinstance(rows, slice) else self.index.take(rows, axis=-1), self.tail
-        )
+        index = self.index[..., rows] if isinstance(rows, slice) else self.index.take(rows, axis=-1)
+        named = index > 0
+        used = index[named]
+        out = index.astype(np.int32)
+        out[named] = np.arange(first, first + used.size, dtype=np.int32)
+        values = self.tail[used]
         if cut is not None:
             # a global field is handled as one agent's
-            at, (positions, successors) = (index if self.per_agent else index[None]), cut
+            at, (positions, successors) = (out if self.per_agent else out[None]), cut
             agents, which = np.nonzero(at[:, positions] == CHAINED)
             if which.size:
                 base = self.base if self.per_agent else self.base[None]
-                at[agents, positions[which]] = len(tail) + np.arange(which.size, dtype=np.int32)
-                tail = np.concatenate([tail, base[agents, successors()[which]]])
-        return index, tail
+                at[agents, positions[which]] = first + used.size + np.arange(which.size, dtype=np.int32)
+                values = np.concatenate([values, base[agents, successors()[which]]])
+        return out, values
 
     def fill(self, rows: np.ndarray, ends: np.ndarray, value: Any) -> None:
         """Every one of ``rows`` (episodes back to back, each in lane order) reads ``value`` as its

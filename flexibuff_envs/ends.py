@@ -37,17 +37,17 @@ def write_episode_returns(
     if n_agents == 1:
         _write_returns(storage, slice(None), rows, boot, gamma, lam)
         return
-    starts = lane.agent_start
-    agents = [only] if only is not None else [a for a, start in enumerate(starts) if start >= 0]
+    agents = [only] if only is not None else lane.agents.running()
     if not agents:
         return
+    begun = [lane.agents.first(agent, episode.start) for agent in agents]
     active = storage.arrays["active"][:, rows]
-    if len(agents) == len(starts) and max(starts) <= episode.start and active.all():
+    if len(agents) == n_agents and max(begun) == episode.start and active.all():
         _write_returns(storage, slice(None), rows, boot, gamma, lam)  # every agent acted at every step: one pass
         return
     all_rows = None
-    for agent in agents:
-        mine = active[agent, max(starts[agent] - episode.start, 0) :]
+    for agent, start in zip(agents, begun):
+        mine = active[agent, start - episode.start :]
         skipped = steps - mine.size
         acted = int(np.count_nonzero(mine))
         boot_ = None if boot is None else boot[agent : agent + 1]

@@ -28,6 +28,52 @@ class Episode:
     whole: bool = True
 
 
+class AgentEpisodes:
+    """Each agent's own episode inside its lane's running one: the position it began at (when
+    the agent joined, or the episode began), or None once it ended there (its ``G`` is final).
+    An agent's rows are those from its start on where it is active."""
+
+    __slots__ = ("starts",)
+
+    def __init__(self, n_agents: int) -> None:
+        self.starts: list[int | None] = [0] * n_agents
+
+    def begin(self, position: int) -> None:
+        """Every agent's own episode begins with the lane's next one, at ``position``."""
+        self.starts = [position] * len(self.starts)
+
+    def end(self, agent: int) -> None:
+        """``agent``'s own episode ended (its ``G`` is written and final)."""
+        self.starts[agent] = None
+
+    def rejoin(self, agent: int, position: int) -> None:
+        """``agent`` is back after its own episode ended: its next one begins at ``position``."""
+        self.starts[agent] = position
+
+    def running(self) -> list[int]:
+        """The agents whose own episode still runs."""
+        return [agent for agent, start in enumerate(self.starts) if start is not None]
+
+    def first(self, agent: int, start: int) -> int:
+        """The position ``agent``'s own rows begin at in the running episode, which now begins
+        at ``start`` (its oldest rows may have been forgotten)."""
+        begun = self.starts[agent]
+        return start if begun is None else max(begun, start)
+
+    def moved(self, position: int) -> None:
+        """The lane's running episode now begins at ``position`` (episodes appended before it)."""
+        self.starts = [None if start is None else position for start in self.starts]
+
+    def saved(self) -> list[int]:
+        """The starts as a file keeps them: -1 for an agent whose own episode ended."""
+        return [-1 if start is None else start for start in self.starts]
+
+    def restore(self, saved: Sequence[int], base: int) -> None:
+        """Take a file's starts (`saved`), renumbered by ``base`` positions: an agent's own
+        episode that began in rows forgotten since begins at the first kept one."""
+        self.starts = [None if start < 0 else max(start - base, 0) for start in saved]
+
+
 class Ended:
     """A lane's ended episodes, oldest first, as arrays: positions ``[start, end)`` and whether
     each is whole (none of its rows forgotten). Appending and forgetting cost the same however
@@ -114,7 +160,7 @@ class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
     __slots__ = (
-        "agent_start",
+        "agents",
         "capacity",
         "dirty",
         "ended",
@@ -143,9 +189,7 @@ class Lane:
         self.on_open = on_open
         self.opened = 0 if on_open is not None else ALL
         self.open_limit = capacity
-        # per agent: the position its own episode began at inside the running one (-1: it ended
-        # there already, its G is final); its rows are the rows from there on where it is active
-        self.agent_start = [0] * n_agents
+        self.agents = AgentEpisodes(n_agents)
         self.offset = offset
         self.capacity = capacity
         self.written = 0
@@ -157,7 +201,7 @@ class Lane:
     def begin(self) -> None:
         """Start an episode at the next position (any running one must be ended first)."""
         self.running = Episode(self.written, self.written)
-        self.agent_start = [self.written] * len(self.agent_start)
+        self.agents.begin(self.written)
 
     def make_room(self, ahead: int = 1, *, defer: bool = False) -> tuple[int, int]:
         """Make the next ``ahead`` rows (at most ``capacity``) ready for steps: forget the oldest
@@ -241,7 +285,7 @@ class Lane:
         self.ended.extend(ends - lengths, ends)
         if self.running is not None:
             self.running.start = self.running.end = self.written
-            self.agent_start = [self.written if s >= 0 else s for s in self.agent_start]
+            self.agents.moved(self.written)
         return first
 
     def clear(self) -> None:
@@ -310,8 +354,7 @@ class Lane:
         if len(ended):
             self.ended.extend(ended[:, 0] - base, ended[:, 1] - base, ended[:, 2].astype(bool))
         self.running = None if running is None else Episode(running[0] - base, running[1] - base, running[2])
-        # an agent's own episode may have begun in rows forgotten since: it begins at the first kept
-        self.agent_start = [max(start - base, 0) if start >= 0 else start for start in agent_start]
+        self.agents.restore(agent_start, base)
 
     @property
     def size(self) -> int:

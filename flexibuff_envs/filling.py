@@ -161,7 +161,7 @@ class Filling(Half):
         """`end_episode` but for the log: a recorder sends the episode there once its step is whole."""
         lane_ = self._index.change()[lane]
         running = lane_.running
-        if running is not None and running.end > running.start and max(lane_.agent_start) >= 0:
+        if running is not None and running.end > running.start and lane_.agents.running():
             write_episode_returns(self._store, lane_, running, bootstrap, self.gamma, self.gae_lambda)
         lane_.end()
 

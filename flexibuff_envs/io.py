@@ -93,7 +93,7 @@ def _lanes(lanes: Sequence[Lane], ranges: list[tuple[int, int]]) -> list[dict[st
                 list(e) for e in zip(lane.ended.starts.tolist(), lane.ended.ends.tolist(), lane.ended.whole.tolist())
             ],
             "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
-            "agent_start": list(lane.agent_start),
+            "agent_start": lane.agents.saved(),
         }
         for lane, (lo, hi) in zip(lanes, ranges)
     ]
@@ -381,7 +381,7 @@ def fill(file: BufferFile, storage: Storage, lanes: Sequence[Lane], *, mmap: boo
             info.live_start,
             np.array(info.ended, dtype=np.int64).reshape(-1, 3),
             info.running,
-            info.agent_start if info.agent_start is not None else [running] * len(lane.agent_start),
+            info.agent_start if info.agent_start is not None else [running] * len(lane.agents.starts),
         )
     live = live_rows(lanes)
     problem = storage.problem(segments, live, newest_rows(lanes))

@@ -242,14 +242,14 @@ class Writer:
         write_episode_returns(
             self.buffer._store, lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
         )
-        lane_.agent_start[agent] = -1
+        lane_.agents.end(agent)
 
     def rejoin_agent(self, lane: int, agent: int) -> None:
         """Agent ``agent`` appears again in ``lane``'s running episode after its own ended: its
         next episode starts with its next row."""
         lane_ = self.buffer._ring[lane]
         if lane_.running is not None:
-            lane_.agent_start[agent] = lane_.running.end
+            lane_.agents.rejoin(agent, lane_.running.end)
 
     def write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray) -> None:
         """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one

@@ -412,6 +412,34 @@ def test_a_recording_killed_at_any_moment_keeps_every_ended_episode(tmp_path: Pa
         shutil.rmtree(directory)
 
 
+def test_a_recording_resumed_without_a_field_the_log_holds_appends_its_allocated_value(tmp_path: Path) -> None:
+    """A log continued by a buffer that lacks one of its fields (values annotated before, not
+    now): the new episodes hold what an unwritten row holds (NaN values), the old ones keep
+    theirs, and each reads back as its buffer held it."""
+    held: list[fe.FlexiBatch] = []
+    for annotated in (True, False):
+        env = fe.record(gym.make("CartPole-v1"), num_steps=2000, log=tmp_path / "run.log")
+        obs, _ = env.reset(seed=int(annotated))
+        while env.buffer.n_episodes < 4:
+            if annotated:
+                env.annotate(values=float(obs[0]))
+            obs, _, terminated, truncated, _ = env.step(int(obs[2] > 0))
+            if terminated or truncated:
+                obs, _ = env.reset()
+        env.close()
+        held += list(env.buffer.episodes())
+    logged = read_back(tmp_path / "run.log")
+    assert len(logged) == len(held) == 8
+    for k, (mine, want) in enumerate(zip(logged, held)):
+        if k < 4:
+            assert_same_batches(mine, want)
+            assert np.isfinite(mine.values).all()
+        else:
+            assert np.isnan(mine.values).all()
+            for name in ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "G"):
+                np.testing.assert_array_equal(getattr(mine, name), getattr(want, name), err_msg=name)
+
+
 def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

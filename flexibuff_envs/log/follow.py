@@ -32,14 +32,15 @@ class Follower:
         lengths: list[int] = []
         marks = list(self._after)  # taken on only once the episodes are appended: a failed append is retried
         for i in range(len(lanes)) if which is None else which:
-            lane = lanes[i]
+            lane, after = lanes[i], self._after[i]
             ended = lane.ended
-            if not len(ended) or ended[-1].end <= self._after[i]:
+            ends = ended.ends
+            n = ends.size
+            if not n or ends[-1] <= after:
                 continue
-            new = slice(int(np.searchsorted(ended.ends, self._after[i], side="right")), None)
-            for start, end, whole in zip(
-                ended.starts[new].tolist(), ended.ends[new].tolist(), ended.whole[new].tolist()
-            ):
+            # the episodes that ended after ``after``: most often the newest alone
+            new = n - 1 if n == 1 or ends[-2] <= after else int(np.searchsorted(ends, after, side="right"))
+            for start, end, whole in zip(ended.starts[new:].tolist(), ends[new:].tolist(), ended.whole[new:].tolist()):
                 if whole:
                     for lo, hi in lane.segments(start, end):
                         if segments and segments[-1][1] == lo:  # the episode before ended here
@@ -55,7 +56,7 @@ class Follower:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-            marks[i] = ended[-1].end
+            marks[i] = int(ends[-1])
         if not lengths:
             self._after = marks
             return

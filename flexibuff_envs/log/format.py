@@ -9,7 +9,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -83,8 +83,7 @@ class Column:
 EPISODE_LENGTHS = Column("lengths", None, False, np.dtype("<i8"), ())
 
 
-@dataclass(frozen=True)
-class Commit:
+class Commit(NamedTuple):
     """What a log holds as of one commit entry: rows, episodes and each chain's tail slots
     (counting slot 0, the zeros every chain starts with)."""
 

@@ -46,7 +46,7 @@ class Tail:
             window = self._map
             if window is None or at + n > self._start + len(window):
                 window = self._slide(at, n)
-            window[at - self._start : at - self._start + n] = data.data
+            window[at - self._start : at - self._start + n] = data  # type: ignore[call-overload]  # a buffer
         self.size = at + n
 
     def _slide(self, at: int, n: int) -> mmap.mmap:

@@ -7,7 +7,7 @@ import os
 import time
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -20,7 +20,6 @@ from flexibuff_envs.errors import (
     InvalidArgumentError,
     SpecMismatchError,
 )
-from flexibuff_envs.fields import NEXT
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.format import (
     CHAINS,
@@ -37,6 +36,7 @@ from flexibuff_envs.log.format import (
     header_bytes,
     is_log,
 )
+from flexibuff_envs.log.pieces import Plan, added, allocated
 from flexibuff_envs.log.read import (
     State,
     blocks,
@@ -50,9 +50,6 @@ from flexibuff_envs.log.read import (
 from flexibuff_envs.log.tail import Tail
 from flexibuff_envs.parts import Segments, Stored
 from flexibuff_envs.storage import Storage
-
-#: each stored part's rows, as `parts.Part` pieces hold them
-Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]] | Stored
 
 
 class LogWriter:
@@ -102,14 +99,11 @@ class LogWriter:
             if name.endswith((".col", ".new")) and name not in listed:
                 os.unlink(os.path.join(self.directory, name))
         self.columns, self.commit = state.columns, state.commit
-        probe = Storage(header.spec, 1)
-        self._fills = {
-            (name, part): 0 if part is not None else probe.fill(name)
-            for name, part in [(name, None) for name in probe.fields] + [(name, "index") for name in NEXT]
-        }
+        self._fills = allocated(header.spec)
         self._tails = {c.key: self._tail(c) for c in state.files}
-        self._plan = self._planned()
+        self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
         self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
+        self._direct = False  # whether `append_rows` reads them straight (`Plan.of_range`)
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
@@ -150,51 +144,7 @@ class LogWriter:
         self.columns = self._open.columns = [*self.columns, *columns]
         for column in columns:
             self._tails[column.key] = self._tail(column)
-        self._plan = self._planned()
-
-    def _planned(self) -> list[tuple[Any, ...]]:
-        """Per column, what `_pieces` reads of it: its key, tail, row dtype and shape, the value a
-        row holds before it is written, whether its rows come agent-major (to swap), the first
-        row it stores (a tail's slot 0 is the log's own) and, for a next value's index, the
-        position of its chain in a commit's tail counts."""
-        return [
-            (
-                column.key,
-                self._tails[column.key],
-                column.dtype,
-                column.shape,
-                self._fills[column.key] if column.part != "tail" else None,
-                column.per_agent and column.part != "tail",
-                int(column.part == "tail"),
-                CHAINS.index(column.name) if column.part == "index" else None,
-            )
-            for column in self.columns
-        ]
-
-    def _pieces(self, given: Given, lengths: np.ndarray, rows: int) -> list[tuple[Tail, np.ndarray]]:
-        """Each column's bytes and the tail they go to, in the log's column order, from
-        ``given``: each stored part's rows as `parts.Part` pieces hold them (``[n_agents, n,
-        ...]`` for a per-agent field), laid out as the files hold them, next-value slots
-        renumbered to follow the log's. A column ``given`` lacks gets its allocated value."""
-        pieces = [(self._tails[EPISODE_LENGTHS.key], np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]
-        for key, tail, dtype, shape, fill, swap, first, shift in self._plan:
-            arrays = given.get(key)
-            if arrays is None:  # a field the buffer lacks: its allocated value (a next value: slot 0)
-                if fill is not None:
-                    pieces.append((tail, np.full((rows, *shape), fill, dtype)))
-                continue
-            for array in arrays:
-                if swap:  # the file holds each row's agents together
-                    array = array.swapaxes(0, 1)
-                if array.dtype != dtype or array.shape[1:] != shape:
-                    raise SpecMismatchError(
-                        f"the chunk's {'.'.join(k for k in key if k)} rows are {array.shape[1:]} {array.dtype}; "
-                        f"the log's are {shape} {dtype}"
-                    )
-                if shift is not None:  # an index: slots renumbered after the log's
-                    array = np.where(array > 0, array + np.int32(self.commit.tails[shift] - 1), array)
-                pieces.append((tail, np.ascontiguousarray(array[first:] if first else array)))
-        return pieces
+        self._plan = Plan(self.columns, self._tails, self._fills, self.header.spec.n_agents)
 
     @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
     def append(self, chunk: Chunk) -> None:
@@ -210,7 +160,7 @@ class LogWriter:
         if given.keys() - self._tails.keys():
             self._add([Column.of(part) for part in chunk.parts if part.key not in self._tails])
         rows = chunk.rows
-        self._commit(self._pieces(given, chunk.lengths, rows), rows, chunk.n_episodes, _added(given))
+        self._commit(self._plan.of(given, chunk.lengths, rows, self.commit.tails), rows, chunk.n_episodes, added(given))
 
     @holding
     def append_rows(self, storage: Storage, segments: Segments, lengths: np.ndarray) -> None:
@@ -218,17 +168,23 @@ class LogWriter:
         ``storage`` (a buffer of this log's layout), as one commit: their stored form
         (`Stored`), each column written straight from the ring's arrays (gathered in one piece
         when they lie in more than two ranges)."""
-        stored = Stored(storage, segments if len(segments) <= 2 else segment_rows(segments), lengths.cumsum() - 1)
         fields = (*storage.arrays, *storage.chains)
         if fields != self._fields:  # the buffer's fields changed: a field the log lacks yet is added as a chunk's
+            stored = Stored(storage, segments if len(segments) <= 2 else segment_rows(segments), lengths.cumsum() - 1)
             if any(key not in self._tails for key in stored):
                 self.append(
                     Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()))
                 )
                 return
             self._fields = fields
+            self._direct = self._plan.matches(storage)
         rows = int(lengths.sum())
-        self._commit(self._pieces(stored, lengths, rows), rows, len(lengths), _added(stored))
+        if len(segments) == 1 and self._direct:  # the common case: one range of the ring, read straight
+            pieces, counts = self._plan.of_range(storage, *segments[0], lengths, self.commit.tails)
+            self._commit(pieces, rows, len(lengths), counts)
+            return
+        stored = Stored(storage, segments if len(segments) <= 2 else segment_rows(segments), lengths.cumsum() - 1)
+        self._commit(self._plan.of(stored, lengths, rows, self.commit.tails), rows, len(lengths), added(stored))
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:
@@ -291,7 +247,7 @@ class LogWriter:
         crc, tail = 0, None
         try:  # each piece is with the OS once put (a killed process loses nothing appended)
             for tail, piece in pieces:
-                crc = zlib.crc32(piece.data, crc)
+                crc = zlib.crc32(piece, crc)  # type: ignore[arg-type]  # a buffer
                 tail.put(piece)
             tail = None  # the entry's turn
             entry = memoryview(commit.entry(crc))
@@ -329,12 +285,6 @@ class LogWriter:
                 self._tails[column.key].cut(self.commit.length(column))
             self.sync()
             self._finalizer()
-
-
-def _added(given: Given) -> tuple[int, ...]:
-    """The slots each chain's tail adds (its slot 0 is the log's own)."""
-    tails = [given.get((name, "tail")) for name in CHAINS]
-    return tuple(0 if tail is None else len(tail[0]) - 1 for tail in tails)
 
 
 class _Open:

@@ -103,4 +103,4 @@ def _running_episode(lane: Lane, start: int) -> None:
     """``lane`` runs the episode that began at ``start`` (a new one unless it already does)."""
     if lane.running is None or lane.running.start != start:
         lane.running = Episode(start, start)
-        lane.agent_start = [start]
+        lane.agents.begin(start)

@@ -1,0 +1,157 @@
+"""What each column file of an episode log gets from an append: the bytes of a chunk's parts, or
+of a buffer's ring rows read straight, laid out as the files hold them, next-value slots numbered
+after the log's (`LogWriter` puts them in place and commits them)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.errors import SpecMismatchError
+from flexibuff_envs.fields import NEXT
+from flexibuff_envs.log.format import CHAINS, EPISODE_LENGTHS, Column
+from flexibuff_envs.log.tail import Tail
+from flexibuff_envs.parts import Stored
+from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage import Storage
+
+#: each stored part's rows, as `parts.Part` pieces hold them
+Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]] | Stored
+#: each column's bytes (C-contiguous) and the file end they go to, in the log's column order
+Pieces = list[tuple[Tail, np.ndarray]]
+
+
+def allocated(spec: BufferSpec) -> dict[tuple[str, str | None], Any]:
+    """What a row of each column of a log of ``spec`` holds before it is written: a field's
+    allocated value, a next value's slot 0 (the zeros)."""
+    probe = Storage(spec, 1)
+    return {
+        (name, part): 0 if part is not None else probe.fill(name)
+        for name, part in [(name, None) for name in probe.fields] + [(name, "index") for name in NEXT]
+    }
+
+
+def added(given: Given) -> tuple[int, ...]:
+    """The slots each chain's tail adds (its slot 0 is the log's own)."""
+    tails = [given.get((name, "tail")) for name in CHAINS]
+    return tuple(0 if tail is None else len(tail[0]) - 1 for tail in tails)
+
+
+class Plan:
+    """How an append's rows become the bytes of ``columns`` (each going to its file end in
+    ``tails``): per column its key, tail, row dtype and shape, the value a row holds before it
+    is written, whether its rows come agent-major (to swap), the first row it stores (a tail's
+    slot 0 is the log's own) and, for a next value's index, its chain's place in a commit's
+    tail counts."""
+
+    def __init__(
+        self,
+        columns: Sequence[Column],
+        tails: Mapping[tuple[str, str | None], Tail],
+        fills: Mapping[tuple[str, str | None], Any],
+        n_agents: int,
+    ) -> None:
+        self.columns, self.single = list(columns), n_agents == 1
+        self.lengths = tails[EPISODE_LENGTHS.key]
+        self.each = [
+            (
+                column.key,
+                tails[column.key],
+                column.dtype,
+                column.shape,
+                fills[column.key] if column.part != "tail" else None,
+                column.per_agent and column.part != "tail",
+                int(column.part == "tail"),
+                CHAINS.index(column.name) if column.part == "index" else None,
+            )
+            for column in self.columns
+        ]
+
+    def of(self, given: Given, lengths: np.ndarray, rows: int, slots: Sequence[int]) -> Pieces:
+        """The pieces of ``given`` (``[n_agents, n, ...]`` for a per-agent field), checked
+        against the log's columns; ``slots``: each chain's slots the log holds. A column
+        ``given`` lacks gets its allocated value."""
+        pieces = [(self.lengths, np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]
+        for key, tail, dtype, shape, fill, swap, first, shift in self.each:
+            arrays = given.get(key)
+            if arrays is None:  # a field the buffer lacks: its allocated value (a next value: slot 0)
+                if fill is not None:
+                    pieces.append((tail, np.full((rows, *shape), fill, dtype)))
+                continue
+            for array in arrays:
+                if swap:  # the file holds each row's agents together
+                    array = array.swapaxes(0, 1)
+                if array.dtype != dtype or array.shape[1:] != shape:
+                    raise SpecMismatchError(
+                        f"the chunk's {'.'.join(k for k in key if k)} rows are {array.shape[1:]} {array.dtype}; "
+                        f"the log's are {shape} {dtype}"
+                    )
+                if shift is not None:  # an index: slots renumbered after the log's
+                    array = np.where(array > 0, array + np.int32(slots[shift] - 1), array)
+                pieces.append((tail, np.ascontiguousarray(array[first:] if first else array)))
+        return pieces
+
+    def matches(self, storage: Storage) -> bool:
+        """Whether ``storage`` holds every column as the log does (or lacks it), so `of_range`
+        may read it without the checks `of` makes."""
+        return all(self._matches(storage, column) for column in self.columns)
+
+    @staticmethod
+    def _matches(storage: Storage, column: Column) -> bool:
+        name, part = column.key
+        if part is not None:
+            chain = storage.chains.get(name)
+            if chain is None:
+                return True
+            if part == "index":
+                return chain.per_agent == column.per_agent
+            return chain.tail.dtype == column.dtype and chain.tail.shape[1:] == column.shape
+        array = storage.arrays.get(name)
+        if array is None:
+            return True
+        per_agent = storage.fields[name].per_agent
+        row = array.shape[2:] if per_agent else array.shape[1:]
+        shape = column.shape[1:] if column.per_agent else column.shape
+        return per_agent == column.per_agent and array.dtype == column.dtype and row == shape
+
+    def of_range(
+        self, storage: Storage, lo: int, hi: int, lengths: np.ndarray, slots: Sequence[int]
+    ) -> tuple[Pieces, tuple[int, ...]]:
+        """`of` and the slots each chain adds, for the ring rows ``[lo, hi)`` of ``storage``
+        (which `matches`): every column a slice of its array (a copy only where several agents'
+        rows are swapped into the file's order), each chain's next values appended after the
+        log's ``slots`` (`Chain.appended`)."""
+        arrays, chains, single = storage.arrays, storage.chains, self.single
+        pieces = [(self.lengths, np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]
+        counts = [0] * len(CHAINS)
+        parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per chain: its index and tail pieces
+        for (name, part), tail, dtype, shape, fill, swap, _, _ in self.each:
+            if part is None:
+                array = arrays.get(name)
+                if array is None:  # a field the buffer lacks: its allocated value
+                    pieces.append((tail, np.full((hi - lo, *shape), fill, dtype)))
+                elif not swap:
+                    pieces.append((tail, array[lo:hi]))
+                else:
+                    pieces.append(
+                        (tail, array[0, lo:hi] if single else np.ascontiguousarray(array[:, lo:hi].swapaxes(0, 1)))
+                    )
+                continue
+            chain = chains.get(name)
+            if chain is None:  # a next value the buffer lacks: slot 0, zeros
+                if part == "index":
+                    pieces.append((tail, np.zeros((hi - lo, *shape), dtype)))
+                continue
+            if name not in parts:  # its index and the values it names, appended after the log's slots
+                k, last = CHAINS.index(name), lengths.cumsum() - 1
+                index, named = chain.appended(
+                    slice(lo, hi), slots[k], (last, functools.partial(storage.successor_rows, last + lo))
+                )
+                if chain.per_agent:
+                    index = index[0] if single else np.ascontiguousarray(index.swapaxes(0, 1))
+                parts[name], counts[k] = (index, named), len(named)
+            pieces.append((tail, parts[name][part == "tail"]))
+        return pieces, tuple(counts)
