@@ -128,20 +128,31 @@ class Storage:
         self.arrays = arrays
         self._clearing.clear()
 
-    def clearing(self, fresh: bool) -> list[tuple[np.ndarray, float | bool, bool]]:
-        """What clearing a row writes, ``(array, value, per agent)`` for each field: its "nothing
-        happened" value (NaN for values not given, weight 1, else 0). A ``fresh`` row (never
-        written) holds its allocated value already: only fields allocated otherwise are listed."""
+    def clear(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
+        """Reset ``row`` to "nothing happened": each field's value for that (NaN for values not
+        given, weight 1, else 0: agents inactive, rewards 0, no legal actions), next values
+        slot 0 (zeros). ``agents``: clear only these agents' per-agent fields (None: every field).
+        ``fresh``: the row was never written, so it holds its allocated values already and only
+        the fields allocated with another value are written."""
         plan = self._clearing.get(fresh)
         if plan is None:
-            plan = []
+            plan = self._clearing[fresh] = []
             for name, array in self.arrays.items():
                 fill = self.fields[name].fill
                 value = fill if isinstance(fill, float) and (np.isnan(fill) or name == "memory_weights") else 0
                 if not (fresh and value == self.fill(name)):
                     plan.append((array, value, self.fields[name].per_agent))
-            self._clearing[fresh] = plan
-        return plan
+        who = slice(None) if agents is None else agents
+        for array, value, per_agent in plan:
+            if per_agent:
+                array[who, row] = value
+            elif agents is None:
+                array[row] = value
+        for chain in [] if fresh else self.chains.values():  # a fresh row reads slot 0
+            if chain.per_agent:
+                chain.index[who, row] = 0
+            elif agents is None:
+                chain.index[row] = 0
 
     def fill(self, name: str) -> float | bool:
         """The value field ``name`` is allocated with."""

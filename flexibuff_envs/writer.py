@@ -25,6 +25,7 @@ from flexibuff_envs.interrupts import holding
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
+    from flexibuff_envs.spec import BufferSpec
 
 
 class Unpicklable:
@@ -104,6 +105,16 @@ class Writer:
         self.buffer._index.uncommitted = True
 
     @property
+    def spec(self) -> BufferSpec:
+        """The layout of the buffer written."""
+        return self.buffer.spec
+
+    @property
+    def capacity(self) -> int:
+        """Rows per lane."""
+        return self.buffer.num_steps
+
+    @property
     def version(self) -> int:
         """Grows whenever the lanes were read from outside (and so may have changed)."""
         return self.buffer._index.version
@@ -181,7 +192,7 @@ class Writer:
         self.buffer._ring[lane].unclaim()
 
     def claim_cleared_row(self, lane: int) -> int:
-        """A claimed row reset by `clear_row` (a row never written before needs less)."""
+        """A claimed row reset to "nothing happened" (a row never written before needs less)."""
         lane_ = self.buffer._ring[lane]
         fresh = lane_.dirty <= lane_.written < lane_.capacity  # the ring's first pass: allocated values
         row = lane_.claim()
@@ -189,24 +200,8 @@ class Writer:
         return row
 
     def clear_row(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
-        """Reset ``row`` to "nothing happened": agents inactive, rewards 0, no legal actions.
-
-        Args:
-            agents: clear only these agents' per-agent fields (None: every field of the row).
-            fresh: the row was never written: only fields allocated with another value are set.
-        """
-        storage = self.buffer._store
-        who = slice(None) if agents is None else agents
-        for array, value, per_agent in storage.clearing(fresh):
-            if per_agent:
-                array[who, row] = value
-            elif agents is None:
-                array[row] = value
-        for chain in [] if fresh else storage.chains.values():  # a fresh row reads slot 0
-            if chain.per_agent:
-                chain.index[who, row] = 0
-            elif agents is None:
-                chain.index[row] = 0
+        """Reset ``row`` (or only ``agents``' part of it) to "nothing happened" (`Storage.clear`)."""
+        self.buffer._store.clear(row, agents, fresh=fresh)
 
     def open(self, lane: int, needed: int) -> int:
         """Give lane ``lane``'s rows up to position ``needed`` their allocated values (no commit);

@@ -49,7 +49,7 @@ def checked(writer: Writer, name: str, value: Any, rows: int, who: str) -> np.nd
         )
     values = np.asarray(value, dtype=np.float32).reshape(rows, -1)
     expected = {
-        "discrete_log_probs": len(writer.buffer.spec.discrete_action_cardinalities),
+        "discrete_log_probs": len(writer.spec.discrete_action_cardinalities),
         "values": 1,
         "memory_weights": 1,
     }.get(name)

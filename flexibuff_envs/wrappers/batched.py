@@ -63,15 +63,14 @@ class BatchRecorder:
     ) -> None:
         self.writer = writer
         self.owner = writer.owner  # the recorder: its lanes are freed when it is closed or dropped
-        buffer = writer.buffer
         self.n = n = len(lanes)
         self.lane_ids = lanes
         self.mode = mode
         self.bootstrap_fn = bootstrap_fn
-        self._capacity = buffer.num_steps
+        self._capacity = writer.capacity
         self._lane_array = np.array(lanes, dtype=np.int64)
-        self._offsets = self._lane_array * buffer.num_steps
-        codec = stored_obs(buffer.spec, obs)
+        self._offsets = self._lane_array * writer.capacity
+        codec = stored_obs(writer.spec, obs)
         self.obs = writer.batch_holder("obs_", n)
         self._mask_width = sum(action.cardinalities)
         step_bytes = n * (
@@ -79,12 +78,12 @@ class BatchRecorder:
         )
         # lanes make room for blocks an eighth of their ring at a time: at most that much of a lane
         # (and the episode it cuts into) is forgotten before the single-env recorder would
-        self._block = max(1, min(max(64, min(256, _BLOCK // n)), buffer.num_steps // 8, _STAGE_BYTES // step_bytes))
+        self._block = max(1, min(max(64, min(256, _BLOCK // n)), writer.capacity // 8, _STAGE_BYTES // step_bytes))
         self._k = 0  # steps staged
         self._stage = Stage(writer, codec, action, n, self._block)
         self._stage.obs[0] = self.obs.values()
         self.mask: HeldBatch | None = None
-        if buffer.spec.action_mask:
+        if writer.spec.action_mask:
             self._enable_masks()
         self.annotations = StagedAnnotations(writer, n, self._block)
         # per lane, as of the last written block: next position, start of the running episode,

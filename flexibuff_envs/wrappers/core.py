@@ -74,7 +74,7 @@ class LaneRecorder:
         # as agents that have not acted yet are not open)
         self.end_with_last_agent = True
         self._claim = writer.row_claimer(lane)
-        if writer.buffer.spec.action_mask:
+        if writer.spec.action_mask:
             for slot in self.slots:
                 slot.enable_masks(writer)
 

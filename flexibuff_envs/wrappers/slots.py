@@ -53,7 +53,7 @@ class AgentSlot:
     """Writes one agent's transitions into its slice of the buffer."""
 
     def __init__(self, writer: Writer, index: int, obs: ObsCodec, action: ActionCodec, lane: int) -> None:
-        spec = writer.buffer.spec
+        spec = writer.spec
         self.index = index
         self.lane = lane
         self.name = spec.agent_ids[index]
