@@ -48,6 +48,8 @@ class Writer:
     def __init__(self, buffer: FlexibleBuffer, owner: object) -> None:
         self.buffer = buffer
         self.owner = weakref.ref(owner)
+        # what it writes through: the buffer's episode index (lanes) and storage (fields, encodings)
+        self.index, self.storage = buffer._index, buffer._store
 
     # ----------------------------------------------------------------- lanes
 
@@ -59,7 +61,7 @@ class Writer:
         Raises:
             SpecMismatchError: fewer than ``n`` lanes are free; the message says what to do.
         """
-        buffer, index = self.buffer, self.buffer._index
+        buffer, index = self.buffer, self.index
         index.commit()
         index.batched = [batch for batch in index.batched if batch.owner() is not None]
         free = [i for i, ref in enumerate(index.writers) if ref is None or ref() is None]
@@ -79,7 +81,7 @@ class Writer:
     def release_lanes(self, *, close_log: bool = False) -> None:
         """The lanes the owner claimed are free again (its env was closed), and the buffer's
         log synced, or closed (``close_log``: the owner opened it)."""
-        index, owner = self.buffer._index, self.owner()
+        index, owner = self.index, self.owner()
         index.commit()
         index.batched = [batch for batch in index.batched if batch.owner() not in (owner, None)]
         index.writers = [None if ref is not None and ref() is owner else ref for ref in index.writers]
@@ -90,19 +92,19 @@ class Writer:
 
     def lane(self, lane: int) -> Lane:
         """Lane ``lane`` with every staged step committed."""
-        return self.buffer._index.change()[lane]
+        return self.index.change()[lane]
 
     def lanes(self, ids: list[int]) -> list[Lane]:
         """Lanes ``ids`` as they stand, without committing (for a batch recorder's own lanes)."""
-        return [self.buffer._ring[i] for i in ids]
+        return [self.index.ring[i] for i in ids]
 
     def attach(self, batch: Any) -> None:
         """Register a batch recorder: it is committed (``batch.commit()``) before the buffer is read."""
-        self.buffer._index.batched.append(batch)
+        self.index.batched.append(batch)
 
     def uncommitted(self) -> None:
         """A batch recorder holds steps the lanes do not show yet."""
-        self.buffer._index.uncommitted = True
+        self.index.uncommitted = True
 
     @property
     def spec(self) -> BufferSpec:
@@ -117,7 +119,7 @@ class Writer:
     @property
     def version(self) -> int:
         """Grows whenever the lanes were read from outside (and so may have changed)."""
-        return self.buffer._index.version
+        return self.index.version
 
     # ----------------------------------------------------------------- fields
 
@@ -129,7 +131,7 @@ class Writer:
     def missing(self, name: str) -> float:
         """What annotated field ``name`` holds where it was not given: its allocated value (NaN
         for values and log probs, weight 1, 0 for an integer field of your own)."""
-        return float(self.buffer._store.fill(name))
+        return float(self.storage.fill(name))
 
     def own_fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """The buffer's fields of your own: name -> (shape per agent and row, dtype name)."""
@@ -137,30 +139,30 @@ class Writer:
 
     def has(self, name: str) -> bool:
         """Whether field ``name`` is allocated."""
-        return name in self.buffer._store.arrays
+        return name in self.storage.arrays
 
     def holder(self, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int) -> Held:
         """What a recorder writes next-value field ``name`` of ``agent`` in ``lane`` through
         (`storage.Storage.holder`; next values written out by hand are compacted first)."""
         self._compacted(name)
-        return self.buffer._store.holder(name, codec, agent, lane)
+        return self.storage.holder(name, codec, agent, lane)
 
     def batch_holder(self, name: str, n: int) -> HeldBatch:
         """What a vector recorder writes next-value field ``name`` of its ``n`` lanes through."""
         self._compacted(name)
-        return self.buffer._store.batch_holder(name, n)
+        return self.storage.batch_holder(name, n)
 
     def _compacted(self, name: str) -> None:
-        if name in self.buffer._store.arrays:  # written out by hand: stored once again first
+        if name in self.storage.arrays:  # written out by hand: stored once again first
             self.buffer.compact()
 
     def next_obs(self, row: int, agent: int = 0) -> np.ndarray:
         """``obs_`` of ``row`` for ``agent`` exactly as a batch shows it (`bootstrap_fn`'s input)."""
-        return self.buffer._store.next_value("obs_", row, agent)
+        return self.storage.next_value("obs_", row, agent)
 
     def as_batch(self, name: str, values: np.ndarray) -> Any:
         """Stored values of field ``name`` as a batch shows them (`Storage.decode`)."""
-        return self.buffer._store.decode(name, values)
+        return self.storage.decode(name, values)
 
     @property
     def logging(self) -> bool:
@@ -185,15 +187,15 @@ class Writer:
 
     def row_claimer(self, lane: int) -> Callable[[], int]:
         """`FlexibleBuffer.claim_row` bound to one lane, for a recorder's per-step path."""
-        return self.buffer._ring[lane].claim
+        return self.index.ring[lane].claim
 
     def unclaim_row(self, lane: int) -> None:
         """Give back ``lane``'s last claimed row: the step it was for could not be recorded."""
-        self.buffer._ring[lane].unclaim()
+        self.index.ring[lane].unclaim()
 
     def claim_cleared_row(self, lane: int) -> int:
         """A claimed row reset to "nothing happened" (a row never written before needs less)."""
-        lane_ = self.buffer._ring[lane]
+        lane_ = self.index.ring[lane]
         fresh = lane_.dirty <= lane_.written < lane_.capacity  # the ring's first pass: allocated values
         row = lane_.claim()
         self.clear_row(row, fresh=fresh)
@@ -201,12 +203,12 @@ class Writer:
 
     def clear_row(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
         """Reset ``row`` (or only ``agents``' part of it) to "nothing happened" (`Storage.clear`)."""
-        self.buffer._store.clear(row, agents, fresh=fresh)
+        self.storage.clear(row, agents, fresh=fresh)
 
     def open(self, lane: int, needed: int) -> int:
         """Give lane ``lane``'s rows up to position ``needed`` their allocated values (no commit);
         returns the position up to which the lane is open."""
-        lane_ = self.buffer._ring[lane]
+        lane_ = self.index.ring[lane]
         self.buffer._open(lane_, needed)
         return lane_.opened
 
@@ -231,18 +233,18 @@ class Writer:
         """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
         its own rows (those where it is active since it joined), bootstrapped by ``bootstrap``.
         Its ``G`` is final: `end_episode` and `finish_path` leave it alone."""
-        lane_ = self.buffer._ring[lane]
+        lane_ = self.index.ring[lane]
         if lane_.running is None:
             return
         write_episode_returns(
-            self.buffer._store, lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
+            self.storage, lane_, lane_.running, bootstrap, self.buffer.gamma, self.buffer.gae_lambda, only=agent
         )
         lane_.agents.end(agent)
 
     def rejoin_agent(self, lane: int, agent: int) -> None:
         """Agent ``agent`` appears again in ``lane``'s running episode after its own ended: its
         next episode starts with its next row."""
-        lane_ = self.buffer._ring[lane]
+        lane_ = self.index.ring[lane]
         if lane_.running is not None:
             lane_.agents.rejoin(agent, lane_.running.end)
 
@@ -253,4 +255,4 @@ class Writer:
             return
         buffer = self.buffer
         rows = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
-        write_run_returns(buffer._store, rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)
+        write_run_returns(self.storage, rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)
