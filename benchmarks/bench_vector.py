@@ -3,8 +3,8 @@
 gymnasium's natively vectorized CartPole (``vectorization_mode="vector_entry_point"``, one numpy
 step for all sub-envs) with 64 sub-envs, and a SyncVectorEnv of 8 CartPole-v1. Each is recorded
 into a ring that holds the whole run, and into one that wraps (its oldest episodes forgotten as
-it goes), and recorded while a DQN-style loop samples 256 rows after every step (the bare loop
-does not sample: that ratio prices the sampling too); and, when Stable-Baselines3 is installed,
+it goes), and recorded while a DQN-style loop samples 256 rows after every step once 32 vector steps are
+in (the bare loop does not sample: that ratio prices the sampling too); and, when Stable-Baselines3 is installed,
 the bare env with each step added to SB3's ``ReplayBuffer`` as its off-policy algorithms do. Prints
 the median of interleaved rounds in microseconds per sub-env step, the ratios to the bare env, and
 the recorded loop's ratio to the SB3 loop (its target: ``peers.SB3_TARGET``, README "Speed").
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import SB3_TARGET
 
 SAMPLING = "recorded + sample(256) each step"
+WARM = 32  # vector steps recorded before the sampling loop starts reading
 SB3 = "SB3 ReplayBuffer.add each step"
 CASES = {  # name: (make, vector steps per round, the first target: recorded / bare)
     "native CartPole x64 (vector_entry_point)": (
@@ -69,10 +70,14 @@ class SB3Added(gym.vector.VectorWrapper):
 
 def run(env: Any, actions: np.ndarray, sample: bool = False) -> float:
     env.reset(seed=0)
+    if sample:  # a DQN-style loop starts learning after some steps (SB3's learning_starts), untimed
+        for action in actions[:WARM]:
+            env.step(action)
+        actions = actions[WARM:]
     start = time.perf_counter()
     for action in actions:
         env.step(action)
-        if sample:  # a DQN-style loop reads the buffer after every step: each read writes the block
+        if sample:  # then reads the buffer after every step: each read writes the staged step
             env.buffer.sample_transitions(256)
     len(getattr(env, "buffer", ()))  # a recorder's last block is written when the buffer is read
     return (time.perf_counter() - start) / actions.size * 1e6
