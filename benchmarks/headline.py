@@ -63,10 +63,12 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
         "python benchmarks/bench_per.py",
     ),
     (
-        "recording with an episode log, CartPole with 500-step episodes",
+        "recording with an episode log, CartPole with random actions (22-step episodes) / 500-step episodes",
         "bench_log-rounds-5.md",
         lambda text: (
-            find(r"a balancing policy\s+RAM only\s+[\d.]+ us\s+with log\s+[\d.]+ us\s+([\d.]+x)")(text)
+            find(r"CartPole-v1\s+RAM only\s+[\d.]+ us\s+with log\s+[\d.]+ us\s+([\d.]+x)")(text)
+            + " / "
+            + find(r"a balancing policy\s+RAM only\s+[\d.]+ us\s+with log\s+[\d.]+ us\s+([\d.]+x)")(text)
             + " the same loop in RAM only"
         ),
         "python benchmarks/bench_log.py --rounds 5",

@@ -16,7 +16,9 @@ import os
 import numpy as np
 
 #: bytes of a file's end mapped at a time: an eighth of the file, at least FIRST, at most WINDOW
-FIRST, WINDOW = 1 << 16, 1 << 20
+#: (the pages a window has written count in the process's resident memory until it moves on: at
+#: most 256 KiB a column keeps a long recording's resident memory flat)
+FIRST, WINDOW = 1 << 16, 1 << 18
 #: appends of more bytes than this are written, not copied
 LARGE = WINDOW // 4
 #: reserving blocks ahead needs posix_fallocate (Linux, BSDs); elsewhere every append is written
