@@ -129,19 +129,19 @@ class Storage:
         self._clearing.clear()
 
     def clear(self, row: int, agents: list[int] | None = None, *, fresh: bool = False) -> None:
-        """Reset ``row`` to "nothing happened": each field's value for that (NaN for values not
-        given, weight 1, else 0: agents inactive, rewards 0, no legal actions), next values
-        slot 0 (zeros). ``agents``: clear only these agents' per-agent fields (None: every field).
-        ``fresh``: the row was never written, so it holds its allocated values already and only
-        the fields allocated with another value are written."""
+        """Reset ``row`` to "nothing happened" (NaN for values not given, weight 1, else 0: agents
+        inactive, rewards 0, no legal actions; next values slot 0, zeros). ``agents``: only these
+        agents' per-agent fields (None: every field). ``fresh``: the row was never written, so
+        only the fields allocated with another value than that are written."""
         plan = self._clearing.get(fresh)
-        if plan is None:
-            plan = self._clearing[fresh] = []
+        if plan is None:  # made whole, then kept: an interrupted making keeps nothing
+            plan = []
             for name, array in self.arrays.items():
                 fill = self.fields[name].fill
                 value = fill if isinstance(fill, float) and (np.isnan(fill) or name == "memory_weights") else 0
                 if not (fresh and value == self.fill(name)):
                     plan.append((array, value, self.fields[name].per_agent))
+            self._clearing[fresh] = plan
         who = slice(None) if agents is None else agents
         for array, value, per_agent in plan:
             if per_agent:
