@@ -141,3 +141,9 @@ class Logged(Half):
         lanes ``lanes``; lanes as they stand)."""
         if self._log is not None:
             self._log.flush(self._store, self._index.ring, lanes)
+
+    def _log_ended(self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """The episodes that ended at positions ``[starts, ends)`` of the lanes ``which`` to the log
+        (`Follower.flush_spans`)."""
+        if self._log is not None:
+            self._log.flush_spans(self._store, self._index.ring, which, starts, ends)

@@ -179,6 +179,11 @@ class Writer:
         since the last flush go to the buffer's log."""
         self.buffer._flush_log(lanes)
 
+    def log_ended(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """`flush_log` for the episodes known to have ended at positions ``[starts, ends)`` of
+        the buffer lanes ``lanes``."""
+        self.buffer._log_ended(lanes, starts, ends)
+
     def enable_action_mask(self) -> None:
         """Record action masks from now on (masks first appeared in an info)."""
         self.buffer._enable_action_mask()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from flexibuff_envs.episodes import Lane
+from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.log.write import LogWriter
 from flexibuff_envs.storage import Storage
 
@@ -22,15 +22,17 @@ class Follower:
         self.writer = writer
         self.per_block = per_block  # a vector recorder flushes with its blocks, not in each step
         self.outgrown = False  # an episode longer than the ring was left out (said once)
-        self._after = [lane.written for lane in lanes]  # per lane: episodes ending later are new
+        self._after = np.array(
+            [lane.written for lane in lanes], dtype=np.int64
+        )  # per lane: episodes ending later are new
         self.episodes = self.rows = 0  # appended so far
 
     def flush(self, storage: Storage, lanes: Sequence[Lane], which: Sequence[int] | None = None) -> None:
         """Append the episodes that ended since the last flush in ``lanes`` (or in ``lanes[i]``
         for ``i`` in ``which``: where episodes ended)."""
         segments: list[tuple[int, int]] = []
-        lengths: list[int] = []
-        marks = list(self._after)  # taken on only once the episodes are appended: a failed append is retried
+        lengths: list[np.ndarray] = []
+        marks = self._after.copy()  # taken on only once the episodes are appended: a failed append is retried
         for i in range(len(lanes)) if which is None else which:
             lane, after = lanes[i], self._after[i]
             ended = lane.ended
@@ -40,27 +42,68 @@ class Follower:
                 continue
             # the episodes that ended after ``after``: most often the newest alone
             new = n - 1 if n == 1 or ends[-2] <= after else int(np.searchsorted(ends, after, side="right"))
-            for start, end, whole in zip(ended.starts[new:].tolist(), ends[new:].tolist(), ended.whole[new:].tolist()):
-                if whole:
-                    for lo, hi in lane.segments(start, end):
-                        if segments and segments[-1][1] == lo:  # the episode before ended here
-                            lo = segments.pop()[0]
-                        segments.append((lo, hi))
-                    lengths.append(end - start)
-                elif not self.outgrown:  # its first rows were forgotten before it ended
-                    self.outgrown = True
-                    warnings.warn(
-                        f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
-                        f"episode log {self.writer.directory} (nor is any other that does): give the "
-                        "buffer more rows than the longest episode",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+            starts, ends, whole = ended.starts[new:], ends[new:], ended.whole[new:]
+            if whole.all() and (starts[1:] == ends[:-1]).all():  # back to back: one span of the ring
+                self._add(segments, lane.segments(int(starts[0]), int(ends[-1])))
+                lengths.append(ends - starts)
+            else:
+                for start, end in zip(starts[whole].tolist(), ends[whole].tolist()):
+                    self._add(segments, lane.segments(start, end))
+                    lengths.append(np.array([end - start]))
+                if not whole.all():
+                    self._outgrown(lane)
             marks[i] = int(ends[-1])
         if not lengths:
             self._after = marks
             return
-        self.writer.append_rows(storage, segments, np.array(lengths))
+        counts = np.concatenate(lengths)
+        self.writer.append_rows(storage, segments, counts)
         self._after = marks
+        self.episodes += len(counts)
+        self.rows += int(counts.sum())
+
+    def flush_spans(
+        self, storage: Storage, lanes: Sequence[Lane], which: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> None:
+        """`flush` for the episodes known to have ended at positions ``[starts, ends)`` of
+        ``lanes[which]`` (a vector recorder's, however many lanes): the same commit, lane by
+        lane, each in time order, in a fixed number of array operations."""
+        order = np.lexsort((starts, which))
+        which, starts, ends = which[order], starts[order], ends[order]
+        keep = ends > self._after[which]  # not appended yet
+        lane_of = [lanes[i] for i in which.tolist()]
+        whole = starts >= np.array([lane.live_start for lane in lane_of], dtype=np.int64)
+        if not whole[keep].all():
+            self._outgrown(lane_of[int(np.argmin(whole | ~keep))])
+        keep &= whole
+        if not keep.any():
+            return
+        offsets = np.array([lane.offset for lane in lane_of], dtype=np.int64)[keep]
+        which, starts, ends = which[keep], starts[keep], ends[keep]
+        lengths = ends - starts
+        self.writer.append_rows(storage, span_rows(offsets, lane_of[0].capacity, starts, ends), lengths)
+        np.maximum.at(self._after, which, ends)
         self.episodes += len(lengths)
-        self.rows += sum(lengths)
+        self.rows += int(lengths.sum())
+
+    @staticmethod
+    def _add(segments: list[tuple[int, int]], ranges: list[tuple[int, int]]) -> None:
+        """Ring ranges after ``segments``, the first joined to the last one where it follows it."""
+        lo, hi = ranges[0]
+        if segments and segments[-1][1] == lo:  # the episode before ended here
+            segments[-1] = (segments[-1][0], hi)
+        else:
+            segments.append((lo, hi))
+        segments.extend(ranges[1:])
+
+    def _outgrown(self, lane: Lane) -> None:
+        """Say once that an episode was left out: its first rows were forgotten before it ended."""
+        if not self.outgrown:
+            self.outgrown = True
+            warnings.warn(
+                f"an episode outgrew the buffer's {lane.capacity:,} rows per lane and is not in the "
+                f"episode log {self.writer.directory} (nor is any other that does): give the "
+                "buffer more rows than the longest episode",
+                RuntimeWarning,
+                stacklevel=3,
+            )

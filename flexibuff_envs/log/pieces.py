@@ -125,7 +125,7 @@ class Plan:
         rows are swapped into the file's order), each chain's next values appended after the
         log's ``slots`` (`Chain.appended`)."""
         arrays, chains, single = storage.arrays, storage.chains, self.single
-        pieces = [(self.lengths, np.ascontiguousarray(lengths, dtype=EPISODE_LENGTHS.dtype))]
+        pieces = [(self.lengths, lengths.astype(EPISODE_LENGTHS.dtype, copy=False))]
         counts = [0] * len(CHAINS)
         parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per chain: its index and tail pieces
         for (name, part), tail, dtype, shape, fill, swap, _, _ in self.each:
@@ -135,10 +135,10 @@ class Plan:
                     pieces.append((tail, np.full((hi - lo, *shape), fill, dtype)))
                 elif not swap:
                     pieces.append((tail, array[lo:hi]))
+                elif single:
+                    pieces.append((tail, array[0, lo:hi]))
                 else:
-                    pieces.append(
-                        (tail, array[0, lo:hi] if single else np.ascontiguousarray(array[:, lo:hi].swapaxes(0, 1)))
-                    )
+                    pieces.append((tail, np.ascontiguousarray(array[:, lo:hi].swapaxes(0, 1))))
                 continue
             chain = chains.get(name)
             if chain is None:  # a next value the buffer lacks: slot 0, zeros

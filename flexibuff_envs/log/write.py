@@ -163,14 +163,16 @@ class LogWriter:
         self._commit(self._plan.of(given, chunk.lengths, rows, self.commit.tails), rows, chunk.n_episodes, added(given))
 
     @holding
-    def append_rows(self, storage: Storage, segments: Segments, lengths: np.ndarray) -> None:
-        """Whole episodes of ``lengths``, back to back in the ring rows ``segments`` of
-        ``storage`` (a buffer of this log's layout), as one commit: their stored form
-        (`Stored`), each column written straight from the ring's arrays (gathered in one piece
-        when they lie in more than two ranges)."""
+    def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
+        """Whole episodes of ``lengths``, back to back in the ring rows ``rows`` (ranges, or row
+        numbers) of ``storage`` (a buffer of this log's layout), as one commit: their stored form
+        (`Stored`), each column written straight from the ring's arrays when the rows are one
+        range (else gathered in one piece)."""
+        if not isinstance(rows, np.ndarray) and len(rows) > 2:
+            rows = segment_rows(rows)
         fields = (*storage.arrays, *storage.chains)
         if fields != self._fields:  # the buffer's fields changed: a field the log lacks yet is added as a chunk's
-            stored = Stored(storage, segments if len(segments) <= 2 else segment_rows(segments), lengths.cumsum() - 1)
+            stored = Stored(storage, rows, lengths.cumsum() - 1)
             if any(key not in self._tails for key in stored):
                 self.append(
                     Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()))
@@ -178,13 +180,13 @@ class LogWriter:
                 return
             self._fields = fields
             self._direct = self._plan.matches(storage)
-        rows = int(lengths.sum())
-        if len(segments) == 1 and self._direct:  # the common case: one range of the ring, read straight
-            pieces, counts = self._plan.of_range(storage, *segments[0], lengths, self.commit.tails)
-            self._commit(pieces, rows, len(lengths), counts)
+        if len(rows) == 1 and self._direct and not isinstance(rows, np.ndarray):  # one range, read straight
+            lo, hi = rows[0]
+            pieces, counts = self._plan.of_range(storage, lo, hi, lengths, self.commit.tails)
+            self._commit(pieces, hi - lo, len(lengths), counts)
             return
-        stored = Stored(storage, segments if len(segments) <= 2 else segment_rows(segments), lengths.cumsum() - 1)
-        self._commit(self._plan.of(stored, lengths, rows, self.commit.tails), rows, len(lengths), added(stored))
+        stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
+        self._commit(self._plan.of(stored, lengths, total, self.commit.tails), total, len(lengths), added(stored))
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:

@@ -97,6 +97,7 @@ class BatchRecorder:
         self._opened = np.zeros(n, dtype=np.int64)
         self._foreign = np.zeros(n, dtype=bool)
         self._ended: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # not committed
+        self._returned = 0  # of them, those with their G written (and logged)
         self._draining = False
         self._version = -1
         writer.attach(self)
@@ -131,18 +132,24 @@ class BatchRecorder:
         self._drain()
         self._push()
 
-    def _push(self, *, ended: bool = False) -> None:
-        """The lanes as of the last written block (with ``ended``, only those where episodes
-        ended: what the episode log needs; the buffer stays uncommitted until the next read)."""
-        spans = None
-        if self._ended:
-            which, starts, ends, boots = spans = tuple(np.concatenate(parts) for parts in zip(*self._ended))
-            self._ended = []
-        ended_in = publish(self._lanes(), spans, self.pos, self.start, self.running, only_ended=ended)
-        if spans is not None:
-            self.writer.write_run_returns(self._lane_array[which], starts, ends, boots)
-        if ended_in:
-            self.writer.flush_log(self._lane_array[ended_in].tolist())
+    def _push(self) -> None:
+        """The lanes as of the last written block: positions, ended episodes and running ones."""
+        self._return_ended()
+        spans = tuple(np.concatenate(parts) for parts in zip(*self._ended))[:3] if self._ended else None
+        self._ended, self._returned = [], 0
+        publish(self._lanes(), spans, self.pos, self.start, self.running)
+
+    def _return_ended(self) -> None:
+        """``G`` of the episodes that ended since the last call, then they go to the episode log
+        (if one is kept): what a log needs, in a fixed number of array operations whatever the
+        lanes; the lanes themselves stay behind until the next `commit`."""
+        fresh = self._ended[self._returned :]
+        if fresh:
+            which, starts, ends, boots = (np.concatenate(parts) for parts in zip(*fresh))
+            lanes = self._lane_array[which]
+            self.writer.write_run_returns(lanes, starts, ends, boots)
+            self.writer.log_ended(lanes, starts, ends)
+            self._returned = len(self._ended)
 
     # ----------------------------------------------------------------- staging
 
@@ -255,7 +262,7 @@ class BatchRecorder:
             self._k = 0
             self.writer.uncommitted()  # the lanes are behind until `commit`
             if finished.size and self.writer.logging:  # the episodes that ended go to the log now
-                self._push(ended=True)
+                self._return_ended()
         finally:
             self._draining = False
 
@@ -331,7 +338,7 @@ class BatchRecorder:
         self._resetting[lanes] = False
         self.writer.uncommitted()
         if cut.size and self.writer.logging_each_step:  # the episodes the reset ended go to the log now
-            self._push(ended=True)
+            self._return_ended()
 
     def _enable_masks(self) -> None:
         self.mask = self.writer.batch_holder("action_mask_", self.n)
@@ -362,7 +369,7 @@ class BatchRecorder:
         self.running[:] = False
         self._resetting[:] = False
         if cut.size and self.writer.logging_each_step:
-            self._push(ended=True)
+            self._return_ended()
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note(

@@ -63,40 +63,28 @@ def episode_spans(
 
 
 def publish(
-    lanes: list[Lane],
-    ended: tuple[np.ndarray, ...] | None,
-    pos: np.ndarray,
-    start: np.ndarray,
-    running: np.ndarray,
-    *,
-    only_ended: bool,
-) -> list[int]:
+    lanes: list[Lane], ended: tuple[np.ndarray, ...] | None, pos: np.ndarray, start: np.ndarray, running: np.ndarray
+) -> None:
     """Bring ``lanes`` up to date: the episodes ``ended`` (arrays of their lane, first and end
-    positions, in the order they ended; or None) end there, then each lane is written up to ``pos``, running
-    the episode that began at ``start`` where ``running`` (with ``only_ended``, only the lanes
-    where episodes ended). Returns those lanes."""
-    ended_in: list[int] = []
+    positions, in the order they ended; or None) end there, then each lane is written up to
+    ``pos``, running the episode that began at ``start`` where ``running``."""
     if ended is not None:
-        which, firsts, ends = ended[:3]
+        which, firsts, ends = ended
         order = np.argsort(which, kind="stable")  # lane by lane, each in time order
         bounds = np.searchsorted(which[order], np.arange(len(lanes) + 1))
         first, last = firsts[order], ends[order]
-        ended_in = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
-        for i in ended_in:
+        for i in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
             lane, lo, hi = lanes[i], bounds[i], bounds[i + 1]
             _running_episode(lane, int(first[lo]))  # the first may be the episode running there
             lane.running.end = int(last[lo])  # type: ignore[union-attr]
             lane.end()
             lane.ended.extend(first[lo + 1 : hi], last[lo + 1 : hi])
-    positions, starts_at, runs = pos.tolist(), start.tolist(), running.tolist()
-    for i in ended_in if only_ended else range(len(lanes)):
-        lane, at = lanes[i], positions[i]
+    for lane, at, begun, runs in zip(lanes, pos.tolist(), start.tolist(), running.tolist()):
         lane.written = at
         lane.dirty = max(lane.dirty, at)
-        if runs[i]:
-            _running_episode(lane, starts_at[i])
+        if runs:
+            _running_episode(lane, begun)
             lane.running.end = at  # type: ignore[union-attr]
-    return ended_in
 
 
 def _running_episode(lane: Lane, start: int) -> None:
