@@ -225,8 +225,9 @@ class Chain:
         if cut is not None:
             # a global field is handled as one agent's
             at, (positions, successors) = (out if self.per_agent else out[None]), cut
-            agents, which = np.nonzero(at[:, positions] == CHAINED)
-            if which.size:
+            chained = at[:, positions] == CHAINED
+            if chained.any():  # seldom: an ended episode's last row mostly has a slot of its own
+                agents, which = np.nonzero(chained)
                 base = self.base if self.per_agent else self.base[None]
                 at[agents, positions[which]] = first + used.size + np.arange(which.size, dtype=np.int32)
                 values = np.concatenate([values, base[agents, successors()[which]]])

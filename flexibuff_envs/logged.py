@@ -142,8 +142,8 @@ class Logged(Half):
         if self._log is not None:
             self._log.flush(self._store, self._index.ring, lanes)
 
-    def _log_ended(self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        """The episodes that ended at positions ``[starts, ends)`` of the lanes ``which`` to the log
-        (`Follower.flush_spans`)."""
+    def _log_ended(self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> None:
+        """The episodes that ended at positions ``[starts, ends)`` of the lanes ``which`` (lane by
+        lane, each in time order; ``rows``: theirs) to the log (`Follower.flush_spans`)."""
         if self._log is not None:
-            self._log.flush_spans(self._store, self._index.ring, which, starts, ends)
+            self._log.flush_spans(self._store, self._index.ring, which, starts, ends, rows)

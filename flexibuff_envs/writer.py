@@ -179,11 +179,6 @@ class Writer:
         since the last flush go to the buffer's log."""
         self.buffer._flush_log(lanes)
 
-    def log_ended(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        """`flush_log` for the episodes known to have ended at positions ``[starts, ends)`` of
-        the buffer lanes ``lanes``."""
-        self.buffer._log_ended(lanes, starts, ends)
-
     def enable_action_mask(self) -> None:
         """Record action masks from now on (masks first appeared in an info)."""
         self.buffer._enable_action_mask()
@@ -253,11 +248,16 @@ class Writer:
         if lane_.running is not None:
             lane_.agents.rejoin(agent, lane_.running.end)
 
-    def write_run_returns(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray) -> None:
-        """``G`` (and GAE where values were annotated) of many ended single-agent episodes in one
-        pass: positions ``[starts, ends)`` of ``lanes``, each bootstrapped by its ``bootstrap``."""
+    def end_runs(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray) -> None:
+        """Many single-agent episodes ended at positions ``[starts, ends)`` of the buffer lanes
+        ``lanes``, each bootstrapped by its ``bootstrap``: their ``G`` (and GAE where values were
+        annotated) in one pass, then they go to the episode log (if one is kept), the lanes
+        left as they are (the recorder brings them up to date)."""
         if not starts.size:
             return
         buffer = self.buffer
+        order = np.lexsort((starts, lanes))  # lane by lane, each in time order: as the log holds them
+        lanes, starts, ends, bootstrap = lanes[order], starts[order], ends[order], bootstrap[order]
         rows = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
         write_run_returns(self.storage, rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)
+        buffer._log_ended(lanes, starts, ends, rows)

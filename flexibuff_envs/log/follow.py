@@ -31,7 +31,7 @@ class Follower:
         """Append the episodes that ended since the last flush in ``lanes`` (or in ``lanes[i]``
         for ``i`` in ``which``: where episodes ended)."""
         segments: list[tuple[int, int]] = []
-        lengths: list[np.ndarray] = []
+        lengths: list[int] = []
         marks = self._after.copy()  # taken on only once the episodes are appended: a failed append is retried
         for i in range(len(lanes)) if which is None else which:
             lane, after = lanes[i], self._after[i]
@@ -40,48 +40,61 @@ class Follower:
             n = ends.size
             if not n or ends[-1] <= after:
                 continue
-            # the episodes that ended after ``after``: most often the newest alone
-            new = n - 1 if n == 1 or ends[-2] <= after else int(np.searchsorted(ends, after, side="right"))
+            if n == 1 or ends[-2] <= after:  # most often the newest alone ended since
+                newest = ended[-1]
+                if newest.whole:
+                    self._add(segments, lane.segments(newest.start, newest.end))
+                    lengths.append(newest.end - newest.start)
+                else:
+                    self._outgrown(lane)
+                marks[i] = newest.end
+                continue
+            new = int(np.searchsorted(ends, after, side="right"))
             starts, ends, whole = ended.starts[new:], ends[new:], ended.whole[new:]
             if whole.all() and (starts[1:] == ends[:-1]).all():  # back to back: one span of the ring
                 self._add(segments, lane.segments(int(starts[0]), int(ends[-1])))
-                lengths.append(ends - starts)
+                lengths.extend((ends - starts).tolist())
             else:
                 for start, end in zip(starts[whole].tolist(), ends[whole].tolist()):
                     self._add(segments, lane.segments(start, end))
-                    lengths.append(np.array([end - start]))
+                    lengths.append(end - start)
                 if not whole.all():
                     self._outgrown(lane)
             marks[i] = int(ends[-1])
         if not lengths:
             self._after = marks
             return
-        counts = np.concatenate(lengths)
-        self.writer.append_rows(storage, segments, counts)
+        self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64))
         self._after = marks
-        self.episodes += len(counts)
-        self.rows += int(counts.sum())
+        self.episodes += len(lengths)
+        self.rows += sum(lengths)
 
     def flush_spans(
-        self, storage: Storage, lanes: Sequence[Lane], which: np.ndarray, starts: np.ndarray, ends: np.ndarray
+        self,
+        storage: Storage,
+        lanes: Sequence[Lane],
+        which: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        rows: np.ndarray,
     ) -> None:
         """`flush` for the episodes known to have ended at positions ``[starts, ends)`` of
-        ``lanes[which]`` (a vector recorder's, however many lanes): the same commit, lane by
-        lane, each in time order, in a fixed number of array operations."""
-        order = np.lexsort((starts, which))
-        which, starts, ends = which[order], starts[order], ends[order]
+        ``lanes[which]`` (a vector recorder's, lane by lane, each in time order; ``rows``: their
+        buffer rows): the same commit, in a fixed number of array operations however many lanes."""
         keep = ends > self._after[which]  # not appended yet
         lane_of = [lanes[i] for i in which.tolist()]
         whole = starts >= np.array([lane.live_start for lane in lane_of], dtype=np.int64)
         if not whole[keep].all():
             self._outgrown(lane_of[int(np.argmin(whole | ~keep))])
         keep &= whole
-        if not keep.any():
+        if not keep.all():  # seldom: rows of the episodes kept
+            offsets = np.array([lane.offset for lane in lane_of], dtype=np.int64)
+            which, starts, ends = which[keep], starts[keep], ends[keep]
+            rows = span_rows(offsets[keep], lanes[0].capacity, starts, ends)
+        if not which.size:
             return
-        offsets = np.array([lane.offset for lane in lane_of], dtype=np.int64)[keep]
-        which, starts, ends = which[keep], starts[keep], ends[keep]
         lengths = ends - starts
-        self.writer.append_rows(storage, span_rows(offsets, lane_of[0].capacity, starts, ends), lengths)
+        self.writer.append_rows(storage, rows, lengths)
         np.maximum.at(self._after, which, ends)
         self.episodes += len(lengths)
         self.rows += int(lengths.sum())

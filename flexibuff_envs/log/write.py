@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 import weakref
@@ -240,21 +241,19 @@ class LogWriter:
         entry counting ``rows``, ``episodes`` and each chain's ``added`` slots. If a write fails
         (a full disk), every file goes back to the last commit and `BufferSaveError` names the one
         that failed."""
+        last = self.commit
         commit = Commit(
-            self.commit.number + 1,
-            self.commit.rows + rows,
-            self.commit.episodes + episodes,
-            tuple(t + n for t, n in zip(self.commit.tails, added)),
+            last.number + 1, last.rows + rows, last.episodes + episodes, tuple(map(operator.add, last.tails, added))
         )
-        crc, tail = 0, None
+        crc, tail, crc32 = 0, None, zlib.crc32
         try:  # each piece is with the OS once put (a killed process loses nothing appended)
             for tail, piece in pieces:
-                crc = zlib.crc32(piece, crc)  # type: ignore[arg-type]  # a buffer
+                crc = crc32(piece, crc)  # type: ignore[arg-type]  # a buffer
                 tail.put(piece)
             tail = None  # the entry's turn
-            entry = memoryview(commit.entry(crc))
-            while entry:
-                entry = entry[self._commits.write(entry) :]
+            entry, done = commit.entry(crc), 0
+            while done < ENTRY_BYTES:
+                done += self._commits.write(entry[done:])
         except BaseException as exc:  # a full disk, or a source that cannot be read: back to the last commit
             for column in [EPISODE_LENGTHS, *self.columns]:
                 self._tails[column.key].cut(self.commit.length(column))

@@ -146,9 +146,7 @@ class BatchRecorder:
         fresh = self._ended[self._returned :]
         if fresh:
             which, starts, ends, boots = (np.concatenate(parts) for parts in zip(*fresh))
-            lanes = self._lane_array[which]
-            self.writer.write_run_returns(lanes, starts, ends, boots)
-            self.writer.log_ended(lanes, starts, ends)
+            self.writer.end_runs(self._lane_array[which], starts, ends, boots)
             self._returned = len(self._ended)
 
     # ----------------------------------------------------------------- staging
