@@ -1,12 +1,17 @@
 """What streaming every ended episode to an episode log costs, against the same loop in RAM only.
 
-Side by side in one run, interleaved rounds, the same actions: CartPole-v1 recorded by
-`fe.record` with and without ``log=DIR`` (default fsync policy: every 5 s), with random actions
-(22-step episodes) and with a policy that balances the pole (longer episodes), gymnasium's natively
-vectorized CartPole x64 (each ended episode logged in the step it ends, and with
-``per_block=True``: with the recorder's blocks of steps), and PettingZoo's connect_four_v3 (AEC). Prints medians in microseconds
-per env step (per sub-env step for the vector env, per turn for AEC), the ratio, and what the log adds to each
-ended episode (the difference times the steps per episode).
+Side by side in one run, the same actions: CartPole-v1 recorded by `fe.record` with and without
+``log=DIR`` (default fsync policy: every 5 s), with random actions (22-step episodes) and with a
+policy that balances the pole (longer episodes), gymnasium's natively vectorized CartPole x64
+(each ended episode logged in the step it ends, and with ``per_block=True``: with the recorder's
+blocks of steps), and PettingZoo's connect_four_v3 (AEC).
+
+In each round the two recorders run at once, taking turns a chunk of steps at a time (which goes
+first alternates): a host whose speed drifts, as a shared one does by tens of percent within
+seconds, slows both alike. Prints, per env step (per sub-env step for the vector env, per turn
+for AEC), the medians over the rounds in microseconds, the median of the rounds' ratios (logged
+/ RAM only) with the lowest and highest, and what the log adds to each ended episode (the
+median difference times the steps per episode).
 Run: python benchmarks/bench_log.py [--steps N] [--rounds R] [--only NAME]
 """
 
@@ -14,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -26,40 +29,47 @@ import numpy as np
 
 import flexibuff_envs as fe
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+#: steps a loop runs before the other's turn (vector steps for the vector env)
+CHUNK = 500
 
-from bench_record import (  # the recorded loops (its peers are imported there: torch too)
-    run,
-    run_aec,
-)
-
-#: a case's microseconds per step and the episodes that ended in it
-Measured = tuple[float, int]
+#: a case's loop: runs ``CHUNK`` steps per ``next``, then returns the episodes that ended
+Loop = Generator[None, None, int]
 
 
-def cartpole(log: str | None, steps: int) -> Measured:
+def chunks(n: int) -> Iterator[range]:
+    return (range(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK))
+
+
+def cartpole(log: str | None, steps: int) -> Loop:
     env = fe.record(gym.make("CartPole-v1"), num_steps=steps, log=log)
-    us = run(env, np.random.default_rng(0).integers(0, 2, steps).tolist())
+    actions = np.random.default_rng(0).integers(0, 2, steps).tolist()
+    env.reset(seed=0)
+    for chunk in chunks(steps):
+        for j in chunk:
+            _, _, terminated, truncated, _ = env.step(actions[j])
+            if terminated or truncated:
+                env.reset()
+        yield
     env.close()
-    return us, env.buffer.n_episodes
+    return env.buffer.n_episodes
 
 
-def balanced(log: str | None, steps: int) -> Measured:
+def balanced(log: str | None, steps: int) -> Loop:
     """CartPole with a policy that balances the pole (episodes of about 200-500 steps): what an
     episode's append costs spread over a longer episode."""
     env = fe.record(gym.make("CartPole-v1"), num_steps=steps, log=log)
     obs, _ = env.reset(seed=0)
-    start = time.perf_counter()
-    for _ in range(steps):
-        obs, _, terminated, truncated, _ = env.step(int(obs[2] + 0.5 * obs[3] > 0))
-        if terminated or truncated:
-            obs, _ = env.reset()
-    elapsed = time.perf_counter() - start
+    for chunk in chunks(steps):
+        for _ in chunk:
+            obs, _, terminated, truncated, _ = env.step(int(obs[2] + 0.5 * obs[3] > 0))
+            if terminated or truncated:
+                obs, _ = env.reset()
+        yield
     env.close()
-    return elapsed / steps * 1e6, env.buffer.n_episodes
+    return env.buffer.n_episodes
 
 
-def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) -> Measured:
+def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) -> Loop:
     venv = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="vector_entry_point")
     buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(venv), num_steps=steps // n + 1)
     if log is not None:
@@ -67,37 +77,74 @@ def vector(log: str | None, steps: int, n: int = 64, per_block: bool = False) ->
     env = fe.record(venv, buffer)
     actions = np.random.default_rng(0).integers(0, 2, (steps // n, n))
     env.reset(seed=0)
-    start = time.perf_counter()
-    for action in actions:
-        env.step(action)
+    for chunk in chunks(len(actions)):
+        for j in chunk:
+            env.step(actions[j])
+        yield
     len(env.buffer)  # the last block written, as any read does
-    elapsed = time.perf_counter() - start
+    yield
     env.close()
-    return elapsed / (len(actions) * n) * 1e6, env.buffer.n_episodes
+    return env.buffer.n_episodes
 
 
-def connect_four(log: str | None, steps: int) -> Measured:
+def connect_four(log: str | None, steps: int) -> Loop:
+    """Random legal moves, a turn per step."""
     from pettingzoo.classic import connect_four_v3
 
     env = fe.record(connect_four_v3.env(), num_steps=steps, log=log)
-    us = run_aec(env, np.random.default_rng(0).random(steps))
+    draws = np.random.default_rng(0).random(steps).tolist()
+    env.reset(seed=0)
+    for chunk in chunks(steps):
+        for j in chunk:
+            obs, _, terminated, truncated, _ = env.last()
+            if terminated or truncated:
+                env.step(None)
+                if not env.agents:
+                    env.reset()
+                continue
+            legal = np.flatnonzero(obs["action_mask"])
+            env.step(int(legal[int(draws[j] * len(legal))]))
+        yield
     env.close()
-    return us, env.buffer.n_episodes
+    return env.buffer.n_episodes
 
 
-def compare(name: str, run: Callable[[str | None, int], Measured], steps: int, rounds: int) -> None:
+def side_by_side(case: Callable[[str | None, int], Loop], steps: int, directory: str) -> tuple[float, float, int]:
+    """Seconds the loop spent in RAM only and with a log in ``directory``, taking turns, and the
+    episodes that ended."""
+    loops = [case(None, steps), case(directory, steps)]
+    spent = [0.0, 0.0]
+    episodes: list[int | None] = [None, None]
+    turn = 0
+    while None in episodes:
+        for k in (0, 1) if turn % 2 == 0 else (1, 0):
+            if episodes[k] is not None:
+                continue
+            start = time.perf_counter()
+            try:
+                next(loops[k])
+            except StopIteration as done:  # closed, not timed
+                episodes[k] = done.value
+                continue
+            spent[k] += time.perf_counter() - start
+        turn += 1
+    return spent[0], spent[1], int(episodes[1] or 0)
+
+
+def compare(name: str, case: Callable[[str | None, int], Loop], steps: int, rounds: int) -> None:
     ram: list[float] = []
     logged: list[float] = []
     for _ in range(rounds):
-        ram.append(run(None, steps)[0])
         with tempfile.TemporaryDirectory() as directory:
-            us, episodes = run(directory, steps)
-            logged.append(us)
-    a, b = statistics.median(ram), statistics.median(logged)
-    per_episode = (b - a) * steps / max(episodes, 1)  # what the log adds to each ended episode
+            a, b, episodes = side_by_side(case, steps, directory)
+        ram.append(a / steps * 1e6)
+        logged.append(b / steps * 1e6)
+    ratios = sorted(b / a for a, b in zip(ram, logged))
+    added = statistics.median(b - a for a, b in zip(ram, logged)) * steps / max(episodes, 1)
     print(
-        f"  {name:<40} RAM only {a:8.2f} us   with log {b:8.2f} us   {b / a:5.2f}x  (target <= 1.10x)"
-        f"   {steps / max(episodes, 1):6.1f} steps/episode, the log adds {per_episode:6.0f} us an episode"
+        f"  {name:<36} RAM only {statistics.median(ram):7.2f} us   with log {statistics.median(logged):7.2f} us   "
+        f"{statistics.median(ratios):5.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})  (target <= 1.10x)"
+        f"   {steps / max(episodes, 1):6.1f} steps/episode, the log adds {added:5.0f} us an episode"
     )
 
 
@@ -107,8 +154,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = parser.parse_args()
-    print(f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds (medians)")
-    cases: list[tuple[str, Callable[[Any, int], Measured], int]] = [
+    print(
+        f"recording with an episode log against RAM only, {args.steps} steps x {args.rounds} rounds, "
+        f"the two loops taking turns every {CHUNK} steps (medians; lowest-highest ratio)"
+    )
+    cases: list[tuple[str, Callable[[Any, int], Loop], int]] = [
         ("CartPole-v1", cartpole, args.steps),
         ("CartPole-v1, a balancing policy", balanced, args.steps),
         ("CartPole-v1 x64, native vector", vector, args.steps * 8),
