@@ -142,8 +142,11 @@ class Logged(Half):
         if self._log is not None:
             self._log.flush(self._store, self._index.ring, lanes)
 
-    def _log_ended(self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray) -> None:
+    def _log_ended(
+        self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, whole: np.ndarray
+    ) -> None:
         """The episodes that ended at positions ``[starts, ends)`` of the lanes ``which`` (lane by
-        lane, each in time order; ``rows``: theirs) to the log (`Follower.flush_spans`)."""
+        lane, each in time order; ``rows``: theirs; ``whole``: none of their rows forgotten) to the
+        log (`Follower.flush_spans`)."""
         if self._log is not None:
-            self._log.flush_spans(self._store, self._index.ring, which, starts, ends, rows)
+            self._log.flush_spans(self._store, self._index.ring, which, starts, ends, rows, whole)

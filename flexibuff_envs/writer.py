@@ -248,16 +248,18 @@ class Writer:
         if lane_.running is not None:
             lane_.agents.rejoin(agent, lane_.running.end)
 
-    def end_runs(self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray) -> None:
+    def end_runs(
+        self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray, whole: np.ndarray
+    ) -> None:
         """Many single-agent episodes ended at positions ``[starts, ends)`` of the buffer lanes
         ``lanes``, each bootstrapped by its ``bootstrap``: their ``G`` (and GAE where values were
-        annotated) in one pass, then they go to the episode log (if one is kept), the lanes
-        left as they are (the recorder brings them up to date)."""
+        annotated) in one pass, then those ``whole`` (none of their rows forgotten) go to the
+        episode log (if one is kept), the lanes left as they are (the recorder brings them up to date)."""
         if not starts.size:
             return
         buffer = self.buffer
         order = np.lexsort((starts, lanes))  # lane by lane, each in time order: as the log holds them
-        lanes, starts, ends, bootstrap = lanes[order], starts[order], ends[order], bootstrap[order]
+        lanes, starts, ends, bootstrap, whole = (a[order] for a in (lanes, starts, ends, bootstrap, whole))
         rows = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
         write_run_returns(self.storage, rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)
-        buffer._log_ended(lanes, starts, ends, rows)
+        buffer._log_ended(lanes, starts, ends, rows, whole)

@@ -695,6 +695,34 @@ def test_an_episode_longer_than_the_ring_is_left_out_of_the_log_and_said_once(tm
         np.testing.assert_array_equal(batch.obs, np.array(reference.obs[a:b]))
 
 
+def test_a_vector_recorder_leaves_out_an_episode_longer_than_the_ring_and_says_so_once(tmp_path: Path) -> None:
+    """As above for a vector env, whose ended episodes go to the log as arrays: in a ring of 16
+    rows per lane, the episodes longer than 16 steps are left out with one warning, and the log
+    holds every other, as a buffer large enough holds them."""
+
+    def record(num_steps: int, directory: Path | None) -> fe.FlexibleBuffer:
+        venv = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3)
+        env = fe.record(venv, num_steps=num_steps, log=directory)
+        env.reset(seed=0)
+        for t in range(400):  # lane 0 balances for a while, lanes 1 and 2 fall within a few steps
+            env.step(np.array([t % 2, 1, 0]))
+        env.close()
+        return env.buffer
+
+    held = [batch for batch in record(5000, None).episodes() if len(batch.obs) <= 16]
+    with pytest.warns(RuntimeWarning, match="outgrew the buffer's 16 rows") as said:
+        record(16, tmp_path)
+    assert len([w for w in said if "outgrew" in str(w.message)]) == 1
+    logged = read_back(tmp_path)
+    assert 0 < len(logged) == len(held)
+
+    def key(batch: fe.FlexiBatch) -> bytes:
+        return batch.obs.tobytes() + batch.discrete_actions.tobytes()
+
+    for mine, want in zip(sorted(logged, key=key), sorted(held, key=key)):
+        assert_same_batches(mine, want)
+
+
 def test_an_append_the_disk_refused_goes_out_with_the_next_episode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -77,20 +77,19 @@ class Follower:
         starts: np.ndarray,
         ends: np.ndarray,
         rows: np.ndarray,
+        whole: np.ndarray,
     ) -> None:
         """`flush` for the episodes known to have ended at positions ``[starts, ends)`` of
         ``lanes[which]`` (a vector recorder's, lane by lane, each in time order; ``rows``: their
-        buffer rows): the same commit, in a fixed number of array operations however many lanes."""
+        buffer rows; ``whole``: none of their rows forgotten): the same commit, in a fixed number
+        of array operations however many lanes."""
         keep = ends > self._after[which]  # not appended yet
-        lane_of = [lanes[i] for i in which.tolist()]
-        whole = starts >= np.array([lane.live_start for lane in lane_of], dtype=np.int64)
         if not whole[keep].all():
-            self._outgrown(lane_of[int(np.argmin(whole | ~keep))])
+            self._outgrown(lanes[int(which[np.argmin(whole | ~keep)])])
         keep &= whole
-        if not keep.all():  # seldom: rows of the episodes kept
-            offsets = np.array([lane.offset for lane in lane_of], dtype=np.int64)
+        if not keep.all():  # seldom: the rows of those kept
             which, starts, ends = which[keep], starts[keep], ends[keep]
-            rows = span_rows(offsets[keep], lanes[0].capacity, starts, ends)
+            rows = span_rows(np.array([lanes[i].offset for i in which.tolist()]), lanes[0].capacity, starts, ends)
         if not which.size:
             return
         lengths = ends - starts

@@ -2,14 +2,13 @@
 
 `BatchRecorder` copies each vector step into staging arrays (`staging.Stage`, one copy per
 field) and writes a block of 64 to 256 steps into the buffer in a fixed number of numpy
-operations: which sub-envs took a transition, where each lands, the next-value chains, episode
-ends and starts all come from the block's flags at once (`blocks`). Nothing runs per sub-env,
-nor per step beyond the copies.
+operations, all from the block's flags at once (`blocks`): nothing runs per sub-env, nor per
+step beyond the copies.
 
 The buffer's `Lane` objects are brought up to date (`commit`) only when something reads the
-buffer: the recorder marks it uncommitted, and every read commits first, writing ``G`` (and GAE)
-of all episodes that ended since in one pass. A sampled batch therefore always sees every step
-recorded so far, exactly as if each had been written on its own.
+buffer, which commits first: a batch always sees every step recorded so far. ``G`` (and GAE) of
+the episodes that ended is written in one pass then, or as their block is written when an
+episode log takes them.
 """
 
 from __future__ import annotations
@@ -88,15 +87,14 @@ class BatchRecorder:
         self.annotations = StagedAnnotations(writer, n, self._block)
         # per lane, as of the last written block: next position, start of the running episode,
         # running?, and NEXT_STEP's "next step resets"
-        self.pos = np.zeros(n, dtype=np.int64)
-        self.start = np.zeros(n, dtype=np.int64)
-        self.running = np.zeros(n, dtype=bool)
-        self._resetting = np.zeros(n, dtype=bool)
-        # per lane: the position from which rows hold its oldest episode, and from which they were never used
-        self._live_end = np.zeros(n, dtype=np.int64)
-        self._opened = np.zeros(n, dtype=np.int64)
-        self._foreign = np.zeros(n, dtype=bool)
-        self._ended: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # not committed
+        self.pos, self.start = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self.running, self._resetting = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        # per lane: the position from which rows hold its oldest episode, and from which they were
+        # never used; steps running that this recorder did not begin; the running episode's first
+        # rows forgotten
+        self._live_end, self._opened = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        self._foreign, self._clipped = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        self._ended: list[tuple[np.ndarray, ...]] = []  # not committed: lanes, starts, ends, bootstraps, whole
         self._returned = 0  # of them, those with their G written (and logged)
         self._draining = False
         self._version = -1
@@ -117,6 +115,7 @@ class BatchRecorder:
         self.start = np.where(self.running, started, self.pos)
         # episodes with steps running in lanes this recorder has not begun (a loaded file's)
         self._foreign = ~self.running & (started >= 0) & (self.pos > started)
+        self._clipped = np.array([lane.running is not None and not lane.running.whole for lane in lanes])
         self._live_end = np.array([lane.live_start + lane.capacity for lane in lanes], dtype=np.int64)
         self._opened = np.array([lane.opened for lane in lanes], dtype=np.int64)
         self._version = self.writer.version
@@ -135,18 +134,17 @@ class BatchRecorder:
     def _push(self) -> None:
         """The lanes as of the last written block: positions, ended episodes and running ones."""
         self._return_ended()
-        spans = tuple(np.concatenate(parts) for parts in zip(*self._ended))[:3] if self._ended else None
+        spans = tuple(map(np.concatenate, zip(*self._ended)))[:3] if self._ended else None
         self._ended, self._returned = [], 0
         publish(self._lanes(), spans, self.pos, self.start, self.running)
 
     def _return_ended(self) -> None:
-        """``G`` of the episodes that ended since the last call, then they go to the episode log
-        (if one is kept): what a log needs, in a fixed number of array operations whatever the
-        lanes; the lanes themselves stay behind until the next `commit`."""
+        """``G`` of the episodes ended since the last call, then the episode log (if one is kept)
+        gets them; the lanes stay behind until the next `commit`."""
         fresh = self._ended[self._returned :]
         if fresh:
-            which, starts, ends, boots = (np.concatenate(parts) for parts in zip(*fresh))
-            self.writer.end_runs(self._lane_array[which], starts, ends, boots)
+            which, starts, ends, boots, whole = (np.concatenate(parts) for parts in zip(*fresh))
+            self.writer.end_runs(self._lane_array[which], starts, ends, boots, whole)
             self._returned = len(self._ended)
 
     # ----------------------------------------------------------------- staging
@@ -253,6 +251,7 @@ class BatchRecorder:
             starts = np.maximum.accumulate(np.where(resets, positions, -1), axis=0)  # latest episode start
             if finished.size:
                 self._end_block(finished, starts, positions, end_obs, truncated & ~terminated)
+            self._clipped &= ~reset
             self.start = np.where(starts[-1] >= 0, starts[-1], self.start)
             self.pos = self.pos + counts
             self.running, self._resetting = block.running, block.resetting
@@ -298,11 +297,12 @@ class BatchRecorder:
         """The episodes that ended in this block (``finished``: flat indices of their last
         transitions, each lane's in step order), queued for `commit` with their bootstraps."""
         at, lanes, first, last = episode_spans(finished, starts, positions, self.start)
+        whole = ~(self._clipped[lanes] & (first == self.start[lanes]))  # not one that began clipped
         boots = np.zeros(lanes.size)
         if self.bootstrap_fn is not None:
             for j in np.flatnonzero(truncated[at, lanes]).tolist():
                 boots[j] = self.bootstrap_fn(self.writer.as_batch("obs_", end_obs[j]))
-        self._ended.append((lanes, first, last, boots))
+        self._ended.append((lanes, first, last, boots, whole))
 
     # ----------------------------------------------------------------- resets and failures
 
@@ -352,8 +352,8 @@ class BatchRecorder:
             for k, lane in enumerate(lanes.tolist()):
                 value = self.obs.value(lane)
                 boots[k] = self.bootstrap_fn(self.writer.as_batch("obs_", value))
-        self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots))
-        self.running[lanes] = False
+        self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots, ~self._clipped[lanes]))
+        self.running[lanes] = self._clipped[lanes] = False
         self.writer.uncommitted()
 
     def abandon(self, error: BaseException) -> None:
