@@ -83,6 +83,21 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
         ),
         "python benchmarks/bench_log_memory.py",
     ),
+    (
+        "SIGKILL at random moments of logged recordings (Gymnasium, vector, PettingZoo parallel and AEC, Atari)",
+        "bench_kills-kills-10.md",
+        lambda text: (
+            "ended episodes lost: "
+            + find(r"\n  all\s+\d+\s+\d+\s+\d+\s+(\d+)")(text)
+            + " of "
+            + find(r"\n  all\s+\d+\s+(\d+)")(text)
+            + " in "
+            + find(r"\n  all\s+(\d+)")(text)
+            + " kills; episodes read back wrong: "
+            + find(r"\n  all\s+\d+\s+\d+\s+\d+\s+\d+\s+(\d+)")(text)
+        ),
+        "python benchmarks/bench_kills.py --kills 10",
+    ),
 ]
 
 
