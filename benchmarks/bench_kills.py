@@ -17,12 +17,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +32,6 @@ sys.path.insert(0, str(ROOT))
 from tests import killed  # the recording the kill test kills, and its plain loops
 
 
-def recording(kind: str, directory: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.killed", kind, str(directory), *args], stdout=subprocess.PIPE, text=True, cwd=ROOT
-    )
-
-
 def same(a: fe.FlexiBatch, b: fe.FlexiBatch) -> bool:
     return bool(np.array_equal(a.obs, b.obs) and np.array_equal(a.individual_rewards, b.individual_rewards))
 
@@ -51,18 +41,7 @@ def run(kind: str, kills: int, rng: np.random.Generator, root: Path) -> dict[str
     counts = dict.fromkeys(("reported", "logged", "lost", "wrong", "resume_faults"), 0)
     for kill in range(kills):
         directory = root / f"{kind}{kill}"
-        child = recording(kind, directory)
-        if child.stdout is None or child.stdout.readline() != "recording\n":
-            raise RuntimeError(f"the {kind} recording did not start")
-        lines: list[str] = []
-        reader = threading.Thread(target=lines.extend, args=(child.stdout,))
-        reader.start()
-        time.sleep(rng.uniform(0.0, 1.5))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-        reader.join()
-        child.stdout.close()
-        reported = int(lines[-1].split()[1]) if lines else 0
+        reported = killed.kill_after(kind, directory, rng.uniform(0.0, 1.5))
         logged = list(fe.FlexibleBuffer.open(directory).episodes())
         counts["reported"] += reported
         counts["logged"] += len(logged)
@@ -70,7 +49,7 @@ def run(kind: str, kills: int, rng: np.random.Generator, root: Path) -> dict[str
         counts["wrong"] += sum(
             not np.array_equal(reference.get(batch.obs.tobytes(), np.nan), batch.individual_rewards) for batch in logged
         )
-        resumed = recording(kind, directory, "3")
+        resumed = killed.recording(kind, directory, "3")
         resumed.communicate(timeout=120)
         again = list(fe.FlexibleBuffer.open(directory).episodes())
         whole = (

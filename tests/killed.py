@@ -4,13 +4,19 @@
 actions in a cycle, and prints ``ended N`` (flushed) whenever the env has reported N ended
 episodes in all: counted from what the env returns, after the call returns, never from the log.
 ``python -m tests.killed KIND DIR EPISODES`` stops once EPISODES more have ended, closes the
-recorder and exits 0 (a resumed recording).
+recorder and exits 0 (a resumed recording). `kill_after` and `recording` start them from another
+process (the kill test and ``benchmarks/bench_kills.py``).
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -170,6 +176,33 @@ def recorded(kind: str, directory: str) -> Any:
         "aec": _aec,
     }[kind]
     return fe.record(make(), num_steps=RING[kind], log=directory)
+
+
+def recording(kind: str, directory: Path, *args: str) -> subprocess.Popen[str]:
+    """``python -m tests.killed KIND DIRECTORY ARGS...`` started, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.killed", kind, str(directory), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def kill_after(kind: str, directory: Path, seconds: float) -> int:
+    """Record ``kind`` to the log ``directory``, SIGKILL the recording ``seconds`` after it
+    started, and return how many episodes it had reported ended by then."""
+    child = recording(kind, directory)
+    if child.stdout is None or child.stdout.readline() != "recording\n":
+        raise RuntimeError(f"the {kind} recording did not start")
+    lines: list[str] = []
+    reader = threading.Thread(target=lines.extend, args=(child.stdout,))
+    reader.start()
+    time.sleep(seconds)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    reader.join()
+    child.stdout.close()
+    return int(lines[-1].split()[1]) if lines else 0
 
 
 def main(kind: str, directory: str, episodes: int | None = None) -> None:

@@ -11,7 +11,6 @@ import signal
 import struct
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -360,15 +359,6 @@ def test_a_log_the_buffer_keeps_outlives_its_recorders_and_a_dropped_buffer_lets
         assert_same_batches(mine, want)
 
 
-def _run_killed(kind: str, directory: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.killed", kind, str(directory), *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-
-
 def _assert_from_reference(logged: list[fe.FlexiBatch], reference: dict[bytes, np.ndarray]) -> None:
     for batch in logged:
         rewards = reference.get(batch.obs.tobytes())
@@ -387,21 +377,11 @@ def test_a_recording_killed_at_any_moment_keeps_every_ended_episode(tmp_path: Pa
     rng = np.random.default_rng(0)
     for kill in range(int(os.environ.get("FLEXIBUFF_KILLS", "3"))):
         directory = tmp_path / f"kill{kill}"
-        child = _run_killed(kind, directory)
-        assert child.stdout is not None and child.stdout.readline() == "recording\n"
-        lines: list[str] = []
-        reader = threading.Thread(target=lines.extend, args=(child.stdout,))
-        reader.start()
-        time.sleep(rng.uniform(0.0, 1.5))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-        reader.join()
-        child.stdout.close()
-        ended = int(lines[-1].split()[1]) if lines else 0
+        ended = killed.kill_after(kind, directory, rng.uniform(0.0, 1.5))
         logged = read_back(directory)
         assert len(logged) >= ended
         _assert_from_reference(logged, reference)
-        resumed = _run_killed(kind, directory, "3")
+        resumed = killed.recording(kind, directory, "3")
         assert resumed.communicate(timeout=120)[1] is None and resumed.returncode == 0
         again = read_back(directory)
         assert len(again) >= len(logged) + 3
