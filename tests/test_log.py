@@ -736,3 +736,42 @@ def test_an_append_the_disk_refused_goes_out_with_the_next_episode(
     assert refused > 0
     for mine, want in zip(read_back(tmp_path), env.buffer.episodes(), strict=True):
         assert_same_batches(mine, want)
+
+
+def test_a_vector_recorders_appends_the_disk_refused_go_out_once_there_is_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above for a vector env, whose ended episodes go to the log as arrays: the steps whose
+    appends a full disk refused raise `BufferSaveError`, and once there is room the log catches
+    up: it holds every episode the buffer holds."""
+    import resource
+
+    monkeypatch.setattr(log.tail, "FIRST", 4096)
+    monkeypatch.setattr(log.tail, "WINDOW", 4096)
+    env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4), num_steps=5000, log=tmp_path)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    refused = 0
+    for t in range(600):
+        if t == 100:  # the disk is full from here to step 400
+            resource.setrlimit(resource.RLIMIT_FSIZE, (max(p.stat().st_size for p in tmp_path.iterdir()), limits[1]))
+        if t == 400:
+            resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        try:
+            env.step(rng.integers(0, 2, 4))
+        except fe.BufferSaveError:
+            refused += 1
+    resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    signal.signal(signal.SIGXFSZ, previous)
+    env.close()
+    assert refused > 0
+    logged, held = read_back(tmp_path), list(env.buffer.episodes())
+    assert len(logged) == len(held) > 50
+
+    def key(batch: fe.FlexiBatch) -> bytes:
+        return batch.obs.tobytes() + batch.discrete_actions.tobytes()
+
+    for mine, want in zip(sorted(logged, key=key), sorted(held, key=key)):
+        assert_same_batches(mine, want)
