@@ -4,8 +4,12 @@ CartPole-v1 (Gymnasium), mpe2 simple_spread_v3 (PettingZoo parallel, 3 agents) a
 connect_four_v3 (PettingZoo AEC, 2 agents, action masks). The peers record the way their users
 do: step the bare env, then call their buffer's ``add`` (flexibuff 0.3.1, SB3, Tianshou, TorchRL;
 `peers.py`); they are single-agent buffers, so the multi-agent envs get one per agent, and in
-connect four each agent's transition is added at its next turn. Prints the median of several
-interleaved rounds, in microseconds per env step (per turn for AEC), and the ratios to the bare loop.
+connect four each agent's transition is added at its next turn.
+
+In each round every loop of a case runs at once, each on its own env, taking turns a chunk of
+steps at a time (the order reverses every turn): a host whose speed drifts, as a shared one does
+by tens of percent within seconds, slows them all alike. Prints the median over the rounds in
+microseconds per env step (per turn for AEC), and the median of the rounds' ratios to the bare loop.
 Run: python benchmarks/bench_record.py [--env cartpole|simple_spread|connect_four|all] [--steps N]
      (peers: pip install -e '.[bench]')
 """
@@ -16,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +36,28 @@ from peers import PEERS, SB3_TARGET, Add, installed
 STATE = "flexibuff_envs, with global state"
 UNHELD = "flexibuff_envs, Ctrl-C not held"  # what holding Ctrl-C across each step's bookkeeping costs
 SKIP = ("SB3 optimize_memory_usage", "Tianshou ignore_obs_next")  # same add path as their defaults
+#: steps a loop runs before the next one's turn
+CHUNK = 500
+
+#: a loop over an env: ``CHUNK`` steps per ``next``
+Loop = Generator[None, None, None]
 
 
-def run(env: gym.Env, actions: np.ndarray) -> float:
-    env.reset(seed=0)
-    start = time.perf_counter()
-    for action in actions:
-        _, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            env.reset()
-    return (time.perf_counter() - start) / len(actions) * 1e6
+def chunks(n: int) -> list[range]:
+    return [range(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
+
+
+def single(env: gym.Env, actions: list[int], add: Add | None = None) -> Loop:
+    """A Gymnasium env's loop; with ``add``, each transition goes to a peer buffer."""
+    obs, _ = env.reset(seed=0)
+    for chunk in chunks(len(actions)):
+        for j in chunk:
+            action = actions[j]
+            obs_, reward, terminated, truncated, _ = env.step(action)
+            if add is not None:
+                add(obs, action, float(reward), obs_, terminated, truncated)
+            obs = env.reset()[0] if terminated or truncated else obs_
+        yield
 
 
 class _NoHold:
@@ -53,116 +70,143 @@ class _NoHold:
         pass
 
 
-def run_unheld(env: gym.Env, actions: np.ndarray) -> float:
-    """`run` with Ctrl-C not held across the recorder's bookkeeping."""
+def unheld(loop: Loop) -> Loop:
+    """``loop`` with Ctrl-C not held across the recorder's bookkeeping (in its turns only)."""
     from flexibuff_envs import interrupts
     from flexibuff_envs.wrappers import core
 
-    held = interrupts.HOLD, core.HOLD
-    interrupts.HOLD = core.HOLD = _NoHold()  # type: ignore[assignment]
-    try:
-        return run(env, actions)
-    finally:
-        interrupts.HOLD, core.HOLD = held
+    while True:
+        held = interrupts.HOLD, core.HOLD
+        interrupts.HOLD = core.HOLD = _NoHold()  # type: ignore[assignment]
+        try:
+            next(loop)
+        except StopIteration:
+            return
+        finally:
+            interrupts.HOLD, core.HOLD = held
+        yield
 
 
-def run_peer(env: gym.Env, add: Add, actions: np.ndarray) -> float:
-    obs, _ = env.reset(seed=0)
-    start = time.perf_counter()
-    for action in actions:
-        obs_, reward, terminated, truncated, _ = env.step(action)
-        add(obs, action, float(reward), obs_, terminated, truncated)
-        obs = env.reset()[0] if terminated or truncated else obs_
-    return (time.perf_counter() - start) / len(actions) * 1e6
-
-
-def run_parallel(env: Any, actions: list[dict[str, int]], adds: dict[str, Add] | None = None) -> float:
+def parallel(env: Any, actions: list[dict[str, int]], adds: dict[str, Add] | None = None) -> Loop:
     """A parallel env's loop; with ``adds``, each agent's transition goes to its own peer buffer."""
     obs, _ = env.reset(seed=0)
-    start = time.perf_counter()
-    for step in actions:
-        obs_, rewards, terminations, truncations, _ = env.step(step)
-        if adds is not None:
-            for agent, action in step.items():
-                adds[agent](
-                    obs[agent], action, float(rewards[agent]), obs_[agent], terminations[agent], truncations[agent]
-                )
-        obs = obs_
-        if not env.agents:
-            obs, _ = env.reset()
-    return (time.perf_counter() - start) / len(actions) * 1e6
+    for chunk in chunks(len(actions)):
+        for j in chunk:
+            step = actions[j]
+            obs_, rewards, terminations, truncations, _ = env.step(step)
+            if adds is not None:
+                for agent, action in step.items():
+                    adds[agent](
+                        obs[agent], action, float(rewards[agent]), obs_[agent], terminations[agent], truncations[agent]
+                    )
+            obs = obs_
+            if not env.agents:
+                obs, _ = env.reset()
+        yield
 
 
-def run_aec(env: Any, draws: np.ndarray, adds: dict[str, Add] | None = None) -> float:
+def aec(env: Any, draws: list[float], adds: dict[str, Add] | None = None) -> Loop:
     """An AEC env's loop, a random legal move per turn (from ``draws``). With ``adds``, an agent's
     transition is complete at its next turn, as peer users must arrange by hand."""
     env.reset(seed=0)
     pending: dict[str, tuple[np.ndarray, int]] = {}
-    start = time.perf_counter()
-    for u in draws:
-        agent = env.agent_selection
-        obs, reward, terminated, truncated, _ = env.last()
-        if adds is not None and agent in pending:
-            before, action = pending.pop(agent)
-            adds[agent](before, action, float(reward), obs["observation"], terminated, truncated)
-        if terminated or truncated:
-            env.step(None)
-            if not env.agents:
-                env.reset()
-            continue
-        legal = np.flatnonzero(obs["action_mask"])
-        action = int(legal[int(u * len(legal))])
-        if adds is not None:
-            pending[agent] = (obs["observation"], action)
-        env.step(action)
-    return (time.perf_counter() - start) / len(draws) * 1e6
+    for chunk in chunks(len(draws)):
+        for j in chunk:
+            agent = env.agent_selection
+            obs, reward, terminated, truncated, _ = env.last()
+            if adds is not None and agent in pending:
+                before, action = pending.pop(agent)
+                adds[agent](before, action, float(reward), obs["observation"], terminated, truncated)
+            if terminated or truncated:
+                env.step(None)
+                if not env.agents:
+                    env.reset()
+                continue
+            legal = np.flatnonzero(obs["action_mask"])
+            action = int(legal[int(draws[j] * len(legal))])
+            if adds is not None:
+                pending[agent] = (obs["observation"], action)
+            env.step(action)
+        yield
+
+
+def turns(loops: dict[str, Loop], steps: int) -> dict[str, float]:
+    """Run ``loops`` to their ends, taking turns; microseconds per step each."""
+    spent = dict.fromkeys(loops, 0.0)
+    live = list(loops)
+    for turn in range(len(chunks(steps)) + 1):
+        for name in list(live if turn % 2 == 0 else reversed(live)):
+            start = time.perf_counter()
+            try:
+                next(loops[name])
+            except StopIteration:
+                live.remove(name)
+                continue
+            spent[name] += time.perf_counter() - start
+    return {name: total / steps * 1e6 for name, total in spent.items()}
+
+
+def measure(make_loops: Callable[[], dict[str, Loop]], steps: int, rounds: int) -> dict[str, list[float]]:
+    """Each loop's microseconds per step in each round (fresh envs and buffers every round)."""
+    timings: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, us in turns(make_loops(), steps).items():
+            timings.setdefault(name, []).append(us)
+    return timings
 
 
 def report(title: str, timings: dict[str, list[float]], target: str = "") -> None:
     us = {name: statistics.median(t) for name, t in timings.items()}
     print(title)
     for name, value in us.items():
-        ratio = "" if name == "bare" else f"  {value / us['bare']:5.2f}x"
+        ratio = statistics.median(a / b for a, b in zip(timings[name], timings["bare"]))
+        shown = "" if name == "bare" else f"  {ratio:5.2f}x"
         label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)", STATE: STATE, UNHELD: UNHELD}.get(
             name, name + " (step + add)"
         )
-        print(f"  {label:<38} {value:8.2f} us{ratio}{target if name == 'recorded' else ''}")
+        print(f"  {label:<38} {value:8.2f} us{shown}{target if name == 'recorded' else ''}")
+
+
+def peers_of(spaces: Callable[[], Any], steps: int) -> dict[str, Any]:
+    """Each installed peer's buffer(s): ``spaces()`` is one space or one per agent."""
+    made: dict[str, Any] = {}
+    for name, make in PEERS.items():
+        if installed(name) and name not in SKIP:
+            space = spaces()
+            made[name] = (
+                {agent: make(s, steps)[0] for agent, s in space.items()}
+                if isinstance(space, dict)
+                else make(space, steps)[0]
+            )
+    return made
 
 
 def cartpole(steps: int, rounds: int) -> None:
     actions = np.random.default_rng(0).integers(0, 2, steps).tolist()
-    bare = gym.make("CartPole-v1")
-    recorded = fe.record(gym.make("CartPole-v1"), num_steps=steps)
-    peers = {
-        name: make(bare.observation_space, steps)[0]
-        for name, make in PEERS.items()
-        if installed(name) and name not in SKIP
-    }
-    timings: dict[str, list[float]] = {"bare": [], "recorded": [], UNHELD: [], **{name: [] for name in peers}}
-    for _ in range(rounds):  # interleaved, so drift on a shared machine hits all alike
-        timings["bare"].append(run(bare, actions))
-        timings["recorded"].append(run(recorded, actions))
-        timings[UNHELD].append(run_unheld(recorded, actions))
-        for name, add in peers.items():
-            timings[name].append(run_peer(bare, add, actions))
+
+    def loops() -> dict[str, Loop]:
+        space = gym.make("CartPole-v1").observation_space
+        return {
+            "bare": single(gym.make("CartPole-v1"), actions),
+            "recorded": single(fe.record(gym.make("CartPole-v1"), num_steps=steps), actions),
+            UNHELD: unheld(single(fe.record(gym.make("CartPole-v1"), num_steps=steps), actions)),
+            **{
+                name: single(gym.make("CartPole-v1"), actions, add)
+                for name, add in peers_of(lambda: space, steps).items()
+            },
+        }
+
+    timings = measure(loops, steps, rounds)
     report(
-        f"CartPole-v1, {steps} steps x {rounds} rounds (median us/step; ratio to the bare loop)",
+        f"CartPole-v1, {steps} steps x {rounds} rounds, taking turns every {CHUNK} steps "
+        "(median us/step; ratio to the bare loop)",
         timings,
         "  (first target <= 1.30x)",
     )
     sb3 = "SB3 ReplayBuffer"
     if sb3 in timings:
-        ratio = statistics.median(timings["recorded"]) / statistics.median(timings[sb3])
+        ratio = statistics.median(a / b for a, b in zip(timings["recorded"], timings[sb3]))
         print(f"  recorded / {sb3} (step + add): {ratio:.2f}x (target <= {SB3_TARGET:.2f}x)")
-
-
-def per_agent(env: Any, steps: int) -> dict[str, dict[str, Add]]:
-    """Each installed peer: one buffer per agent, as single-agent buffers are used for many agents."""
-    return {
-        name: {agent: make(env.observation_space(agent), steps)[0] for agent in env.possible_agents}
-        for name, make in PEERS.items()
-        if installed(name) and name not in SKIP
-    }
 
 
 def simple_spread(steps: int, rounds: int) -> None:
@@ -171,44 +215,46 @@ def simple_spread(steps: int, rounds: int) -> None:
     def make() -> Any:
         return simple_spread_v3.parallel_env(max_cycles=25)
 
-    bare = make()
+    agents = make().possible_agents
     rng = np.random.default_rng(0)
-    actions = [
-        {agent: int(a) for agent, a in zip(bare.possible_agents, row)}
-        for row in rng.integers(0, 5, (steps, len(bare.possible_agents)))
-    ]
-    recorded = fe.record(make(), num_steps=steps, record_state=False)  # the peers keep no global state
-    with_state = fe.record(make(), num_steps=steps)
-    peers = per_agent(bare, steps)
-    timings: dict[str, list[float]] = {"bare": [], "recorded": [], STATE: [], **{name: [] for name in peers}}
-    for _ in range(rounds):
-        timings["bare"].append(run_parallel(bare, actions))
-        timings["recorded"].append(run_parallel(recorded, actions))
-        timings[STATE].append(run_parallel(with_state, actions))
-        for name, adds in peers.items():
-            timings[name].append(run_parallel(bare, actions, adds))
-    report(f"mpe2 simple_spread_v3 (parallel, 3 agents), {steps} steps x {rounds} rounds", timings)
+    actions = [{agent: int(a) for agent, a in zip(agents, row)} for row in rng.integers(0, 5, (steps, len(agents)))]
+
+    def loops() -> dict[str, Loop]:
+        env = make()
+        return {
+            "bare": parallel(make(), actions),
+            # the peers keep no global state
+            "recorded": parallel(fe.record(make(), num_steps=steps, record_state=False), actions),
+            STATE: parallel(fe.record(make(), num_steps=steps), actions),
+            **{
+                name: parallel(make(), actions, adds)
+                for name, adds in peers_of(lambda: {a: env.observation_space(a) for a in agents}, steps).items()
+            },
+        }
+
+    report(
+        f"mpe2 simple_spread_v3 (parallel, 3 agents), {steps} steps x {rounds} rounds", measure(loops, steps, rounds)
+    )
 
 
 def connect_four(steps: int, rounds: int) -> None:
     from pettingzoo.classic import connect_four_v3
 
-    draws = np.random.default_rng(0).random(steps)
-    bare = connect_four_v3.env()
-    recorded = fe.record(connect_four_v3.env(), num_steps=steps)
-    bare.reset(seed=0)
-    peers = {
-        name: {agent: make(bare.observation_space(agent)["observation"], steps)[0] for agent in bare.possible_agents}
-        for name, make in PEERS.items()
-        if installed(name) and name not in SKIP
-    }
-    timings: dict[str, list[float]] = {"bare": [], "recorded": [], **{name: [] for name in peers}}
-    for _ in range(rounds):
-        timings["bare"].append(run_aec(bare, draws))
-        timings["recorded"].append(run_aec(recorded, draws))
-        for name, adds in peers.items():
-            timings[name].append(run_aec(bare, draws, adds))
-    report(f"PettingZoo connect_four_v3 (AEC, 2 agents, masks), {steps} turns x {rounds} rounds", timings)
+    draws = np.random.default_rng(0).random(steps).tolist()
+
+    def loops() -> dict[str, Loop]:
+        env = connect_four_v3.env()
+        spaces = {agent: env.observation_space(agent)["observation"] for agent in env.possible_agents}
+        return {
+            "bare": aec(connect_four_v3.env(), draws),
+            "recorded": aec(fe.record(connect_four_v3.env(), num_steps=steps), draws),
+            **{name: aec(connect_four_v3.env(), draws, adds) for name, adds in peers_of(lambda: spaces, steps).items()},
+        }
+
+    report(
+        f"PettingZoo connect_four_v3 (AEC, 2 agents, masks), {steps} turns x {rounds} rounds",
+        measure(loops, steps, rounds),
+    )
 
 
 def main() -> None:
