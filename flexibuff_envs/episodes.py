@@ -242,14 +242,16 @@ class Lane:
         self.running.end = self.written  # type: ignore[union-attr]
         return row
 
-    def claim_block(self, n: int) -> np.ndarray:
+    def claim_block(self, n: int) -> slice | np.ndarray:
         """The rows for the running episode's next ``n`` steps (at most ``capacity``): `claim`
-        ``n`` times in one go."""
-        self.make_room(n)
-        rows = self.offset + (self.written + np.arange(n)) % self.capacity
-        self.written += n
+        ``n`` times in one go; a slice unless they wrap around the lane's end."""
+        written = self.written
+        if written + n - self.capacity > self.live_start or written + n > self.opened:
+            self.make_room(n)
+        self.written = written + n
         self.running.end = self.written  # type: ignore[union-attr]
-        return rows
+        lo = self.offset + written % self.capacity
+        return slice(lo, lo + n) if lo + n <= self.offset + self.capacity else self.rows(self.running)[-n:]  # type: ignore[arg-type]
 
     def unclaim(self) -> None:
         """Give back the row of the last `claim` (its step could not be recorded)."""

@@ -126,7 +126,8 @@ class Filling(Half):
         `claim_row` give them (an episode longer than the lane keeps its last steps' rows last)."""
         lane_ = self._index.change()[lane]
         blocks = [lane_.claim_block(min(lane_.capacity, n - done)) for done in range(0, n, lane_.capacity)]
-        return np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
+        rows = [np.arange(b.start, b.stop) if isinstance(b, slice) else b for b in blocks]
+        return np.concatenate(rows) if rows else np.zeros(0, dtype=np.int64)
 
     def _open(self, lane: Lane, needed: int) -> None:
         """Give the rows of ``lane`` up to position ``needed`` (and `_OPEN_ROWS` more) their

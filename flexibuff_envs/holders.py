@@ -104,6 +104,45 @@ class Held:
         self.index[row] = spare
         self.held, self.spare, self.pending = spare, held, row
 
+    def stager(self, n: int) -> tuple[np.ndarray, Callable[[int, Any], None]]:
+        """``n`` rows of this holder's stored form, and the writer that checks and puts a value
+        into one of them (as `write` does into the chain): where a recorder stages values for
+        `write_run`."""
+        staged = np.zeros((n, self._size), dtype=self.tail.dtype)
+        return staged, self._make_writer(staged)
+
+    def write_run(self, rows: slice | np.ndarray, values: np.ndarray) -> None:
+        """`write` of each of ``rows`` (claimed one after the other in the lane: a slice, or
+        indices when they wrap) with its next value ``values[j]`` (the stored form, as `stager`
+        keeps it), in a fixed number of numpy operations: each row's next value is its
+        successor's base value (chained), the last one's is held next."""
+        held, spare, pending = self.held, self.spare, self.pending
+        k = len(values)
+        later: slice | np.ndarray
+        chained: slice | np.ndarray
+        if isinstance(rows, slice):
+            first, last = rows.start, rows.stop - 1
+            later, chained = slice(first + 1, rows.stop), slice(first, last)
+        else:
+            first, last = int(rows[0]), int(rows[-1])
+            later, chained = rows[1:], rows[:-1]
+        if pending >= 0:
+            if first == (pending + 1 if pending + 1 < self._end else self._first):
+                self.index[pending] = CHAINED
+            else:
+                self._settle()
+        self.base[first] = self._views[held]
+        if k > 1:
+            self.base[later] = values[: k - 1]
+            self.index[chained] = CHAINED
+            self._before = last - 1 if isinstance(rows, slice) else int(rows[-2])
+            self._views[held][: self._size] = values[k - 2]  # what `undo` of the last row holds again
+        else:
+            self._before = pending
+        self._views[spare][: self._size] = values[k - 1]
+        self.index[last] = spare
+        self.held, self.spare, self.pending = spare, held, last
+
     def write_missing(self, row: int) -> None:
         """As `write`, for a value the env could not give: NaN (0 for integer dtypes)."""
         self._views[self.spare][...] = np.nan if self.tail.dtype.kind == "f" else 0

@@ -47,14 +47,17 @@ def test_a_small_ring_keeps_the_newest_whole_episodes() -> None:
 
 
 def test_a_recorder_that_records_wrong_is_caught_with_the_field_and_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flexibuff_envs.wrappers import core
+    from flexibuff_envs.wrappers import staged
 
-    real = core.AgentSlot.write_values
+    real = staged.StagedSteps.flush
 
-    def off_by_one_reward(self: Any, row: int, action: Any, obs_: Any, reward: Any, *rest: Any) -> None:
-        real(self, row, action, obs_, reward + (1.0 if row == 7 else 0.0), *rest)
+    def off_by_one_reward(self: Any, *args: Any) -> list[int]:
+        rows = real(self, *args)
+        if 7 in rows:
+            self.slot.rewards[7] += 1.0
+        return rows
 
-    monkeypatch.setattr(core.AgentSlot, "write_values", off_by_one_reward)
+    monkeypatch.setattr(staged.StagedSteps, "flush", off_by_one_reward)
     with pytest.raises(RecorderCheckError, match="individual_rewards differs at step 7"):
         check_recorder(gym.make("CartPole-v1"), steps=30)
     report = check_recorder(gym.make("CartPole-v1"), steps=30, strict=False)

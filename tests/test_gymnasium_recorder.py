@@ -188,6 +188,33 @@ def test_step_after_the_end_without_reset_is_not_a_row() -> None:
     assert len(env.buffer) == rows
 
 
+def test_steps_waiting_to_be_written_are_in_every_read() -> None:
+    """Steps are written a run at a time (when the episode ends, when 256 wait, or when the
+    buffer is read): every read sees each step recorded so far, and an episode longer than a
+    run (600 steps), read in its middle, equals a plain loop over the bare env."""
+    steps = 700
+    actions = [k % 2 for k in range(steps)]
+    reference = play(ToyEnv(lengths=(600, 7, 3)), seed=0, steps=steps, actions=actions)
+    env = fe.record(ToyEnv(lengths=(600, 7, 3)), num_steps=1000, gamma=GAMMA)
+    env.reset(seed=0)
+    reads = {*range(0, steps, 37), 255, 256, 257, 599, 600}
+    for t, action in enumerate(actions):
+        _, _, terminated, truncated, _ = env.step(action)
+        if t in reads:
+            assert len(env.buffer) == t + 1
+            newest = env.buffer.sample_transitions(idx=np.array([t]))  # one lane, no wrap: row t
+            np.testing.assert_array_equal(newest.obs_[0], reference.obs_[t])
+        if terminated or truncated:
+            env.reset()
+    batch = env.buffer.sample_transitions(idx=np.arange(steps))
+    np.testing.assert_array_equal(batch.obs, np.stack(reference.obs))
+    np.testing.assert_array_equal(batch.obs_, np.stack(reference.obs_))
+    np.testing.assert_allclose(batch.individual_rewards, np.array(reference.reward, dtype=np.float32))
+    np.testing.assert_array_equal(batch.terminated, reference.terminated)
+    ended = reference.episodes[-1][1]
+    np.testing.assert_allclose(batch.G[:ended], reference.G(GAMMA)[:ended], rtol=1e-5, atol=1e-5)
+
+
 def test_user_buffer_must_match_the_env() -> None:
     spec = fe.infer_spec(gym.make("CartPole-v1"))
     good = fe.FlexibleBuffer.from_spec(spec, num_steps=10)

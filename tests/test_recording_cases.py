@@ -55,6 +55,7 @@ CASES = {
     "terminations": Case(lambda: ToyEnv(lengths=(3, 5, 2, 7))),
     "truncations with a bootstrap": Case(lambda: ToyEnv(lengths=(4, 6), truncate=True), bootstrap=True),
     "a ring that wraps": Case(lambda: ToyEnv(lengths=(3, 5, 2, 7)), num_steps=17),
+    "an episode longer than the ring": Case(lambda: ToyEnv(lengths=(25, 3, 4)), num_steps=17),
     "action masks in info": Case(lambda: ToyEnv(action_space=spaces.Discrete(5), lengths=(4, 3), mask_info=True)),
     "annotated values (GAE)": Case(lambda: ToyEnv(lengths=(6, 2), truncate=True), bootstrap=True, values=True),
     "categorical observations": Case(lambda: ToyEnv(spaces.MultiDiscrete([3, 4]), spaces.Discrete(3), lengths=(5,))),

@@ -24,8 +24,8 @@ from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
-from flexibuff_envs.wrappers.core import LaneRecorder
 from flexibuff_envs.wrappers.setup import prepare_buffer
+from flexibuff_envs.wrappers.staged import SingleLaneRecorder
 from flexibuff_envs.writer import Unpicklable, Writer
 
 try:
@@ -162,7 +162,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
         )
         writer = Writer(self.buffer, self)
         self._lanes = [
-            LaneRecorder(writer, [obs], [action], lane=lane, global_reward="none")
+            SingleLaneRecorder(writer, obs, action, lane=lane, global_reward="none")
             for lane in writer.claim_lanes(n_envs)
         ]
         self._action_shape = (n_envs, *(action_space.shape or ()))

@@ -119,38 +119,10 @@ class LaneRecorder:
         if not self.open[index] and self.steps[index]:  # back after its own episode ended: a new one
             self.writer.rejoin_agent(self.lane, index)
             self.steps[index], self.last[index] = 0, -1
-        self.carry[index] += number(reward, f"reward of agent {self.slots[index].name!r}")
+        if reward.__class__ not in NUMBERS:
+            reward = number(reward, f"reward of agent {self.slots[index].name!r}")
+        self.carry[index] += reward
         self.open[index] = True
-
-    def observe(self, index: int, obs: Any) -> None:
-        """Agent ``index`` acts next on ``obs``, which need not be what its last step left it (a
-        replay buffer's adds need not follow one another): its next row starts from ``obs``."""
-        self.slots[index].obs.hold_unless_held(obs)
-
-    def step_single(
-        self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool, info: Mapping[str, Any]
-    ) -> None:
-        """One step of a single-agent lane (the fast path: no row clearing, no team reduction)."""
-        with HOLD:
-            rows = len(self.rows)
-            try:  # claiming may forget the oldest episode: that is part of the step, guarded with it
-                row = self._claim()
-                self.rows.append(row)  # one agent: it filled every row
-                self.last[0] = row
-                if reward.__class__ not in NUMBERS:
-                    reward = number(reward, "reward")
-                self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
-                if self._summing:
-                    self.global_rewards[row] = reward  # type: ignore[index]
-                if self._annotated:
-                    self.annotations.write(row, 0)
-                if terminated or truncated:
-                    self.close([0], [truncated and not terminated])
-            except BaseException as error:
-                self.abandon(rows, error)
-                raise
-            if not self.running:
-                self.writer.flush_log([self.lane])
 
     def record(self, step: Callable[..., None], *args: Any) -> None:
         """Record one step of the running episode through ``step(*args)`` (an adapter's, which

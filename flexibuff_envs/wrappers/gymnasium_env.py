@@ -12,8 +12,8 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.spec import BufferSpec, infer_spec
-from flexibuff_envs.wrappers.core import LaneRecorder
 from flexibuff_envs.wrappers.setup import BootstrapFn, LogPath, prepare_buffer
+from flexibuff_envs.wrappers.staged import SingleLaneRecorder
 from flexibuff_envs.writer import Unpicklable, Writer
 
 
@@ -80,10 +80,10 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._log_opened = log is not None
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
-        self._recorder = LaneRecorder(
+        self._recorder = SingleLaneRecorder(
             self._writer,
-            [obs_codec(env.observation_space)],
-            [action_codec(env.action_space)],
+            obs_codec(env.observation_space),
+            action_codec(env.action_space),
             lane=lane,
             bootstrap_fn=None if bootstrap_fn is None else lambda obs_, agent: bootstrap_fn(obs_),
         )

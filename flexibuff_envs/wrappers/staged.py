@@ -1,0 +1,201 @@
+"""Single-agent lanes (a Gymnasium env, an SB3 replay buffer's sub-env): their steps staged as
+they come and written into the buffer a run at a time.
+
+`SingleLaneRecorder.step_single` checks each step's values into staged rows (an error names the
+step it came from, as when it writes them straight), and `StagedSteps.flush` puts a run of
+them in the buffer in a fixed number of numpy operations: the observations through
+`Held.write_run`, actions, rewards and end flags each in one assignment. A run is written when
+its episode ends, when `BLOCK` steps wait, or when anything else reads or changes the lane (the
+buffer commits it before it is read, as a vector recorder's block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.action_codecs import ActionCodec
+from flexibuff_envs.codecs import ObsCodec
+from flexibuff_envs.episodes import Lane
+from flexibuff_envs.interrupts import HOLD, holding
+from flexibuff_envs.wrappers.core import LaneRecorder
+from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward
+from flexibuff_envs.wrappers.slots import NUMBERS, AgentSlot, number
+from flexibuff_envs.writer import Writer
+
+#: steps staged at most before they are written (fewer when the ring is shorter)
+BLOCK = 256
+
+
+class StagedSteps:
+    """Up to ``size`` steps of ``slot``'s agent, the only one of its lane (the first ``k``):
+    observation and action in their stored form, reward, and the end flags of the last (a step
+    that ends the episode is written at once, so no other has any). ``team``: the lane's team
+    reward column, which a single agent's reward is."""
+
+    def __init__(
+        self, writer: Writer, slot: AgentSlot, action: ActionCodec, size: int, team: np.ndarray | None
+    ) -> None:
+        self.slot, self.team, self.size = slot, team, size
+        self.k = 0  # steps staged: a step is staged once this counts it
+        # one row more than the steps: where `holds` checks a value
+        self.obs, self.put_obs = slot.obs.stager(size + 1)
+        dim = action.continuous_dim
+        # the buffer's action columns (those the space has) and the staged rows written into them
+        self._discrete = writer.column("discrete_actions")[slot.index] if action.cardinalities else None
+        self._continuous = writer.column("continuous_actions")[slot.index][:, :dim] if dim else None
+        self.discrete = np.zeros((size, len(action.cardinalities)), dtype=np.int64)
+        self.continuous = np.zeros((size, dim), dtype=np.float32)
+        self.put_action = action.writer(self.discrete, self.continuous)
+        self.rewards: list[Any] = [0.0] * size  # as given: numbers of any type
+
+    def put(self, k: int, action: Any, obs_: Any, reward: Any) -> None:
+        """Step ``k``'s values into its staged row, checked (`EnvValueError` for a value its space
+        does not allow); it is staged once ``k`` counts it."""
+        self.put_obs(k, obs_)
+        self.put_action(k, action)
+        self.rewards[k] = reward if reward.__class__ in NUMBERS else number(reward, "reward")
+
+    def holds(self, j: int, value: Any) -> bool:
+        """Whether ``value`` is, bit for bit in its stored form, step ``j``'s next observation
+        (raises as `put_obs` for a value its space does not allow)."""
+        self.put_obs(self.size, value)
+        return bool(np.array_equal(self.obs[self.size].view(np.uint8), self.obs[j].view(np.uint8)))
+
+    def flush(self, lane: Lane, terminated: bool, truncated: bool) -> list[int]:
+        """The staged steps into rows of ``lane`` claimed for them; the last one's end flags
+        ``terminated`` and ``truncated``. Returns the rows, in order."""
+        k, slot = self.k, self.slot
+        rows = lane.claim_block(k)
+        slot.obs.write_run(rows, self.obs[:k])
+        if self._discrete is not None:
+            self._discrete[rows] = self.discrete[:k]
+        if self._continuous is not None:
+            self._continuous[rows] = self.continuous[:k]
+        rewards = np.array(self.rewards[:k], dtype=np.float64)
+        slot.rewards[rows] = rewards
+        if self.team is not None:
+            self.team[rows] = rewards
+        slot.terminated[rows] = slot.truncated[rows] = False
+        listed = list(range(rows.start, rows.stop)) if isinstance(rows, slice) else rows.tolist()
+        slot.terminated[listed[-1]], slot.truncated[listed[-1]] = terminated, truncated
+        self.k = 0
+        return listed
+
+
+class SingleLaneRecorder(LaneRecorder):
+    """A `LaneRecorder` of one agent whose steps are staged (`StagedSteps`) and written a run at
+    a time. Steps with action masks or annotations are written at once."""
+
+    def __init__(
+        self,
+        writer: Writer,
+        obs: ObsCodec,
+        action: ActionCodec,
+        *,
+        lane: int = 0,
+        bootstrap_fn: BootstrapFn | None = None,
+        global_reward: GlobalReward = "sum",
+    ) -> None:
+        super().__init__(writer, [obs], [action], lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward)
+        team = self.global_rewards if self._summing else None  # a single agent's reward is the team's
+        self._staged = StagedSteps(writer, self._single, action, min(BLOCK, writer.capacity), team)
+        (self._lane,) = writer.lanes([lane])
+        self.owner = writer.owner
+        writer.attach(self)
+
+    def commit(self) -> None:
+        """Write the staged steps (the buffer calls this before it is read)."""
+        staged = self._staged
+        if staged.k:
+            with HOLD:
+                self.rows += staged.flush(self._lane, False, False)
+                self.last[0] = self.rows[-1]
+
+    @holding
+    def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None) -> None:
+        self.commit()
+        super().begin(agents, state)
+
+    def observe(self, index: int, obs: Any) -> None:
+        """The agent acts next on ``obs``, which need not be what its last step left it (a replay
+        buffer's adds need not follow one another): its next row starts from ``obs``."""
+        staged = self._staged
+        if staged.k and staged.holds(staged.k - 1, obs):  # the staged steps go on
+            return
+        self.commit()
+        self._single.obs.hold_unless_held(obs)
+
+    def feedback(self, index: int, value: float, step: int) -> None:
+        self.commit()
+        super().feedback(index, value, step)
+
+    @holding
+    def cut(self, bootstrap: bool = True, *, flush: bool = True) -> None:
+        self.commit()
+        super().cut(bootstrap, flush=flush)
+
+    def step_single(
+        self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool, info: Mapping[str, Any]
+    ) -> None:
+        """One step: its values are checked now and staged, and written with the run of steps
+        it ends (at once when it ends the episode)."""
+        staged = self._staged
+        if self._annotated or self._single.mask is not None:
+            self._step_now(action, obs_, reward, terminated, truncated, info)
+            return
+        k = staged.k
+        try:
+            staged.put(k, action, obs_, reward)
+        except BaseException as error:
+            with HOLD:
+                self.commit()
+                self.abandon(len(self.rows), error)
+            raise
+        if terminated or truncated:
+            with HOLD:
+                rows = len(self.rows) + k  # the episode's rows before this step
+                try:
+                    staged.k = k + 1
+                    self.rows += staged.flush(self._lane, terminated, truncated)
+                    self.last[0] = self.rows[-1]
+                    self.close([0], [truncated and not terminated])
+                except BaseException as error:
+                    self.abandon(rows, error)
+                    raise
+                if not self.running:
+                    self.writer.flush_log([self.lane])
+            return
+        if not k:
+            self.writer.uncommitted()  # first: a reader commits the staged steps from now on
+        staged.k = k + 1  # one store: a signal lands before the step is staged or after it
+        if k + 1 == staged.size:
+            self.commit()
+
+    def _step_now(
+        self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool, info: Mapping[str, Any]
+    ) -> None:
+        """`step_single` written at once."""
+        with HOLD:
+            self.commit()
+            rows = len(self.rows)
+            try:  # claiming may forget the oldest episode: that is part of the step, guarded with it
+                row = self._claim()
+                self.rows.append(row)  # one agent: it filled every row
+                self.last[0] = row
+                if reward.__class__ not in NUMBERS:
+                    reward = number(reward, "reward")
+                self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
+                if self._summing:
+                    self.global_rewards[row] = reward  # type: ignore[index]
+                if self._annotated:
+                    self.annotations.write(row, 0)
+                if terminated or truncated:
+                    self.close([0], [truncated and not terminated])
+            except BaseException as error:
+                self.abandon(rows, error)
+                raise
+            if not self.running:
+                self.writer.flush_log([self.lane])
