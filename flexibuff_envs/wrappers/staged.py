@@ -68,6 +68,8 @@ class StagedSteps:
         """The staged steps into rows of ``lane`` claimed for them; the last one's end flags
         ``terminated`` and ``truncated``. Returns the rows, in order."""
         k, slot = self.k, self.slot
+        if k == 1:  # a read after each step: one row, written as it would have been at once
+            return [self._flush_one(lane.claim(), terminated, truncated)]
         rows = lane.claim_block(k)
         slot.obs.write_run(rows, self.obs[:k])
         if self._discrete is not None:
@@ -83,6 +85,23 @@ class StagedSteps:
         slot.terminated[listed[-1]], slot.truncated[listed[-1]] = terminated, truncated
         self.k = 0
         return listed
+
+    def _flush_one(self, row: int, terminated: bool, truncated: bool) -> int:
+        """`flush` of one staged step into ``row``, value by value (cheaper than a run's
+        arrays for one row)."""
+        slot = self.slot
+        slot.obs.write_run(slice(row, row + 1), self.obs[:1])  # the staged row is stored already
+        if self._discrete is not None:
+            self._discrete[row] = self.discrete[0]
+        if self._continuous is not None:
+            self._continuous[row] = self.continuous[0]
+        reward = self.rewards[0]
+        slot.rewards[row] = reward
+        if self.team is not None:
+            self.team[row] = reward
+        slot.terminated[row], slot.truncated[row] = terminated, truncated
+        self.k = 0
+        return row
 
 
 class SingleLaneRecorder(LaneRecorder):
