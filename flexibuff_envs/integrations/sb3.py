@@ -127,10 +127,12 @@ class ReplayBuffer(buffers.ReplayBuffer):
     arguments below. Observations must be a ``Box`` (SB3 keeps Dict ones in ``DictReplayBuffer``).
     ``optimize_memory_usage`` changes nothing: observations are always stored once.
 
-    Each sub-env's transition is written as it is added, as a single-env recorder writes it: SB3
-    samples every few adds, and a staged block (`BatchRecorder`) would be written at every sample.
-    So ``add`` writes its sub-envs one after the other, a few microseconds each, rather than pay
-    the block's fixed cost (about 50 us) at each read (`benchmarks/bench_sb3.py` measures both).
+    Each sub-env's transition is written as it is added (`SingleLaneRecorder` with
+    ``stage=False``): SB3 samples every few adds, often after each, and staged steps would be
+    written at every sample. So ``add`` writes its sub-envs one after the other, a few
+    microseconds each, rather than pay a run's fixed cost at each read (staged, SB3's add and
+    sample cycle took 1.12x and 1.90x its own buffer's for one and four sub-envs, against 0.96x
+    and 1.42x written at once: `benchmarks/versus.py cfe3d09 bench_sb3.py` at 8ac6221).
     """
 
     def __init__(
@@ -162,7 +164,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
         )
         writer = Writer(self.buffer, self)
         self._lanes = [
-            SingleLaneRecorder(writer, obs, action, lane=lane, global_reward="none")
+            SingleLaneRecorder(writer, obs, action, lane=lane, global_reward="none", stage=False)
             for lane in writer.claim_lanes(n_envs)
         ]
         self._action_shape = (n_envs, *(action_space.shape or ()))

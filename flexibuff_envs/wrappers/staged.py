@@ -106,7 +106,8 @@ class StagedSteps:
 
 class SingleLaneRecorder(LaneRecorder):
     """A `LaneRecorder` of one agent whose steps are staged (`StagedSteps`) and written a run at
-    a time. Steps with action masks or annotations are written at once."""
+    a time. Steps with action masks or annotations are written at once, as is every step with
+    ``stage=False`` (for a loop that reads after nearly every step: its runs would be of one)."""
 
     def __init__(
         self,
@@ -117,13 +118,16 @@ class SingleLaneRecorder(LaneRecorder):
         lane: int = 0,
         bootstrap_fn: BootstrapFn | None = None,
         global_reward: GlobalReward = "sum",
+        stage: bool = True,
     ) -> None:
         super().__init__(writer, [obs], [action], lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward)
         team = self.global_rewards if self._summing else None  # a single agent's reward is the team's
-        self._staged = StagedSteps(writer, self._single, action, min(BLOCK, writer.capacity), team)
+        self._staged = StagedSteps(writer, self._single, action, min(BLOCK, writer.capacity) if stage else 1, team)
+        self._stage = stage
         (self._lane,) = writer.lanes([lane])
         self.owner = writer.owner
-        writer.attach(self)
+        if stage:
+            writer.attach(self)
 
     def commit(self) -> None:
         """Write the staged steps (the buffer calls this before it is read)."""
@@ -162,7 +166,7 @@ class SingleLaneRecorder(LaneRecorder):
         """One step: its values are checked now and staged, and written with the run of steps
         it ends (at once when it ends the episode)."""
         staged = self._staged
-        if self._annotated or self._single.mask is not None:
+        if self._annotated or self._single.mask is not None or not self._stage:
             self._step_now(action, obs_, reward, terminated, truncated, info)
             return
         k = staged.k
