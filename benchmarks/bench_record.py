@@ -4,7 +4,9 @@ CartPole-v1 (Gymnasium), mpe2 simple_spread_v3 (PettingZoo parallel, 3 agents) a
 connect_four_v3 (PettingZoo AEC, 2 agents, action masks). The peers record the way their users
 do: step the bare env, then call their buffer's ``add`` (flexibuff 0.3.1, SB3, Tianshou, TorchRL;
 `peers.py`); they are single-agent buffers, so the multi-agent envs get one per agent, and in
-connect four each agent's transition is added at its next turn.
+connect four each agent's transition is added at its next turn. On CartPole, two loops also
+draw 256 transitions (as torch tensors) after every step, as an off-policy loop that trains
+every step does: ``fe.record`` and SB3's ``ReplayBuffer``.
 
 In each round every loop of a case runs at once, each on its own env, taking turns a chunk of
 steps at a time (the order reverses every turn): a host whose speed drifts, as a shared one does
@@ -31,9 +33,13 @@ import flexibuff_envs as fe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import PEERS, SB3_TARGET, Add, installed
+from peers import PEERS, SB3_TARGET, Add, Sample, installed
 
 STATE = "flexibuff_envs, with global state"
+SAMPLED = "flexibuff_envs, sample(256) each step"
+SB3_SAMPLED = "SB3 ReplayBuffer, sample(256) each step"
+#: a sampled loop's batch, and the steps it records before its first
+BATCH, WARM = 256, 64
 UNHELD = "flexibuff_envs, Ctrl-C not held"  # what holding Ctrl-C across each step's bookkeeping costs
 SKIP = ("SB3 optimize_memory_usage", "Tianshou ignore_obs_next")  # same add path as their defaults
 #: steps a loop runs before the next one's turn
@@ -47,8 +53,10 @@ def chunks(n: int) -> list[range]:
     return [range(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
 
 
-def single(env: gym.Env, actions: list[int], add: Add | None = None) -> Loop:
-    """A Gymnasium env's loop; with ``add``, each transition goes to a peer buffer."""
+def single(env: gym.Env, actions: list[int], add: Add | None = None, sample: Sample | None = None) -> Loop:
+    """A Gymnasium env's loop; with ``add``, each transition goes to a peer buffer; with
+    ``sample``, a batch of `BATCH` is drawn after every step once `WARM` are in (as an
+    off-policy loop that trains every step does)."""
     obs, _ = env.reset(seed=0)
     for chunk in chunks(len(actions)):
         for j in chunk:
@@ -57,6 +65,8 @@ def single(env: gym.Env, actions: list[int], add: Add | None = None) -> Loop:
             if add is not None:
                 add(obs, action, float(reward), obs_, terminated, truncated)
             obs = env.reset()[0] if terminated or truncated else obs_
+            if sample is not None and j >= WARM:
+                sample(BATCH)
         yield
 
 
@@ -161,8 +171,8 @@ def report(title: str, timings: dict[str, list[float]], target: str = "") -> Non
     for name, value in us.items():
         ratio = statistics.median(a / b for a, b in zip(timings[name], timings["bare"]))
         shown = "" if name == "bare" else f"  {ratio:5.2f}x"
-        label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)", STATE: STATE, UNHELD: UNHELD}.get(
-            name, name + " (step + add)"
+        label = {"bare": "bare env step", "recorded": "flexibuff_envs (fe.record)"}.get(
+            name, name if name in (STATE, UNHELD, SAMPLED, SB3_SAMPLED) else name + " (step + add)"
         )
         print(f"  {label:<38} {value:8.2f} us{shown}{target if name == 'recorded' else ''}")
 
@@ -186,15 +196,21 @@ def cartpole(steps: int, rounds: int) -> None:
 
     def loops() -> dict[str, Loop]:
         space = gym.make("CartPole-v1").observation_space
-        return {
+        sampled = fe.record(gym.make("CartPole-v1"), num_steps=steps)
+        made = {
             "bare": single(gym.make("CartPole-v1"), actions),
             "recorded": single(fe.record(gym.make("CartPole-v1"), num_steps=steps), actions),
             UNHELD: unheld(single(fe.record(gym.make("CartPole-v1"), num_steps=steps), actions)),
+            SAMPLED: single(sampled, actions, sample=lambda n: sampled.buffer.sample_transitions(n, as_torch=True)),
             **{
                 name: single(gym.make("CartPole-v1"), actions, add)
                 for name, add in peers_of(lambda: space, steps).items()
             },
         }
+        if installed("SB3 ReplayBuffer"):
+            add, sample = PEERS["SB3 ReplayBuffer"](space, steps)
+            made[SB3_SAMPLED] = single(gym.make("CartPole-v1"), actions, add, sample)
+        return made
 
     timings = measure(loops, steps, rounds)
     report(
@@ -207,6 +223,8 @@ def cartpole(steps: int, rounds: int) -> None:
     if sb3 in timings:
         ratio = statistics.median(a / b for a, b in zip(timings["recorded"], timings[sb3]))
         print(f"  recorded / {sb3} (step + add): {ratio:.2f}x (target <= {SB3_TARGET:.2f}x)")
+        ratio = statistics.median(a / b for a, b in zip(timings[SAMPLED], timings[SB3_SAMPLED]))
+        print(f"  sampling each step, recorded / {sb3}: {ratio:.2f}x")
 
 
 def simple_spread(steps: int, rounds: int) -> None:
