@@ -81,19 +81,22 @@ class _NoHold:
 
 
 def unheld(loop: Loop) -> Loop:
-    """``loop`` with Ctrl-C not held across the recorder's bookkeeping (in its turns only)."""
+    """``loop`` with Ctrl-C not held across the recorder's bookkeeping (in its turns only): every
+    module of the package that holds it by name gets a no-op instead."""
     from flexibuff_envs import interrupts
-    from flexibuff_envs.wrappers import core
 
+    holding = [m for name, m in sys.modules.items() if name.startswith("flexibuff_envs") and hasattr(m, "HOLD")]
+    real, none = interrupts.HOLD, _NoHold()
     while True:
-        held = interrupts.HOLD, core.HOLD
-        interrupts.HOLD = core.HOLD = _NoHold()  # type: ignore[assignment]
+        for module in holding:
+            module.HOLD = none
         try:
             next(loop)
         except StopIteration:
             return
         finally:
-            interrupts.HOLD, core.HOLD = held
+            for module in holding:
+                module.HOLD = real
         yield
 
 
