@@ -215,6 +215,25 @@ def test_steps_waiting_to_be_written_are_in_every_read() -> None:
     np.testing.assert_allclose(batch.G[:ended], reference.G(GAMMA)[:ended], rtol=1e-5, atol=1e-5)
 
 
+def test_large_observations_wait_a_few_at_a_time() -> None:
+    """4 MiB observations: the steps waiting to be written hold at most 16 MiB of them (256 would
+    take 1 GiB beside the ring), and every step reads back as the env returned it."""
+    from flexibuff_envs.wrappers.staged import STAGE_BYTES
+
+    space = spaces.Box(0, 255, (1024, 1024, 4), np.uint8)
+    reference = play(ToyEnv(space, lengths=(7,)), seed=0, steps=12, actions=[0] * 12)
+    env = fe.record(ToyEnv(space, lengths=(7,)), num_steps=20)
+    staged = env.get_wrapper_attr("_recorder")._staged
+    assert staged.obs.nbytes <= STAGE_BYTES + space.shape[0] * space.shape[1] * space.shape[2]
+    env.reset(seed=0)
+    for _ in range(12):
+        _, _, terminated, truncated, _ = env.step(0)
+        if terminated or truncated:
+            env.reset()
+    batch = env.buffer.sample_transitions(idx=np.arange(12))
+    np.testing.assert_array_equal(batch.obs_, np.stack(reference.obs_))
+
+
 def test_user_buffer_must_match_the_env() -> None:
     spec = fe.infer_spec(gym.make("CartPole-v1"))
     good = fe.FlexibleBuffer.from_spec(spec, num_steps=10)

@@ -5,8 +5,8 @@ they come and written into the buffer a run at a time.
 step it came from, as when it writes them straight), and `StagedSteps.flush` puts a run of
 them in the buffer in a fixed number of numpy operations: the observations through
 `Held.write_run`, actions, rewards and end flags each in one assignment. A run is written when
-its episode ends, when `BLOCK` steps wait, or when anything else reads or changes the lane (the
-buffer commits it before it is read, as a vector recorder's block).
+its episode ends, when `BLOCK` steps wait (fewer for large observations), or when anything else
+reads or changes the lane (the buffer commits it before it is read, as a vector recorder's block).
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward
 from flexibuff_envs.wrappers.slots import NUMBERS, AgentSlot, number
 from flexibuff_envs.writer import Writer
 
-#: steps staged at most before they are written (fewer when the ring is shorter)
+#: steps staged at most before they are written (fewer when the ring is shorter, or when their
+#: observations would take more than `STAGE_BYTES`)
 BLOCK = 256
+STAGE_BYTES = 16 << 20
 
 
 class StagedSteps:
@@ -122,7 +124,8 @@ class SingleLaneRecorder(LaneRecorder):
     ) -> None:
         super().__init__(writer, [obs], [action], lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward)
         team = self.global_rewards if self._summing else None  # a single agent's reward is the team's
-        self._staged = StagedSteps(writer, self._single, action, min(BLOCK, writer.capacity) if stage else 1, team)
+        size = min(BLOCK, writer.capacity, max(1, STAGE_BYTES // (obs.size * obs.dtype.itemsize + 1)))
+        self._staged = StagedSteps(writer, self._single, action, size if stage else 1, team)
         self._stage = stage
         (self._lane,) = writer.lanes([lane])
         self.owner = writer.owner
