@@ -122,6 +122,16 @@ class Chain:
             self.fresh = need
         return slots
 
+    def alloc_one(self) -> int:
+        """One free slot: `alloc` of one, in plain integers (an episode's end in a single lane)."""
+        if self._n_free:
+            self._n_free -= 1
+            return int(self._free[self._n_free])
+        if self.fresh >= len(self.tail):
+            self._grow(self.fresh + 1)
+        self.fresh += 1
+        return self.fresh - 1
+
     def _grow(self, need: int) -> None:
         size = max(need, 2 * len(self.tail))
         tail = np.zeros((size, self.tail.shape[1]), dtype=self.tail.dtype)

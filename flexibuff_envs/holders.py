@@ -56,7 +56,7 @@ class Held:
     def _settle(self) -> None:
         """The held value stops being held: the pending row keeps it in a slot of its own."""
         if self.pending >= 0:
-            slot = int(self.chain.alloc()[0])
+            slot = self.chain.alloc_one()
             self.chain.tail[slot] = self._views[self.held]
             self.index[self.pending] = slot
 
