@@ -124,11 +124,12 @@ class LaneRecorder:
         self.carry[index] += reward
         self.open[index] = True
 
-    def record(self, step: Callable[..., None], *args: Any) -> None:
+    def record(self, step: Callable[..., None], *args: Any, kept: int | None = None) -> None:
         """Record one step of the running episode through ``step(*args)`` (an adapter's, which
-        claims its rows through `next_row` and `row`), with Ctrl-C held; if it fails, `abandon`."""
+        claims its rows through `next_row` and `row`), with Ctrl-C held; if it fails, `abandon`
+        back to the episode's first ``kept`` rows (by default, those it had before)."""
         with HOLD:
-            rows = len(self.rows)
+            rows = len(self.rows) if kept is None else kept
             try:
                 step(*args)
             except BaseException as error:

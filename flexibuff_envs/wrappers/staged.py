@@ -180,19 +180,8 @@ class SingleLaneRecorder(LaneRecorder):
                 self.commit()
                 self.abandon(len(self.rows), error)
             raise
-        if terminated or truncated:
-            with HOLD:
-                rows = len(self.rows) + k  # the episode's rows before this step
-                try:
-                    staged.k = k + 1
-                    self.rows += staged.flush(self._lane, terminated, truncated)
-                    self.last[0] = self.rows[-1]
-                    self.close([0], [truncated and not terminated])
-                except BaseException as error:
-                    self.abandon(rows, error)
-                    raise
-                if not self.running:
-                    self.writer.flush_log([self.lane])
+        if terminated or truncated:  # written at once, with the run it ends; kept up to the run if it fails
+            self.record(self._end_run, k, terminated, truncated, kept=len(self.rows) + k)
             return
         if not k:
             self.writer.uncommitted()  # first: a reader commits the staged steps from now on
@@ -200,28 +189,35 @@ class SingleLaneRecorder(LaneRecorder):
         if k + 1 == staged.size:
             self.commit()
 
+    def _end_run(self, k: int, terminated: bool, truncated: bool) -> None:
+        """The staged run up to its ``k``-th step, which ends the episode, into the buffer; the
+        episode closed."""
+        staged = self._staged
+        staged.k = k + 1
+        self.rows += staged.flush(self._lane, terminated, truncated)
+        self.last[0] = self.rows[-1]
+        self.close([0], [truncated and not terminated])
+
     def _step_now(
         self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool, info: Mapping[str, Any]
     ) -> None:
         """`step_single` written at once."""
-        with HOLD:
-            self.commit()
-            rows = len(self.rows)
-            try:  # claiming may forget the oldest episode: that is part of the step, guarded with it
-                row = self._claim()
-                self.rows.append(row)  # one agent: it filled every row
-                self.last[0] = row
-                if reward.__class__ not in NUMBERS:
-                    reward = number(reward, "reward")
-                self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
-                if self._summing:
-                    self.global_rewards[row] = reward  # type: ignore[index]
-                if self._annotated:
-                    self.annotations.write(row, 0)
-                if terminated or truncated:
-                    self.close([0], [truncated and not terminated])
-            except BaseException as error:
-                self.abandon(rows, error)
-                raise
-            if not self.running:
-                self.writer.flush_log([self.lane])
+        self.commit()
+        self.record(self._write_now, action, obs_, reward, terminated, truncated, info)
+
+    def _write_now(
+        self, action: Any, obs_: Any, reward: Any, terminated: bool, truncated: bool, info: Mapping[str, Any]
+    ) -> None:
+        """One step's values into a row claimed for it (`_step_now`)."""
+        row = self._claim()  # may forget the oldest episode: part of the step, held with it
+        self.rows.append(row)  # one agent: it filled every row
+        self.last[0] = row
+        if reward.__class__ not in NUMBERS:
+            reward = number(reward, "reward")
+        self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
+        if self._summing:
+            self.global_rewards[row] = reward  # type: ignore[index]
+        if self._annotated:
+            self.annotations.write(row, 0)
+        if terminated or truncated:
+            self.close([0], [truncated and not terminated])
