@@ -251,7 +251,9 @@ class Lane:
         self.written = written + n
         self.running.end = self.written  # type: ignore[union-attr]
         lo = self.offset + written % self.capacity
-        return slice(lo, lo + n) if lo + n <= self.offset + self.capacity else self.rows(self.running)[-n:]  # type: ignore[arg-type]
+        if lo + n <= self.offset + self.capacity:
+            return slice(lo, lo + n)
+        return self.offset + (written + np.arange(n)) % self.capacity  # around the lane's end
 
     def unclaim(self) -> None:
         """Give back the row of the last `claim` (its step could not be recorded)."""
