@@ -1,10 +1,11 @@
 """`Writer`: the one interface recorders write a `FlexibleBuffer` through.
 
-A recorder claims lanes, claims and clears rows, writes next values through the holders the
-storage makes (`Storage.holder`: never a raw chain), ends agents' own episodes, and (a batch
-recorder) writes ``G`` of many episodes at once. None of this is on
-the buffer's public surface: users fill a buffer by hand with ``field``, ``claim_row``,
-``begin_episode`` and ``end_episode``, and read it through the sampling methods.
+A recorder claims lanes, claims and clears rows, and hands values to what the storage makes
+for it: next values to holders (`Storage.holder`: never a raw chain), every other row value to
+row writers (`rowwriters`: never a raw array); it ends agents' own episodes and (a batch
+recorder) writes ``G`` of many episodes at once. None of this is on the buffer's public
+surface: users fill a buffer by hand with ``field``, ``claim_row``, ``begin_episode`` and
+``end_episode``, and read it through the sampling methods.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.ends import write_episode_returns, write_run_returns
 from flexibuff_envs.episodes import Lane, span_rows
@@ -22,6 +24,7 @@ from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
 from flexibuff_envs.fields import MaskCodec
 from flexibuff_envs.holders import Held, HeldBatch
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.rowwriters import AgentRows, FieldRows, Reduce, TeamRows, add_feedback
 
 if TYPE_CHECKING:
     from flexibuff_envs.buffer import FlexibleBuffer
@@ -123,23 +126,33 @@ class Writer:
 
     # ----------------------------------------------------------------- fields
 
-    def column(self, name: str, *, width: int | None = None) -> np.ndarray:
-        """The storage array of ``name`` (allocated on first use); rows get their default values
-        as they are claimed."""
-        return self.buffer._column(name, width=width)
+    def agent_rows(self, agent: int, action: ActionCodec) -> AgentRows:
+        """What agent ``agent``'s actions (``action``'s heads), rewards and end flags are
+        written through (`rowwriters.AgentRows`)."""
+        return AgentRows(self.storage, agent, action)
 
-    def missing(self, name: str) -> float:
-        """What annotated field ``name`` holds where it was not given: its allocated value (NaN
-        for values and log probs, weight 1, 0 for an integer field of your own)."""
-        return float(self.storage.fill(name))
+    def team_rows(self, reduce: Reduce | None) -> TeamRows:
+        """What the rows' team rewards are written through: summed as written (``reduce`` None)
+        or reduced once a row is whole."""
+        return TeamRows(self.storage, reduce)
 
-    def own_fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        """The buffer's fields of your own: name -> (shape per agent and row, dtype name)."""
-        return {name: (shape, dtype) for name, shape, dtype in self.buffer.spec.extra_fields}
+    def field_rows(self, name: str, *, width: int | None = None) -> FieldRows:
+        """What annotated field (or field of your own) ``name`` is written through, allocated
+        (``width`` values per row, where the field's width is free) on first use."""
+        return FieldRows(self.storage, name, width)
 
     def has(self, name: str) -> bool:
         """Whether field ``name`` is allocated."""
         return name in self.storage.arrays
+
+    def width(self, name: str) -> int | None:
+        """Values per agent and row of vector field ``name``, once allocated (else None)."""
+        array = self.storage.arrays.get(name)
+        return None if array is None else int(array.shape[-1])
+
+    def own_fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """The buffer's fields of your own: name -> (shape per agent and row, dtype name)."""
+        return {name: (shape, dtype) for name, shape, dtype in self.buffer.spec.extra_fields}
 
     def holder(self, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int) -> Held:
         """What a recorder writes next-value field ``name`` of ``agent`` in ``lane`` through
@@ -182,6 +195,10 @@ class Writer:
     def enable_action_mask(self) -> None:
         """Record action masks from now on (masks first appeared in an info)."""
         self.buffer._enable_action_mask()
+
+    def add_feedback(self, row: int, agent: int, value: float) -> None:
+        """Add a human reward to agent ``agent`` in ``row`` (its auxiliary reward and the team's)."""
+        add_feedback(self.storage, row, agent, value)
 
     # ----------------------------------------------------------------- rows
 

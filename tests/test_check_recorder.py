@@ -54,7 +54,7 @@ def test_a_recorder_that_records_wrong_is_caught_with_the_field_and_step(monkeyp
     def off_by_one_reward(self: Any, *args: Any) -> list[int]:
         rows = real(self, *args)
         if 7 in rows:
-            self.slot.rewards[7] += 1.0
+            self.slot.values.add_reward(7, 1.0)
         return rows
 
     monkeypatch.setattr(staged.StagedSteps, "flush", off_by_one_reward)

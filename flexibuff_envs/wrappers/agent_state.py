@@ -45,8 +45,8 @@ class AgentStates:
 
     def __init__(self, writer: Writer, fn: AgentStateFn, env: Any, names: Sequence[Any]) -> None:
         self.fn, self.env, self.names = fn, env, list(names)
-        self.now, self.next = writer.column(FIELDS[0]), writer.column(FIELDS[1])
-        self.size = self.now.shape[-1]
+        self.now, self.next = writer.field_rows(FIELDS[0]), writer.field_rows(FIELDS[1])
+        self.size = self.now.values.shape[-1]
         self.held = np.full((len(self.names), self.size), np.nan, dtype=np.float32)
 
     def _value(self, index: int, obs: Any) -> np.ndarray:
@@ -69,9 +69,11 @@ class AgentStates:
     def write(self, row: int, index: int, obs_: Any) -> None:
         """Agent ``index``'s transition in ``row`` leaves it at ``obs_``."""
         after = self._value(index, obs_)
-        self.now[index, row] = self.held[index]
-        self.next[index, row] = self.held[index] = after
+        self.now.write(row, index, self.held[index])
+        self.next.write(row, index, after)
+        self.held[index] = after
 
     def replace(self, row: int, index: int, obs_: Any) -> None:
         """Agent ``index`` sat a step out: its transition in ``row`` now leaves it at ``obs_``."""
-        self.next[index, row] = self.held[index] = self._value(index, obs_)
+        self.held[index] = self._value(index, obs_)
+        self.next.write(row, index, self.held[index])

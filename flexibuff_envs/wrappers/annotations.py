@@ -9,6 +9,7 @@ import numpy as np
 
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.rowwriters import FieldRows
 from flexibuff_envs.writer import Writer
 
 #: annotation -> (what it is, per agent?)
@@ -54,7 +55,8 @@ def checked(writer: Writer, name: str, value: Any, rows: int, who: str) -> np.nd
         "memory_weights": 1,
     }.get(name)
     if name == "continuous_log_probs":  # any width, the same for every step once stored
-        expected = writer.column(name).shape[-1] if writer.has(name) else values.shape[1]
+        width = writer.width(name)
+        expected = values.shape[1] if width is None else width
     if values.shape[1] != expected or expected == 0:
         raise InvalidArgumentError(
             f"annotate: {name} of {who} must have {expected} value(s) ({ANNOTATIONS[name]}); "
@@ -76,7 +78,7 @@ class Annotations:
         self.writer = writer
         self.pending: list[dict[str, Any]] = [{} for _ in range(n_agents)]
         self.fields: list[str] = []
-        self._stores: dict[str, np.ndarray] = {}  # each annotated field's storage
+        self._stores: dict[str, FieldRows] = {}  # what each annotated field is written through
 
     @holding
     def add(self, index: int, agent: str, fields: dict[str, Any]) -> None:
@@ -85,7 +87,7 @@ class Annotations:
         # storage is allocated only once every field passed: a refused call changes nothing
         for name, value in checked.items():
             if name not in self.fields:
-                self._stores[name] = self.writer.column(
+                self._stores[name] = self.writer.field_rows(
                     name, width=np.size(value) if name == "continuous_log_probs" else None
                 )
                 self.fields.append(name)
@@ -106,11 +108,8 @@ class Annotations:
         value of each annotated field, into ``row``."""
         pending = self.pending[index] if given is None else given
         for name in self.fields:
-            value = pending.pop(name, self.writer.missing(name))
-            if name == "memory_weights":
-                self._stores[name][row] = value
-            else:
-                self._stores[name][index, row] = value
+            store = self._stores[name]
+            store.write(row, index, pending.pop(name, store.missing))
 
 
 class StagedAnnotations:
@@ -120,8 +119,8 @@ class StagedAnnotations:
 
     def __init__(self, writer: Writer, n: int, block: int) -> None:
         self.writer, self.n, self.block = writer, n, block
-        # name -> (store, value when not given, staged [block, n, ...]); the ones given for the next step
-        self.fields: dict[str, tuple[np.ndarray, float, np.ndarray]] = {}
+        # name -> (what it is written through, staged [block, n, ...]); the ones given for the next step
+        self.fields: dict[str, tuple[FieldRows, np.ndarray]] = {}
         self.given: dict[str, np.ndarray] = {}
 
     def add(self, fields: Mapping[str, Any], drain: Callable[[], None]) -> None:
@@ -133,24 +132,19 @@ class StagedAnnotations:
                 values = values[:, 0]
             if name not in self.fields:
                 drain()
-                store = self.writer.column(name, width=values.shape[1] if name == "continuous_log_probs" else None)
-                missing = self.writer.missing(name)
-                self.fields[name] = (
-                    store if name == "memory_weights" else store[0],
-                    missing,
-                    np.full((self.block, *values.shape), missing, dtype=store.dtype),
-                )
+                store = self.writer.field_rows(name, width=values.shape[1] if name == "continuous_log_probs" else None)
+                self.fields[name] = (store, np.full((self.block, *values.shape), store.missing, dtype=store.dtype))
             self.given[name] = values
 
     def stage(self, k: int) -> None:
         """The annotations given for step ``k`` of the block (the others: "not given")."""
-        for name, (_, missing, staged) in self.fields.items():
-            staged[k] = self.given.pop(name, missing)
+        for name, (store, staged) in self.fields.items():
+            staged[k] = self.given.pop(name, store.missing)
 
     def write(self, rows: np.ndarray, flat: np.ndarray, k: int) -> None:
         """The staged annotations of the transitions ``flat`` (into the block's ``[k, n]``) into ``rows``."""
-        for store, _, staged in self.fields.values():
-            store[rows] = staged[:k].reshape(-1, *staged.shape[2:]).take(flat, axis=0)
+        for store, staged in self.fields.values():
+            store.write_rows(rows, staged[:k].reshape(-1, *staged.shape[2:]).take(flat, axis=0))
 
 
 def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:
@@ -158,5 +152,4 @@ def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:
     number = float(value)
     if not np.isfinite(number):
         raise InvalidArgumentError(f"add_feedback: value must be a finite number, got {value!r}")
-    writer.column("individual_auxiliary_rewards")[index, row] += number
-    writer.column("global_auxiliary_rewards")[row] += number
+    writer.add_feedback(row, index, number)

@@ -346,7 +346,7 @@ class BatchRecorder:
     def _cut(self, lanes: np.ndarray, *, bootstrap: bool) -> None:
         """The running episodes of ``lanes`` end at their last row, truncated there."""
         last = self._offsets[lanes] + (self.pos[lanes] - 1) % self._capacity
-        self._stage.truncated[last] = True
+        self._stage.values.truncate(last)
         boots = np.zeros(lanes.size)
         if bootstrap and self.bootstrap_fn is not None:
             for k, lane in enumerate(lanes.tolist()):

@@ -57,10 +57,10 @@ class LaneRecorder:
         self.annotations = Annotations(writer, len(self.slots))
         self._annotated = self.annotations.fields  # the same list: empty until a first annotation
         self.previous_rows: list[int] = []  # the last episode's rows, for feedback after a reset
-        self.reduce = reducer(global_reward)
-        self.global_rewards = writer.column("global_rewards") if self.reduce is not None else None
+        reduce = reducer(global_reward)
         # "sum" is kept as a running sum per row; other reductions look at the finished row
         self._summing = global_reward == "sum"
+        self.team = None if reduce is None else writer.team_rows(None if self._summing else reduce)
         self.state = None if state is None else writer.holder("state_", state, None, lane)
         self.agent_states: AgentStates | None = None  # a state per agent, when the recorder takes one
         self.running = False
@@ -149,7 +149,7 @@ class LaneRecorder:
         row = self._claim()
         self.rows.append(row)
         if self._summing:
-            self.global_rewards[row] = 0.0  # type: ignore[index]
+            self.team.start(row)  # type: ignore[union-attr]
         return row
 
     def clear_absent(self, row: int, written: list[int]) -> None:
@@ -184,7 +184,7 @@ class LaneRecorder:
         if self._annotated:
             self.annotations.write(row, index, given)
         if self._summing:
-            self.global_rewards[row] += reward  # type: ignore[index]
+            self.team.add(row, reward)  # type: ignore[union-attr]
 
     def sit_out(
         self, index: int, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
@@ -206,14 +206,16 @@ class LaneRecorder:
         slot.replace(obs_, info)
         if self.agent_states is not None:
             self.agent_states.replace(last, index, obs_)
-        slot.terminated[last] = terminated
-        slot.truncated[last] = truncated
-        self._add_reward(index, last, reward)
+        slot.values.run_on(last, reward, terminated, truncated)
+        self._team_add(last, reward)
 
     def _add_reward(self, index: int, row: int, reward: float) -> None:
-        self.slots[index].rewards[row] += reward
+        self.slots[index].values.add_reward(row, reward)
+        self._team_add(row, reward)
+
+    def _team_add(self, row: int, reward: float) -> None:
         if self._summing:
-            self.global_rewards[row] += reward  # type: ignore[index]
+            self.team.add(row, reward)  # type: ignore[union-attr]
         else:
             self.team_reward(row)
 
@@ -227,11 +229,8 @@ class LaneRecorder:
 
     def team_reward(self, row: int) -> None:
         """The row's team reward, from its agents' rewards (after they are written)."""
-        if self.reduce is not None and not self._summing:
-            field = self.writer.column
-            self.global_rewards[row] = self.reduce(  # type: ignore[index]
-                field("individual_rewards")[:, row], field("active")[:, row]
-            )
+        if self.team is not None and not self._summing:
+            self.team.reduce(row)
 
     def write_state(self, row: int, state_: Any) -> None:
         """``state[row]`` = the held state, ``state_[row]`` = ``state_`` (None: missing)."""
@@ -244,7 +243,7 @@ class LaneRecorder:
     def own_rows(self, index: int, rows: list[int]) -> np.ndarray:
         """The rows among ``rows`` (in order) that hold a transition of agent ``index``."""
         rows_ = np.asarray(rows, dtype=np.int64)
-        return rows_ if len(self.slots) == 1 else rows_[self.writer.column("active")[index, rows_]]
+        return rows_ if len(self.slots) == 1 else self.slots[index].values.acted(rows_)
 
     def feedback(self, index: int, value: float, step: int) -> None:
         """Add a human reward to agent ``index``'s ``step``-th transition of the running episode
@@ -315,7 +314,7 @@ class LaneRecorder:
         still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
             if self.last[index] >= 0:
-                self.slots[index].truncated[self.last[index]] = True
+                self.slots[index].values.truncate(self.last[index])
         self.close(still, [bootstrap] * len(still))
         if self.running:  # no agent was open: close the episode itself
             self.writer.end_episode(self.lane)

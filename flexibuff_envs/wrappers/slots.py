@@ -60,16 +60,8 @@ class AgentSlot:
         self.split_mask = obs.split_mask
         self.obs = writer.holder("obs_", stored_obs(spec, obs), index, lane)
         self._write_obs = self.obs.write
-        self._write_action = action.writer(
-            writer.column("discrete_actions")[index] if action.cardinalities else np.zeros((0, 0)),
-            writer.column("continuous_actions")[index][:, : action.continuous_dim]
-            if action.continuous_dim
-            else np.zeros((0, 0)),
-        )
-        self.rewards = writer.column("individual_rewards")[index]
-        self.terminated = writer.column("terminated")[index]
-        self.truncated = writer.column("truncated")[index]
-        self.active = writer.column("active")[index]
+        self.values = writer.agent_rows(index, action)  # action, reward, end flags, active
+        self._write_row = self.values.write
         self.mask: Held | None = None  # action masks, once recorded
         self._mask_codec = MaskCodec(action.cardinalities, spec.discrete_action_cardinalities)
         self.own_width = sum(action.cardinalities)
@@ -116,20 +108,10 @@ class AgentSlot:
         self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
     ) -> None:
         """Record the transition that left the held observation; hold ``obs_`` for the next one."""
-        self.write_values(row, action, obs_, reward, terminated, truncated, info)
-        self.active[row] = True
-
-    def write_values(
-        self, row: int, action: Any, obs_: Any, reward: Any, terminated: Any, truncated: Any, info: Mapping[str, Any]
-    ) -> None:
-        """`write` without marking the agent active (a single-agent buffer's rows always are)."""
         if self.mask is None:
             self._write_obs(row, obs_)
         else:
             value, mask_ = self.split(obs_, info)
             self._write_obs(row, value)
             self.mask.write(row, mask_)
-        self._write_action(row, action)
-        self.rewards[row] = reward
-        self.terminated[row] = terminated
-        self.truncated[row] = truncated
+        self._write_row(row, action, reward, terminated, truncated)

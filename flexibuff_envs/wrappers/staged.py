@@ -20,6 +20,7 @@ from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.episodes import Lane
 from flexibuff_envs.interrupts import HOLD, holding
+from flexibuff_envs.rowwriters import TeamRows
 from flexibuff_envs.wrappers.core import LaneRecorder
 from flexibuff_envs.wrappers.setup import BootstrapFn, GlobalReward
 from flexibuff_envs.wrappers.slots import NUMBERS, AgentSlot, number
@@ -37,20 +38,12 @@ class StagedSteps:
     that ends the episode is written at once, so no other has any). ``team``: the lane's team
     reward column, which a single agent's reward is."""
 
-    def __init__(
-        self, writer: Writer, slot: AgentSlot, action: ActionCodec, size: int, team: np.ndarray | None
-    ) -> None:
+    def __init__(self, slot: AgentSlot, size: int, team: TeamRows | None) -> None:
         self.slot, self.team, self.size = slot, team, size
         self.k = 0  # steps staged: a step is staged once this counts it
         # one row more than the steps: where `holds` checks a value
         self.obs, self.put_obs = slot.obs.stager(size + 1)
-        dim = action.continuous_dim
-        # the buffer's action columns (those the space has) and the staged rows written into them
-        self._discrete = writer.column("discrete_actions")[slot.index] if action.cardinalities else None
-        self._continuous = writer.column("continuous_actions")[slot.index][:, :dim] if dim else None
-        self.discrete = np.zeros((size, len(action.cardinalities)), dtype=np.int64)
-        self.continuous = np.zeros((size, dim), dtype=np.float32)
-        self.put_action = action.writer(self.discrete, self.continuous)
+        self.discrete, self.continuous, self.put_action = slot.values.action_stager(size)
         self.rewards: list[Any] = [0.0] * size  # as given: numbers of any type
 
     def put(self, k: int, action: Any, obs_: Any, reward: Any) -> None:
@@ -74,34 +67,24 @@ class StagedSteps:
             return [self._flush_one(lane.claim(), terminated, truncated)]
         rows = lane.claim_block(k)
         slot.obs.write_run(rows, self.obs[:k])
-        if self._discrete is not None:
-            self._discrete[rows] = self.discrete[:k]
-        if self._continuous is not None:
-            self._continuous[rows] = self.continuous[:k]
         rewards = np.array(self.rewards[:k], dtype=np.float64)
-        slot.rewards[rows] = rewards
+        ends = np.zeros((2, k), dtype=bool)  # only the last step may end the episode
+        ends[:, -1] = terminated, truncated
+        slot.values.write_rows(rows, self.discrete[:k], self.continuous[:k], rewards, ends[0], ends[1])
         if self.team is not None:
-            self.team[rows] = rewards
-        slot.terminated[rows] = slot.truncated[rows] = False
-        listed = list(range(rows.start, rows.stop)) if isinstance(rows, slice) else rows.tolist()
-        slot.terminated[listed[-1]], slot.truncated[listed[-1]] = terminated, truncated
+            self.team.set(rows, rewards)
         self.k = 0
-        return listed
+        return list(range(rows.start, rows.stop)) if isinstance(rows, slice) else rows.tolist()
 
     def _flush_one(self, row: int, terminated: bool, truncated: bool) -> int:
         """`flush` of one staged step into ``row``, value by value (cheaper than a run's
         arrays for one row)."""
         slot = self.slot
         slot.obs.write_run(slice(row, row + 1), self.obs[:1])  # the staged row is stored already
-        if self._discrete is not None:
-            self._discrete[row] = self.discrete[0]
-        if self._continuous is not None:
-            self._continuous[row] = self.continuous[0]
         reward = self.rewards[0]
-        slot.rewards[row] = reward
+        slot.values.write_rows(row, self.discrete[0], self.continuous[0], reward, terminated, truncated)
         if self.team is not None:
-            self.team[row] = reward
-        slot.terminated[row], slot.truncated[row] = terminated, truncated
+            self.team.set(row, reward)
         self.k = 0
         return row
 
@@ -123,9 +106,9 @@ class SingleLaneRecorder(LaneRecorder):
         stage: bool = True,
     ) -> None:
         super().__init__(writer, [obs], [action], lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward)
-        team = self.global_rewards if self._summing else None  # a single agent's reward is the team's
+        team = self.team if self._summing else None  # a single agent's reward is the team's
         size = min(BLOCK, writer.capacity, max(1, STAGE_BYTES // (obs.size * obs.dtype.itemsize + 1)))
-        self._staged = StagedSteps(writer, self._single, action, size if stage else 1, team)
+        self._staged = StagedSteps(self._single, size if stage else 1, team)
         self._stage = stage
         (self._lane,) = writer.lanes([lane])
         self.owner = writer.owner
@@ -214,9 +197,9 @@ class SingleLaneRecorder(LaneRecorder):
         self.last[0] = row
         if reward.__class__ not in NUMBERS:
             reward = number(reward, "reward")
-        self._single.write_values(row, action, obs_, reward, terminated, truncated, info)
+        self._single.write(row, action, obs_, reward, terminated, truncated, info)
         if self._summing:
-            self.global_rewards[row] = reward  # type: ignore[index]
+            self.team.set(row, reward)  # type: ignore[union-attr]
         if self._annotated:
             self.annotations.write(row, 0)
         if terminated or truncated:

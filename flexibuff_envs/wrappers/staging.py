@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.action_codecs import ActionCodec
-from flexibuff_envs.chain import as_rows
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, short_repr
 from flexibuff_envs.fields import MaskCodec
@@ -38,12 +37,8 @@ class Stage:
         self.mask_codec = MaskCodec(action.cardinalities, action.cardinalities)
         self.masks = self.final_masks = np.zeros((0, 0, 0), dtype=np.uint8)
         # where a block's transitions go
-        self._rewards = writer.column("individual_rewards")[0]
-        self._team = writer.column("global_rewards") if writer.has("global_rewards") else None
-        self.terminated, self.truncated = writer.column("terminated")[0], writer.column("truncated")[0]
-        self._discrete = as_rows(writer.column("discrete_actions")[0]) if action.cardinalities else None
-        dim = action.continuous_dim
-        self._continuous = writer.column("continuous_actions")[0][:, :dim] if dim else None
+        self.values = writer.agent_rows(0, action)
+        self._team = writer.team_rows(None) if writer.has("global_rewards") else None
 
     def put(
         self,
@@ -90,15 +85,18 @@ class Stage:
     def write(self, rows: np.ndarray, flat: np.ndarray, k: int) -> None:
         """Rewards, end flags and actions of the transitions ``flat`` (indices into the block's
         ``[k, n]`` steps) into ``rows``."""
-        self._rewards[rows] = rewards = self.rewards[:k].reshape(-1).take(flat)
+        rewards = self.rewards[:k].reshape(-1).take(flat)
+        discrete, continuous = (a[:k].reshape(k * self.n, a.shape[-1]).take(flat, axis=0) for a in self.actions)
+        self.values.write_rows(
+            rows,
+            discrete,
+            continuous,
+            rewards,
+            self.flags[0, :k].reshape(-1).take(flat),
+            self.flags[1, :k].reshape(-1).take(flat),
+        )
         if self._team is not None:
-            self._team[rows] = rewards
-        self.terminated[rows] = self.flags[0, :k].reshape(-1).take(flat)
-        self.truncated[rows] = self.flags[1, :k].reshape(-1).take(flat)
-        if self._discrete is not None:
-            self._discrete[rows] = as_rows(self.actions[0][:k].reshape(k * self.n, -1).take(flat, axis=0))
-        if self._continuous is not None:
-            self._continuous[rows] = self.actions[1][:k].reshape(k * self.n, -1).take(flat, axis=0)
+            self._team.set(rows, rewards)
 
     def restart(self, k: int) -> None:
         """The block's ``k`` steps were written: the next block begins from what the lanes hold now."""
