@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.codecs import ObsCodec, index_dtype
 from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, SpecMismatchError, plain_dtype
@@ -172,6 +173,20 @@ def stored_obs(spec: BufferSpec, codec: ObsCodec) -> ObsCodec:
     """The codec whose rows a buffer of ``spec`` keeps for observations ``codec`` reads: category
     indices where the spec has categories (`one_hot` undoes them), else ``codec`` itself."""
     return codec.compact() if spec.obs_categories else codec
+
+
+def stored_mask(spec: BufferSpec, action: ActionCodec) -> MaskCodec:
+    """The codec whose rows a buffer of ``spec`` keeps for the legal actions of ``action``'s
+    space: bits, padded to the buffer's heads."""
+    return MaskCodec(action.cardinalities, spec.discrete_action_cardinalities)
+
+
+def encoder(spec: BufferSpec, name: str, codec: ObsCodec | ActionCodec) -> ObsCodec | MaskCodec:
+    """What a buffer of ``spec`` writes next-value field ``name`` through, given the codec of the
+    space its values come from (for masks, the action space's)."""
+    if isinstance(codec, ActionCodec):
+        return stored_mask(spec, codec)
+    return stored_obs(spec, codec) if name == "obs_" else codec
 
 
 def flat_mask(mask: Any) -> Any:

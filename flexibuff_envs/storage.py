@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import ObsCodec, index_dtype
 from flexibuff_envs.episodes import segment_rows
@@ -21,7 +22,7 @@ from flexibuff_envs.fields import (
     MASKS,
     N_STEP_MADE,
     NEXT,
-    MaskCodec,
+    encoder,
     field_table,
     mask_bytes,
     one_hot,
@@ -166,11 +167,11 @@ class Storage:
             chain = self.chains[name] = Chain(self.ensure(NEXT[name]), self.fields[name].per_agent)
         return chain
 
-    def holder(self, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int) -> Held:
-        """A `Held` writing ``codec``'s values for next-value field ``name`` of ``agent`` (None:
-        a global field) in lane ``lane``: the encoder a recorder writes that field through."""
-        first = lane * self.lane_rows
-        return Held(self.chain(name), agent, codec.writer, codec.size, (first, first + self.lane_rows))
+    def holder(self, name: str, codec: ObsCodec | ActionCodec, agent: int | None, lane: int) -> Held:
+        """A `Held` writing next-value field ``name`` of ``agent`` (None: a global field) in lane
+        ``lane``, for values of ``codec``'s space, in the field's stored form (`fields.encoder`)."""
+        first, stored = lane * self.lane_rows, encoder(self.spec, name, codec)
+        return Held(self.chain(name), agent, stored.writer, stored.size, (first, first + self.lane_rows))
 
     def batch_holder(self, name: str, n: int) -> HeldBatch:
         """A `HeldBatch` writing next-value field ``name`` of ``n`` single-agent lanes."""
@@ -283,8 +284,7 @@ class Storage:
     # ----------------------------------------------------------------- the stored form, out and in
 
     def export(self, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> list[Part]:
-        """``rows`` in their stored form (`Stored`): given as ring ranges, each field's parts are
-        views of its arrays; given as row numbers, copies."""
+        """``rows`` in their stored form (`Stored`): views of the arrays for ring ranges, else copies."""
         return Stored(self, rows, last).parts()
 
     def insert(self, parts: Sequence[Part], segments: Segments, ends: np.ndarray) -> None:

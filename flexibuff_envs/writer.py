@@ -21,7 +21,7 @@ from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.ends import write_episode_returns, write_run_returns
 from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
-from flexibuff_envs.fields import MaskCodec
+from flexibuff_envs.fields import MaskCodec, stored_mask, stored_obs
 from flexibuff_envs.holders import Held, HeldBatch
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.rowwriters import AgentRows, FieldRows, Reduce, TeamRows, add_feedback
@@ -154,16 +154,28 @@ class Writer:
         """The buffer's fields of your own: name -> (shape per agent and row, dtype name)."""
         return {name: (shape, dtype) for name, shape, dtype in self.buffer.spec.extra_fields}
 
-    def holder(self, name: str, codec: ObsCodec | MaskCodec, agent: int | None, lane: int) -> Held:
-        """What a recorder writes next-value field ``name`` of ``agent`` in ``lane`` through
-        (`storage.Storage.holder`; next values written out by hand are compacted first)."""
+    def holder(self, name: str, codec: ObsCodec | ActionCodec, agent: int | None, lane: int) -> Held:
+        """What a recorder writes next-value field ``name`` of ``agent`` in ``lane`` through, for
+        values of ``codec``'s space (the action space's for masks) (`storage.Storage.holder`;
+        next values written out by hand are compacted first)."""
         self._compacted(name)
         return self.storage.holder(name, codec, agent, lane)
 
     def batch_holder(self, name: str, n: int) -> HeldBatch:
-        """What a vector recorder writes next-value field ``name`` of its ``n`` lanes through."""
+        """What a vector recorder writes next-value field ``name`` of its ``n`` lanes through, in
+        its stored form (`obs_encoder`, `mask_encoder`)."""
         self._compacted(name)
         return self.storage.batch_holder(name, n)
+
+    def obs_encoder(self, obs: ObsCodec) -> ObsCodec:
+        """What observations of ``obs``'s space are stored as (categories as indices): for a
+        recorder that stages them (`fields.stored_obs`)."""
+        return stored_obs(self.spec, obs)
+
+    def mask_encoder(self, action: ActionCodec) -> MaskCodec:
+        """What legal-action flags of ``action``'s space are stored as (padded bits): for a
+        recorder that stages them (`fields.stored_mask`)."""
+        return stored_mask(self.spec, action)
 
     def _compacted(self, name: str) -> None:
         if name in self.storage.arrays:  # written out by hand: stored once again first

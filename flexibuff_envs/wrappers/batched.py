@@ -23,7 +23,6 @@ from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.episodes import Lane, span_rows
 from flexibuff_envs.errors import InvalidArgumentError
-from flexibuff_envs.fields import stored_obs
 from flexibuff_envs.holders import HeldBatch
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.wrappers.annotations import StagedAnnotations, add_feedback
@@ -69,7 +68,7 @@ class BatchRecorder:
         self._capacity = writer.capacity
         self._lane_array = np.array(lanes, dtype=np.int64)
         self._offsets = self._lane_array * writer.capacity
-        codec = stored_obs(writer.spec, obs)
+        codec = writer.obs_encoder(obs)
         self.obs = writer.batch_holder("obs_", n)
         self._mask_width = sum(action.cardinalities)
         step_bytes = n * (

@@ -12,7 +12,7 @@ import numpy as np
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, SpecMismatchError, short_repr
-from flexibuff_envs.fields import MaskCodec, flat_mask, stored_obs
+from flexibuff_envs.fields import flat_mask
 from flexibuff_envs.holders import Held
 from flexibuff_envs.writer import Writer
 
@@ -58,17 +58,17 @@ class AgentSlot:
         self.lane = lane
         self.name = spec.agent_ids[index]
         self.split_mask = obs.split_mask
-        self.obs = writer.holder("obs_", stored_obs(spec, obs), index, lane)
+        self.obs = writer.holder("obs_", obs, index, lane)
         self._write_obs = self.obs.write
         self.values = writer.agent_rows(index, action)  # action, reward, end flags, active
         self._write_row = self.values.write
         self.mask: Held | None = None  # action masks, once recorded
-        self._mask_codec = MaskCodec(action.cardinalities, spec.discrete_action_cardinalities)
         self.own_width = sum(action.cardinalities)
+        self._action = action
 
     def enable_masks(self, writer: Writer) -> None:
         """Start recording this agent's action masks."""
-        self.mask = writer.holder("action_mask_", self._mask_codec, self.index, self.lane)
+        self.mask = writer.holder("action_mask_", self._action, self.index, self.lane)
         self.mask.hold(None)
 
     def undo(self, row: int) -> None:

@@ -10,7 +10,6 @@ import numpy as np
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.errors import EnvValueError, short_repr
-from flexibuff_envs.fields import MaskCodec
 from flexibuff_envs.writer import Writer
 
 
@@ -34,7 +33,7 @@ class Stage:
         self.rewards = np.zeros((block, n), dtype=np.float32)
         self.flags = np.zeros((2, block, n), dtype=bool)
         # legal-action masks as bits, as ``obs`` and ``final`` (allocated once masks are on)
-        self.mask_codec = MaskCodec(action.cardinalities, action.cardinalities)
+        self.mask_codec = writer.mask_encoder(action)
         self.masks = self.final_masks = np.zeros((0, 0, 0), dtype=np.uint8)
         # where a block's transitions go
         self.values = writer.agent_rows(0, action)
