@@ -45,11 +45,12 @@ def main() -> int:
     args, rest = parser.parse_known_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     with tempfile.TemporaryDirectory() as directory:
-        trees = {export(args.base, Path(directory)): Path(directory), commit(): ROOT}
+        # a list, not a dict: BASE may name this checkout's own commit
+        trees = [(export(args.base, Path(directory)), Path(directory)), (f"{commit()}, this checkout", ROOT)]
         print(f"benchmarks/{args.script} {' '.join(rest)}: {args.runs} runs against each package in turn")
         print(f"{started:%Y-%m-%d %H:%M} UTC, on {machine()}")
         for run in range(1, args.runs + 1):
-            for label, tree in trees.items():
+            for label, tree in trees:
                 result = subprocess.run(
                     [sys.executable, str(ROOT / "benchmarks" / args.script), *rest],
                     env={**os.environ, "PYTHONPATH": str(tree)},
