@@ -15,6 +15,7 @@ and come back when their rows are forgotten.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import weakref
@@ -304,4 +305,10 @@ def as_rows(array: np.ndarray) -> np.ndarray:
     gathers and assigns fancy-indexed whole rows several times faster this way. Values assigned
     through it must have the array's dtype and row shape."""
     flat = array.reshape(array.shape[0], math.prod(array.shape[1:]))
-    return flat.view(np.dtype((np.void, flat.shape[1] * flat.itemsize))).reshape(-1)
+    return flat.view(_opaque(flat.shape[1] * flat.itemsize)).reshape(-1)
+
+
+@functools.cache
+def _opaque(nbytes: int) -> np.dtype:
+    """The dtype of ``nbytes`` opaque bytes (made once: making one costs more than the view)."""
+    return np.dtype((np.void, nbytes))
