@@ -1,7 +1,9 @@
 """One table of recording cases, run against both write engines.
 
-A Gymnasium env is recorded step by step (`LaneRecorder`); the same env inside a one-env vector
-env is recorded a block of steps at a time (`BatchRecorder`), under each autoreset mode. Both
+A Gymnasium env is recorded a run of its steps at a time, each episode closed as it ends
+(`SingleLaneRecorder`, a `LaneRecorder`); the same env inside a one-env vector env is recorded a
+block of steps at a time, many episodes closed at once (`BatchRecorder`), under each autoreset
+mode. Both write rows through the same row writers (`rowwriters.AgentRows.write_rows`). Both
 must hold the same episodes, field by field, as a plain loop over the bare env says they should:
 the recording rules (episode ends, ``G``, next values, masks, annotations, bootstraps, ring
 wraps, faults) are one set, whichever engine applies them.
