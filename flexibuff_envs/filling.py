@@ -155,12 +155,12 @@ class Filling(Half):
             bootstrap: ``V(obs_)`` after each agent's last step, scalar or ``[n_agents]``
                 (None: 0, as after a termination).
         """
-        self._end_episode(lane, bootstrap)
+        self._end_episode(self._index.change()[lane], bootstrap)
         self._flush_log([lane])
 
-    def _end_episode(self, lane: int, bootstrap: np.ndarray | float | None) -> None:
-        """`end_episode` but for the log: a recorder sends the episode there once its step is whole."""
-        lane_ = self._index.change()[lane]
+    def _end_episode(self, lane_: Lane, bootstrap: np.ndarray | float | None) -> None:
+        """`end_episode` of the lane ``lane_`` but for the log: a recorder sends the episode there
+        once its step is whole."""
         running = lane_.running
         if running is not None and running.end > running.start and lane_.agents.running():
             write_episode_returns(self._store, lane_, running, bootstrap, self.gamma, self.gae_lambda)

@@ -253,10 +253,11 @@ class Writer:
         self.buffer.begin_episode(lane)
 
     def end_episode(self, lane: int, bootstrap: np.ndarray | float | None = None) -> None:
-        """Close ``lane``'s running episode (`FlexibleBuffer.end_episode`); the recorder sends it
-        to the log (`flush_log`) once the step that ended it is recorded whole, so a log that
-        cannot be written fails no step."""
-        self.buffer._end_episode(lane, bootstrap)
+        """Close ``lane``'s running episode (`FlexibleBuffer.end_episode`; the recorder's own lane,
+        so no other recorder's staged steps are committed); the recorder sends it to the log
+        (`flush_log`) once the step that ended it is recorded whole, so a log that cannot be
+        written fails no step."""
+        self.buffer._end_episode(self.index.ring[lane], bootstrap)
 
     def end_agent(self, lane: int, agent: int, bootstrap: float | None = None) -> None:
         """Agent ``agent``'s own episode ended inside ``lane``'s running one: write its ``G`` over
