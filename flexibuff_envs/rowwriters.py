@@ -32,47 +32,47 @@ class AgentRows:
 
     def __init__(self, storage: Storage, agent: int, action: ActionCodec) -> None:
         dim = action.continuous_dim
-        self.discrete = storage.ensure("discrete_actions")[agent] if action.cardinalities else None
-        self.continuous = storage.ensure("continuous_actions")[agent][:, :dim] if dim else None
+        self._discrete = storage.ensure("discrete_actions")[agent] if action.cardinalities else None
+        self._continuous = storage.ensure("continuous_actions")[agent][:, :dim] if dim else None
         self._put_action = action.writer(
-            np.zeros((0, 0)) if self.discrete is None else self.discrete,
-            np.zeros((0, 0)) if self.continuous is None else self.continuous,
+            np.zeros((0, 0)) if self._discrete is None else self._discrete,
+            np.zeros((0, 0)) if self._continuous is None else self._continuous,
         )
         self._action = action
         # a row's heads as one value: many rows are moved several times faster so
-        self._discrete_rows = None if self.discrete is None else as_rows(self.discrete)
-        self.rewards = storage.ensure("individual_rewards")[agent]
-        self.terminated = storage.ensure("terminated")[agent]
-        self.truncated = storage.ensure("truncated")[agent]
-        self.active = storage.ensure("active")[agent]
+        self._discrete_rows = None if self._discrete is None else as_rows(self._discrete)
+        self._rewards = storage.ensure("individual_rewards")[agent]
+        self._terminated = storage.ensure("terminated")[agent]
+        self._truncated = storage.ensure("truncated")[agent]
+        self._active = storage.ensure("active")[agent]
 
     def write(self, row: int, action: Any, reward: float, terminated: Any, truncated: Any) -> None:
         """The agent acted in ``row``: ``action`` (checked against its space: `EnvValueError`
         before anything is written), ``reward`` and the end flags."""
         self._put_action(row, action)
-        self.rewards[row] = reward
-        self.terminated[row] = terminated
-        self.truncated[row] = truncated
-        self.active[row] = True
+        self._rewards[row] = reward
+        self._terminated[row] = terminated
+        self._truncated[row] = truncated
+        self._active[row] = True
 
     def run_on(self, row: int, reward: float, terminated: Any, truncated: Any) -> None:
         """The agent's transition in ``row`` runs on through a step it sat out: ``reward`` is
         added, and the end flags are that step's."""
-        self.rewards[row] += reward
-        self.terminated[row] = terminated
-        self.truncated[row] = truncated
+        self._rewards[row] += reward
+        self._terminated[row] = terminated
+        self._truncated[row] = truncated
 
     def add_reward(self, row: int, reward: float) -> None:
         """``reward`` added to the agent's in ``row`` (it received it without a transition)."""
-        self.rewards[row] += reward
+        self._rewards[row] += reward
 
     def truncate(self, row: int | np.ndarray) -> None:
         """The agent's episode was cut after ``row`` (or each of the rows ``row``)."""
-        self.truncated[row] = True
+        self._truncated[row] = True
 
     def acted(self, rows: np.ndarray) -> np.ndarray:
         """The rows among ``rows`` (in order) in which the agent acted."""
-        return rows[self.active[rows]]
+        return rows[self._active[rows]]
 
     def action_stager(self, n: int) -> tuple[np.ndarray, np.ndarray, Callable[[int, Any], None]]:
         """``n`` staged actions in their stored form (discrete heads, continuous values) and the
@@ -94,16 +94,16 @@ class AgentRows:
         actions in their stored form (``[len(rows), heads]``, ``[len(rows), dim]``), rewards and
         end flags (a value each, or one for all). The agent is not marked active: the rows of a buffer
         with one agent always are."""
-        if self.discrete is not None:
+        if self._discrete is not None:
             if isinstance(rows, np.ndarray):
                 self._discrete_rows[rows] = as_rows(discrete)  # type: ignore[index]
             else:
-                self.discrete[rows] = discrete
-        if self.continuous is not None:
-            self.continuous[rows] = continuous
-        self.rewards[rows] = rewards
-        self.terminated[rows] = terminated
-        self.truncated[rows] = truncated
+                self._discrete[rows] = discrete
+        if self._continuous is not None:
+            self._continuous[rows] = continuous
+        self._rewards[rows] = rewards
+        self._terminated[rows] = terminated
+        self._truncated[rows] = truncated
 
 
 class TeamRows:
@@ -111,26 +111,26 @@ class TeamRows:
     are written, or ``reduce`` of them once a row is whole."""
 
     def __init__(self, storage: Storage, reduce: Reduce | None) -> None:
-        self.values = storage.ensure("global_rewards")
+        self._values = storage.ensure("global_rewards")
         self._reduce = reduce
         if reduce is not None:
             self._rewards, self._active = storage.ensure("individual_rewards"), storage.ensure("active")
 
     def start(self, row: int) -> None:
         """``row`` is new: no agent's reward is in it yet."""
-        self.values[row] = 0.0
+        self._values[row] = 0.0
 
     def set(self, rows: int | slice | np.ndarray, rewards: Any) -> None:
         """The team rewards of ``rows`` are ``rewards`` (one agent's: the team's)."""
-        self.values[rows] = rewards
+        self._values[rows] = rewards
 
     def add(self, row: int, reward: float) -> None:
         """An agent's ``reward`` in ``row`` counts for the team's (summing)."""
-        self.values[row] += reward
+        self._values[row] += reward
 
     def reduce(self, row: int) -> None:
         """``row``'s team reward from its agents' rewards, now that they are written."""
-        self.values[row] = self._reduce(self._rewards[:, row], self._active[:, row])  # type: ignore[misc]
+        self._values[row] = self._reduce(self._rewards[:, row], self._active[:, row])  # type: ignore[misc]
 
 
 class FieldRows:
@@ -138,24 +138,26 @@ class FieldRows:
     per agent and row, or per row for a global field; ``missing`` where it was not given."""
 
     def __init__(self, storage: Storage, name: str, width: int | None) -> None:
-        self.values = storage.ensure(name, width=width)
+        self._values = storage.ensure(name, width=width)
         self.per_agent = storage.fields[name].per_agent
         self.missing = storage.fill(name)
-        self.dtype = self.values.dtype
+        self.dtype = self._values.dtype
+        #: one value's shape (an agent's, or the row's for a global field)
+        self.shape: tuple[int, ...] = self._values.shape[2 if self.per_agent else 1 :]
 
     def write(self, row: int, agent: int, value: Any) -> None:
         """Agent ``agent``'s value in ``row`` (of the row itself for a global field)."""
         if self.per_agent:
-            self.values[agent, row] = value
+            self._values[agent, row] = value
         else:
-            self.values[row] = value
+            self._values[row] = value
 
     def write_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Values of ``rows`` of a single-agent lane, one per row."""
         if self.per_agent:
-            self.values[0][rows] = values
+            self._values[0][rows] = values
         else:
-            self.values[rows] = values
+            self._values[rows] = values
 
 
 def add_feedback(storage: Storage, row: int, agent: int, value: float) -> None:

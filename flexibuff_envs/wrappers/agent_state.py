@@ -46,7 +46,7 @@ class AgentStates:
     def __init__(self, writer: Writer, fn: AgentStateFn, env: Any, names: Sequence[Any]) -> None:
         self.fn, self.env, self.names = fn, env, list(names)
         self.now, self.next = writer.field_rows(FIELDS[0]), writer.field_rows(FIELDS[1])
-        self.size = self.now.values.shape[-1]
+        self.size = self.now.shape[-1]
         self.held = np.full((len(self.names), self.size), np.nan, dtype=np.float32)
 
     def _value(self, index: int, obs: Any) -> np.ndarray:
