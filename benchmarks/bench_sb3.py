@@ -3,7 +3,8 @@
 SB3 adds one transition per sub-env step and, with ``train_freq=1``, samples a batch after each:
 - the add + sample cycle on a buffer holding 20,000 CartPole transitions (``--batch`` rows);
 - ``DQN.learn`` on CartPole-v1 (``train_freq=1``, batch 64, one torch thread), per env step.
-Both run side by side, interleaved; medians and the ratio to SB3's own buffer are printed.
+Both run side by side, back to back in each round (the order reversed every other round);
+medians, and the median of the rounds' own ratios to SB3's buffer with the lowest and highest.
 Run: python benchmarks/bench_sb3.py [--rounds 5] [--batch 64] [--learn-steps 3000]
      (needs pip install -e '.[sb3]')
 """
@@ -11,8 +12,10 @@ Run: python benchmarks/bench_sb3.py [--rounds 5] [--batch 64] [--learn-steps 300
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -79,11 +82,23 @@ def learn(cls: type, steps: int) -> float:
 
 
 def report(title: str, timings: dict[str, list[float]]) -> None:
-    us = {name: statistics.median(t) for name, t in timings.items()}
-    base = us["SB3 ReplayBuffer"]
+    """Each buffer's median, and the median of the rounds' own ratios to SB3's (lowest-highest)."""
+    base = timings["SB3 ReplayBuffer"]
     print(title)
-    for name, value in us.items():
-        print(f"  {name:<30} {value:9.1f} us  {value / base:5.2f}x")
+    for name, values in timings.items():
+        ratios = sorted(value / sb3 for value, sb3 in zip(values, base))
+        spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if name != "SB3 ReplayBuffer" else ""
+        print(f"  {name:<30} {statistics.median(values):9.1f} us  {statistics.median(ratios):5.2f}x{spread}")
+
+
+def turns(rounds: int, runs: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    """``rounds`` rounds of every run, back to back, their order reversed every other round (so
+    drift on a shared machine hits all alike): each run's timings."""
+    timings: dict[str, list[float]] = {name: [] for name in runs}
+    for i in range(rounds):
+        for name, run in list(runs.items())[:: -1 if i % 2 else 1]:
+            timings[name].append(run())
+    return timings
 
 
 def main() -> None:
@@ -95,20 +110,21 @@ def main() -> None:
     torch.set_num_threads(1)
     for n_envs in (1, 4):
         buffers = {name: filled(cls, n_envs, 20_000) for name, cls in BUFFERS.items()}
-        timings: dict[str, list[float]] = {name: [] for name in BUFFERS}
-        for _ in range(args.rounds):  # interleaved, so drift on a shared machine hits both alike
-            for name, (buffer, obs) in buffers.items():
-                timings[name].append(cycle(buffer, obs, args.batch))
-        report(
-            f"add (n_envs={n_envs}) + sample({args.batch}), {args.rounds} rounds (median us; ratio to SB3's)", timings
+        timings = turns(
+            args.rounds,
+            {name: functools.partial(cycle, buffer, obs, args.batch) for name, (buffer, obs) in buffers.items()},
         )
-    timings = {name: [] for name in BUFFERS}
-    for _ in range(args.rounds):
-        for name, cls in BUFFERS.items():
-            timings[name].append(learn(cls, args.learn_steps))
+        report(
+            f"add (n_envs={n_envs}) + sample({args.batch}), {args.rounds} rounds "
+            "(median us; median ratio to SB3's, lowest-highest)",
+            timings,
+        )
+    timings = turns(
+        args.rounds, {name: functools.partial(learn, cls, args.learn_steps) for name, cls in BUFFERS.items()}
+    )
     report(
         f"DQN.learn on CartPole-v1, train_freq=1, {args.learn_steps} steps x {args.rounds} rounds "
-        "(median us per env step)",
+        "(median us per env step; median ratio to SB3's, lowest-highest)",
         timings,
     )
 
