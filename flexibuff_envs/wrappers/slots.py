@@ -1,5 +1,5 @@
-"""Slots: one agent's values into its rows of a lane (its observation held for the next row, its
-action heads, masks padded for agents of different sizes), and the checks of what an env returns."""
+"""Slots: one agent's values into its rows of a lane (its observation and mask held for the next
+row, the rest through its row writer), and the checks of what an env returns."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A block of vector steps as the sub-envs returned them, staged for `BatchRecorder`, and the
-row fields they are written into (rewards, end flags, actions) when the block is."""
+"""A block of vector steps as the sub-envs returned them, staged for `BatchRecorder`, and their
+rewards, end flags and actions written through the row writers when the block is."""
 
 from __future__ import annotations
 
