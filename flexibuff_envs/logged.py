@@ -14,7 +14,7 @@ from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
+from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter, settle
 from flexibuff_envs.log import load as load_log
 from flexibuff_envs.sampling import Half
 from flexibuff_envs.storage import Storage
@@ -81,6 +81,7 @@ class Logged(Half):
         Raises:
             BufferFileError: ``directory`` is not an episode log, or a damaged one.
         """
+        settle(os.fspath(directory))
         logged = load_log(directory, mmap=mmap)
         probs = logged.arrays.get(("continuous_log_probs", None))
         width = probs.shape[-1] if probs is not None and probs.ndim == 3 else 0

@@ -42,8 +42,8 @@ from flexibuff_envs.log.format import (
     expected,
     is_log,
 )
-from flexibuff_envs.log.read import Logged, load, repair, report, verify
-from flexibuff_envs.log.write import LogWriter, merge
+from flexibuff_envs.log.read import Logged, load, report, verify
+from flexibuff_envs.log.write import LogWriter, merge, repair, settle
 
 __all__ = [
     "COMMITS",
@@ -65,5 +65,6 @@ __all__ = [
     "merge",
     "repair",
     "report",
+    "settle",
     "verify",
 ]

@@ -118,13 +118,16 @@ class Torn:
 
 @dataclass(frozen=True)
 class LogReport:
-    """What a log holds, and the torn tails of its files (empty for a whole log)."""
+    """What a log holds (its journal's episodes counted), how many of those episodes its
+    journal holds, not yet folded into the columns, and the torn tails of its files (empty for a
+    whole log)."""
 
     header: LogHeader
     episodes: int
     rows: int
     nbytes: int
     torn: tuple[Torn, ...]
+    unfolded: int = 0
 
 
 def fail(path: str, problem: str) -> BufferFileError:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.chain import CHAINED
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.log.format import CHAINS, EPISODE_LENGTHS, Column
@@ -69,6 +70,7 @@ class Plan:
             )
             for column in self.columns
         ]
+        self.keys = {tail: key for key, tail, *_ in self.each}
 
     def of(self, given: Given, lengths: np.ndarray, rows: int, slots: Sequence[int]) -> Pieces:
         """The pieces of ``given`` (``[n_agents, n, ...]`` for a per-agent field), checked
@@ -94,6 +96,19 @@ class Plan:
                 pieces.append((tail, np.ascontiguousarray(array[first:] if first else array)))
         return pieces
 
+    def record_of(self, given: Stored, lengths: np.ndarray, rows: int) -> Pieces:
+        """`of` for a journal record: slots numbered from 1 within it, each chain's values in
+        the order of the rows naming them (`in_order`)."""
+        pieces = self.of(given, lengths, rows, (1,) * len(CHAINS))
+        index = {self.keys[tail][0]: piece for tail, piece in pieces[1:] if self.keys[tail][1] == "index"}
+        return [
+            (
+                tail,
+                in_order(index[self.keys[tail][0]], piece) if self.keys.get(tail, ("", None))[1] == "tail" else piece,
+            )
+            for tail, piece in pieces
+        ]
+
     def matches(self, storage: Storage) -> bool:
         """Whether ``storage`` holds every column as the log does (or lacks it), so `of_range`
         may read it without the checks `of` makes."""
@@ -117,13 +132,12 @@ class Plan:
         shape = column.shape[1:] if column.per_agent else column.shape
         return per_agent == column.per_agent and array.dtype == column.dtype and row == shape
 
-    def of_range(
-        self, storage: Storage, lo: int, hi: int, lengths: np.ndarray, slots: Sequence[int]
-    ) -> tuple[Pieces, tuple[int, ...]]:
-        """`of` and the slots each chain adds, for the ring rows ``[lo, hi)`` of ``storage``
-        (which `matches`): every column a slice of its array (a copy only where several agents'
-        rows are swapped into the file's order), each chain's next values appended after the
-        log's ``slots`` (`Chain.appended`)."""
+    def of_range(self, storage: Storage, lo: int, hi: int, lengths: np.ndarray) -> tuple[Pieces, tuple[int, ...]]:
+        """A journal record's pieces of the ring rows ``[lo, hi)`` of ``storage`` (which
+        `matches`), and the slots each chain's piece holds: every column a slice of its array (a
+        copy only where several agents' rows are swapped into the file's order); a next value's
+        index as the ring holds it, a row with a slot of its own positive, and the values of
+        those slots in the order of those rows (`in_order`)."""
         arrays, chains, single = storage.arrays, storage.chains, self.single
         pieces = [(self.lengths, lengths.astype(EPISODE_LENGTHS.dtype, copy=False))]
         counts = [0] * len(CHAINS)
@@ -145,13 +159,27 @@ class Plan:
                 if part == "index":
                     pieces.append((tail, np.zeros((hi - lo, *shape), dtype)))
                 continue
-            if name not in parts:  # its index and the values it names, appended after the log's slots
-                k, last = CHAINS.index(name), lengths.cumsum() - 1
-                index, named = chain.appended(
-                    slice(lo, hi), slots[k], (last, functools.partial(storage.successor_rows, last + lo))
-                )
+            if name not in parts:
+                index = chain.index[..., lo:hi]
                 if chain.per_agent:
                     index = index[0] if single else np.ascontiguousarray(index.swapaxes(0, 1))
-                parts[name], counts[k] = (index, named), len(named)
+                last = lengths.cumsum() - 1
+                if (index[last] == CHAINED).any():  # seldom: an episode's last row reads the row after it
+                    index, named = chain.appended(
+                        slice(lo, hi), 1, (last, functools.partial(storage.successor_rows, last + lo))
+                    )
+                    if chain.per_agent:
+                        index = index[0] if single else np.ascontiguousarray(index.swapaxes(0, 1))
+                    named = in_order(index, named)
+                else:
+                    named = chain.tail[index[index > 0]]
+                parts[name] = index, named
+                counts[CHAINS.index(name)] = len(named)
             pieces.append((tail, parts[name][part == "tail"]))
         return pieces, tuple(counts)
+
+
+def in_order(index: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values``, the slots ``1, 2, ...`` that ``index`` (laid out as a file holds it) names,
+    in the order of the rows naming them: the form a journal record holds them in."""
+    return values[index[index > 0] - 1]

@@ -28,6 +28,7 @@ from flexibuff_envs.log.format import (
     parse_entry,
     read_header,
 )
+from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan
 
 
 @dataclass
@@ -229,8 +230,9 @@ def check_values(state: State) -> None:
 
 
 def verify(directory: str | os.PathLike[str]) -> LogReport:
-    """Check every commit entry, every byte the commits count and every value sampling uses as
-    an index or flag, and say what the log holds (its torn tails too).
+    """Check every commit entry, every byte the commits count, every whole record of the journal
+    and every value sampling uses as an index or flag, and say what the log holds (its torn
+    tails too).
 
     Raises:
         BufferFileError: not an episode log, damaged before its newest whole commit (which a
@@ -238,29 +240,32 @@ def verify(directory: str | os.PathLike[str]) -> LogReport:
     """
     state = state_of(os.fspath(directory), every=True)
     check_values(state)
-    return report_of(state)
+    return report_of(state, every=True)
 
 
 def report(directory: str | os.PathLike[str]) -> LogReport:
-    """What the log holds as a reader sees it (the newest whole commit, and the torn tails past
-    it), checking only the newest commits; `verify` checks everything."""
+    """What the log holds as a reader sees it (the newest whole commit and the journal's whole
+    records after it, and the torn tails past them), checking only the newest commits; `verify`
+    checks everything."""
     return report_of(state_of(os.fspath(directory)))
 
 
-def report_of(state: State) -> LogReport:
+def report_of(state: State, *, every: bool = False) -> LogReport:
+    records, end, size = scan(state.directory, state.columns, state.commit)
+    if every:  # the values of the journal's records, as folding them checks them
+        tails = state.commit.tails
+        for run in batches(records):
+            slots = parts(state.directory, state.columns, run, tails)[3]
+            tails = tuple(t + n for t, n in zip(tails, slots))
+    torn = (Torn(os.path.join(state.directory, JOURNAL), end, size - end),) if size > end else ()
     return LogReport(
         state.header,
-        state.commit.episodes,
-        state.commit.rows,
-        sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES,
-        state.torn(),
+        state.commit.episodes + sum(r.episodes for r in records),
+        state.commit.rows + sum(r.rows for r in records),
+        sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES + end,
+        state.torn() + torn,
+        sum(r.episodes for r in records),
     )
-
-
-def repair(directory: str | os.PathLike[str]) -> LogReport:
-    """Cut every file's torn tail (the bytes past the newest whole commit; every whole episode
-    stays as it is); returns what the log held, and the tails cut."""
-    return report_of(repaired(os.fspath(directory)))
 
 
 def repaired(directory: str) -> State:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import time
@@ -37,7 +38,8 @@ from flexibuff_envs.log.format import (
     header_bytes,
     is_log,
 )
-from flexibuff_envs.log.pieces import Plan, added, allocated
+from flexibuff_envs.log.journal import JOURNAL, batches, lock, parts, record, scan, writing
+from flexibuff_envs.log.pieces import Pieces, Plan, added, allocated
 from flexibuff_envs.log.read import (
     State,
     blocks,
@@ -52,21 +54,28 @@ from flexibuff_envs.log.tail import Tail
 from flexibuff_envs.parts import Segments, Stored
 from flexibuff_envs.storage import Storage
 
+#: a journal holding more bytes than this is folded at the next record
+JOURNAL_LIMIT = 1 << 26
+
 
 class LogWriter:
     """Appends chunks of whole episodes to the log ``directory`` (made if missing).
 
-    An existing log is continued: its layout must match, a torn tail is cut first, and nothing
-    else already there is rewritten. Each `append` hands its rows to the OS before it returns: a
-    process killed (SIGKILL) after that loses none of its episodes. ``fsync`` says when they
-    reach the disk itself, which is what survives a power loss: "interval" (at the first append
-    ``every`` seconds after the last sync; the default), "always" (every append), "close" (only
-    at `close`).
+    An existing log is continued: its layout must match, a torn tail is cut first, the episodes
+    its journal holds are folded (a recording killed before it folded them), and nothing else
+    already there is rewritten. Each append (`append`, `append_rows`) hands its rows to the OS
+    before it returns: a process killed (SIGKILL) after that loses none of its episodes.
+    `append_rows` writes them to the journal, one record, and they are folded into the columns
+    ``every`` seconds, when the journal reaches 64 MiB, and at `sync` and `close`. ``fsync``
+    says when they reach the disk itself, which is what survives a power loss: "interval" (at
+    each fold, and at the first `append` ``every`` seconds after the last sync; the default),
+    "always" (every append and every record), "close" (only at `sync` and `close`).
 
-    One writer appends to a log at a time (two would interleave their rows).
+    One writer appends to a log at a time: it holds the journal's lock while open.
 
     Raises:
-        BufferFileError: the directory holds a log of another layout, or a damaged one.
+        BufferFileError: another writer holds the log, or the directory holds a log of another
+            layout, or a damaged one.
     """
 
     def __init__(
@@ -83,6 +92,40 @@ class LogWriter:
         self.header = header
         self.fsync, self.every = fsync, float(every)
         os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, JOURNAL)
+        try:
+            self._journal = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except OSError as exc:
+            raise BufferFileError(f"{path}: cannot be opened to write ({exc.strerror or exc})") from None
+        if not lock(self._journal, path):
+            os.close(self._journal)
+            raise BufferFileError(f"{self.directory}: another writer has this episode log open")
+        try:
+            state = self._continued(header)
+        except BaseException:
+            os.close(self._journal)  # and its lock
+            raise
+        self.columns, self.commit = state.columns, state.commit
+        self._fills = allocated(header.spec)
+        self._tails = {c.key: self._tail(c) for c in state.files}
+        self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
+        self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
+        self._direct = False  # whether `append_rows` reads them straight (`Plan.of_range`)
+        self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
+        self._synced = self._folded = time.monotonic()
+        # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
+        self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit)
+        self._finalizer = weakref.finalize(self, self._open.close)
+        self._records, self._size = scan(self.directory, self.columns, self.commit)[0], 0
+        try:
+            self.fold()  # what a killed recording left in the journal
+        except BaseException:
+            self._finalizer()
+            raise
+        os.ftruncate(self._journal, 0)  # and a torn record past it
+
+    def _continued(self, header: LogHeader) -> State:
+        """The log as it stands, its torn tails cut and its layout checked (made if missing)."""
         if is_log(self.directory):
             state = repaired(self.directory)
             if state.header != header:
@@ -99,17 +142,7 @@ class LogWriter:
         for name in os.listdir(self.directory):  # a column a kill caught before the header named it
             if name.endswith((".col", ".new")) and name not in listed:
                 os.unlink(os.path.join(self.directory, name))
-        self.columns, self.commit = state.columns, state.commit
-        self._fills = allocated(header.spec)
-        self._tails = {c.key: self._tail(c) for c in state.files}
-        self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
-        self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
-        self._direct = False  # whether `append_rows` reads them straight (`Plan.of_range`)
-        self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
-        self._synced = time.monotonic()
-        # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
-        self._open = _Open(self._tails, self._commits, self.columns, self.commit)
-        self._finalizer = weakref.finalize(self, self._open.close)
+        return state
 
     def _tail(self, column: Column) -> Tail:
         return Tail(os.path.join(self.directory, column.file))
@@ -152,6 +185,7 @@ class LogWriter:
         """Write ``chunk``'s episodes to every column, then commit them (nothing for an empty chunk)."""
         if not chunk.n_episodes:
             return
+        self.fold()  # the journal's episodes came first
         if chunk.spec is not self.header.spec:  # a chunk from this log's own buffer has its layout
             check_layout(self.header.spec, chunk.spec, "the chunk")
         given = {part.key: part.pieces for part in chunk.parts}
@@ -162,13 +196,16 @@ class LogWriter:
             self._add([Column.of(part) for part in chunk.parts if part.key not in self._tails])
         rows = chunk.rows
         self._commit(self._plan.of(given, chunk.lengths, rows, self.commit.tails), rows, chunk.n_episodes, added(given))
+        self._maybe_sync()
 
     @holding
     def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
         """Whole episodes of ``lengths``, back to back in the ring rows ``rows`` (ranges, or row
-        numbers) of ``storage`` (a buffer of this log's layout), as one commit: their stored form
-        (`Stored`), each column written straight from the ring's arrays when the rows are one
-        range (else gathered in one piece)."""
+        numbers) of ``storage`` (a buffer of this log's layout), as one journal record: their
+        stored form (`Stored`), each column read straight from the ring's arrays when the rows
+        are one range (else gathered in one piece). The journal is folded first when due."""
+        if self._records and (self._size > JOURNAL_LIMIT or time.monotonic() - self._folded >= self.every):
+            self.fold()
         if not isinstance(rows, np.ndarray) and len(rows) > 2:
             rows = segment_rows(rows)
         fields = (*storage.arrays, *storage.chains)
@@ -183,17 +220,64 @@ class LogWriter:
             self._direct = self._plan.matches(storage)
         if len(rows) == 1 and self._direct and not isinstance(rows, np.ndarray):  # one range, read straight
             lo, hi = rows[0]
-            pieces, counts = self._plan.of_range(storage, lo, hi, lengths, self.commit.tails)
-            self._commit(pieces, hi - lo, len(lengths), counts)
+            pieces, counts = self._plan.of_range(storage, lo, hi, lengths)
+            self._record(pieces, hi - lo, counts)
             return
         stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
-        self._commit(self._plan.of(stored, lengths, total, self.commit.tails), total, len(lengths), added(stored))
+        self._record(self._plan.record_of(stored, lengths, total), total, added(stored))
+
+    def _record(self, pieces: Pieces, rows: int, slots: tuple[int, ...]) -> None:
+        """Write ``pieces`` (next-value slots numbered from 1) to the journal as one record. If
+        the write fails (a full disk), the journal goes back to its last whole record and
+        `BufferSaveError` names it."""
+        first = self._records[-1].first + self._records[-1].episodes if self._records else self.commit.episodes
+        new, data = record(self._size, first, [piece for _, piece in pieces], rows, slots)
+        at = self._size
+        try:
+            done = os.pwritev(self._journal, data, at)
+            if done < new.end - at:  # seldom: the rest
+                rest = b"".join(data)[done:]
+                while rest:
+                    n = os.pwrite(self._journal, rest, at + done)
+                    rest, done = rest[n:], done + n
+            if self.fsync == "always":
+                os.fdatasync(self._journal)
+        except OSError as exc:
+            os.ftruncate(self._journal, at)
+            raise BufferSaveError(
+                exc.errno,
+                f"cannot append to the episode log ({exc.strerror or exc}; every episode appended before is intact)",
+                os.path.join(self.directory, JOURNAL),
+            ) from exc
+        self._records.append(new)
+        self._size = new.end
+
+    @holding
+    def fold(self) -> None:
+        """Append the episodes the journal holds to the columns (a commit per 16 MiB of them),
+        then empty it; synced first unless ``fsync`` is "close". If a commit fails (a full disk),
+        the journal keeps what was not folded and `BufferSaveError` says why."""
+        if not self._records:
+            return
+        order = [self._tails[c.key] for c in [EPISODE_LENGTHS, *self.columns]]
+        try:
+            for run in batches(self._records):
+                pieces, rows, episodes, slots = parts(self.directory, self.columns, run, self.commit.tails)
+                self._commit(zip(order, pieces), rows, episodes, slots)
+                self._records = self._records[len(run) :]
+        finally:
+            self._folded = time.monotonic()
+        if self.fsync != "close":
+            self._sync_files()
+        os.ftruncate(self._journal, 0)
+        self._size = 0
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:
         """Append every whole episode of the log ``source`` (of this layout and discounts) as one
         commit: each of its bytes is read once and written once, in pieces of at most 16 MiB, next
         values renumbered to follow this log's."""
+        settle(os.fspath(source))
         state = state_of(os.fspath(source))
         check_values(state)
         if state.header != self.header:
@@ -232,7 +316,9 @@ class LogWriter:
                     yield self._tails[column.key], block
 
         added = tuple(state.commit.tails[k] - 1 for k in range(len(CHAINS)))
+        self.fold()
         self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
+        self._maybe_sync()
 
     def _commit(
         self, pieces: Iterable[tuple[Tail, np.ndarray]], rows: int, episodes: int, added: tuple[int, ...]
@@ -267,38 +353,78 @@ class LogWriter:
                 ) from exc
             raise
         self.commit = self._open.commit = commit
-        if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
-            self.sync()
 
-    def sync(self) -> None:
-        """Everything appended so far to the disk itself (the rows first, then the commits)."""
+    def _maybe_sync(self) -> None:
+        """After an append to the columns: sync as ``fsync`` says."""
+        if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
+            self._sync_files()
+
+    def _sync_files(self) -> None:
+        """The columns' rows to the disk itself, then the commits."""
         for tail in self._tails.values():
             tail.sync()
         os.fsync(self._commits.fileno())
         self._synced = time.monotonic()
 
+    def sync(self) -> None:
+        """Everything appended so far to the disk itself: the journal folded, the rows, then the
+        commits."""
+        self.fold()
+        self._sync_files()
+
     @holding
     def close(self) -> None:
-        """Cut the reserved blocks past the last commit, sync (the cut sizes too) and close
-        (appending again needs a new writer)."""
+        """Fold the journal, cut the reserved blocks past the last commit, sync (the cut sizes
+        too) and close (appending again needs a new writer). If folding fails (a full disk), the
+        files are closed all the same, the journal keeping what was not folded (the next writer
+        or reader folds it), and the error is raised."""
         if not self._commits.closed:
-            for column in [EPISODE_LENGTHS, *self.columns]:
-                self._tails[column.key].cut(self.commit.length(column))
-            self.sync()
-            self._finalizer()
+            try:
+                self.fold()
+            finally:
+                for column in [EPISODE_LENGTHS, *self.columns]:
+                    self._tails[column.key].cut(self.commit.length(column))
+                self._sync_files()
+                self._finalizer()
 
 
 class _Open:
     """A writer's files and its newest commit: what closing them needs, so that a writer dropped
     unclosed (its buffer collected) still cuts them to what is committed and lets go of them."""
 
-    def __init__(self, tails: dict[Any, Tail], commits: BinaryIO, columns: list[Column], commit: Commit) -> None:
-        self.tails, self.commits, self.columns, self.commit = tails, commits, columns, commit
+    def __init__(
+        self, tails: dict[Any, Tail], commits: BinaryIO, journal: int, columns: list[Column], commit: Commit
+    ) -> None:
+        self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
 
     def close(self) -> None:
         for column in [EPISODE_LENGTHS, *self.columns]:
             self.tails[column.key].close(self.commit.length(column))
         self.commits.close()
+        os.close(self.journal)  # its lock with it
+
+
+def repair(directory: str | os.PathLike[str]) -> LogReport:
+    """Fold the journal's whole records into the columns and cut every file's torn tail (the
+    bytes past the newest whole commit or record; every whole episode stays); returns what the
+    log holds, and the tails cut.
+
+    Raises:
+        BufferFileError: not an episode log, or a writer has it open.
+    """
+    path = os.fspath(directory)
+    before = report(path)
+    LogWriter(path, state_of(path).header).close()
+    return dataclasses.replace(report(path), torn=before.torn)
+
+
+def settle(directory: str) -> None:
+    """Fold the episodes a recording killed before it folded them left in the journal of the log
+    ``directory``, unless a writer has the log open (its records are its own to fold) or the
+    directory cannot be written (readers then see the folded episodes only)."""
+    state = state_of(directory)
+    if scan(directory, state.columns, state.commit)[0] and os.access(directory, os.W_OK) and not writing(directory):
+        LogWriter(directory, state.header).close()
 
 
 def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> LogReport:
