@@ -26,7 +26,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -67,14 +67,15 @@ def body_bytes(columns: Sequence[Column], episodes: int, rows: int, slots: Seque
 
 
 def record(
-    offset: int, first: int, pieces: Sequence[np.ndarray], rows: int, slots: tuple[int, ...]
-) -> tuple[Record, list[bytes]]:
-    """The record of ``pieces`` (the episodes' lengths, then each column's bytes, C-contiguous)
-    after ``first`` episodes of the log, written at ``offset``: its header, and its bytes."""
-    body = b"".join(pieces)  # type: ignore[arg-type]  # arrays are buffers
-    new = Record(offset, first, len(pieces[0]), rows, slots, len(body), zlib.crc32(body))
+    offset: int, first: int, pieces: Sequence[Any], episodes: int, rows: int, slots: tuple[int, ...]
+) -> tuple[Record, bytes]:
+    """The record of ``pieces`` (buffers: the ``episodes``' lengths, then each column's bytes,
+    C-contiguous) after ``first`` episodes of the log, written at ``offset``: its header, and
+    its bytes."""
+    body = b"".join(pieces)
+    new = Record(offset, first, episodes, rows, slots, len(body), zlib.crc32(body))
     head = _RECORD.pack(_MAGIC, first, new.episodes, rows, *slots, new.size, new.crc)
-    return new, [head + struct.pack("<I", zlib.crc32(head)), body]
+    return new, head + struct.pack("<I", zlib.crc32(head)) + body
 
 
 def _header(fd: int, offset: int, size: int) -> Record | None:
@@ -160,6 +161,8 @@ def parts(
     with open(path, "rb") as handle:
         handle.seek(run[0].offset)
         raw = memoryview(handle.read(run[-1].end - run[0].offset))
+    if len(raw) < run[-1].end - run[0].offset:  # cut since it was scanned (by hand: no writer cuts it)
+        raise fail(path, f"holds fewer bytes than its records at byte {run[0].offset} on")
     rows = np.array([r.rows for r in run], dtype=np.int64)
     slots = np.array([r.slots for r in run], dtype=np.int64).reshape(len(run), len(CHAINS))
     files = [EPISODE_LENGTHS, *columns]

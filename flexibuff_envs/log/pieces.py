@@ -5,12 +5,14 @@ after the log's (`LogWriter` puts them in place and commits them)."""
 from __future__ import annotations
 
 import functools
+import struct
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED
+from flexibuff_envs.chain import CHAINED, Chain
 from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.log.format import CHAINS, EPISODE_LENGTHS, Column
@@ -110,7 +112,7 @@ class Plan:
         ]
 
     def matches(self, storage: Storage) -> bool:
-        """Whether ``storage`` holds every column as the log does (or lacks it), so `of_range`
+        """Whether ``storage`` holds every column as the log does (or lacks it), so `Direct`
         may read it without the checks `of` makes."""
         return all(self._matches(storage, column) for column in self.columns)
 
@@ -132,51 +134,102 @@ class Plan:
         shape = column.shape[1:] if column.per_agent else column.shape
         return per_agent == column.per_agent and array.dtype == column.dtype and row == shape
 
-    def of_range(self, storage: Storage, lo: int, hi: int, lengths: np.ndarray) -> tuple[Pieces, tuple[int, ...]]:
-        """A journal record's pieces of the ring rows ``[lo, hi)`` of ``storage`` (which
-        `matches`), and the slots each chain's piece holds: every column a slice of its array (a
-        copy only where several agents' rows are swapped into the file's order); a next value's
-        index as the ring holds it, a row with a slot of its own positive, and the values of
-        those slots in the order of those rows (`in_order`)."""
-        arrays, chains, single = storage.arrays, storage.chains, self.single
-        pieces = [(self.lengths, lengths.astype(EPISODE_LENGTHS.dtype, copy=False))]
-        counts = [0] * len(CHAINS)
-        parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # per chain: its index and tail pieces
-        for (name, part), tail, dtype, shape, fill, swap, _, _ in self.each:
+
+_LENGTH = struct.Struct("<q")
+#: rows of `CHAINED` as an index's bytes (an episode of at most `_RUN` rows is compared to them)
+_RUN = 4096
+_CHAINED_RUN = np.full(_RUN, CHAINED, dtype=np.int32).tobytes()
+#: how `Direct` reads a column: rows of a ring array, its agents' rows swapped together, one
+#: row's bytes repeated (a field the buffer lacks), a next value's index or its slots
+ROWS, SWAP, FILL, INDEX, SLOTS = range(5)
+
+
+class Direct:
+    """A journal record's bytes read straight from the ring arrays of ``storage`` (which ``plan``
+    `matches`), for rows ``[lo, hi)``: each column's rows as its file holds them; a next value's
+    index as the ring holds it (a row with a slot of its own positive) and the values of those
+    slots in the order of those rows (`in_order`). How each column is read is settled once."""
+
+    def __init__(self, plan: Plan, storage: Storage) -> None:
+        self.storage = storage
+        self.arrays, self.chains = storage.arrays, storage.chains  # `current` checks they are still these
+        self.readers: list[tuple[int, Any, int]] = []  # kind, what it reads, bytes per row
+        for (name, part), _, dtype, shape, fill, swap, _, _ in plan.each:
+            row = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             if part is None:
-                array = arrays.get(name)
-                if array is None:  # a field the buffer lacks: its allocated value
-                    pieces.append((tail, np.full((hi - lo, *shape), fill, dtype)))
-                elif not swap:
-                    pieces.append((tail, array[lo:hi]))
-                elif single:
-                    pieces.append((tail, array[0, lo:hi]))
+                array = storage.arrays.get(name)
+                if array is None:
+                    self.readers.append((FILL, np.full(shape, fill, dtype).tobytes(), row))
+                elif not swap or plan.single:
+                    self.readers.append((ROWS, (array[0] if swap else array).data.cast("B"), row))
                 else:
-                    pieces.append((tail, np.ascontiguousarray(array[:, lo:hi].swapaxes(0, 1))))
+                    self.readers.append((SWAP, array, row))
                 continue
-            chain = chains.get(name)
-            if chain is None:  # a next value the buffer lacks: slot 0, zeros
+            chain = storage.chains.get(name)
+            if chain is None:
                 if part == "index":
-                    pieces.append((tail, np.zeros((hi - lo, *shape), dtype)))
-                continue
-            if name not in parts:
-                index = chain.index[..., lo:hi]
-                if chain.per_agent:
-                    index = index[0] if single else np.ascontiguousarray(index.swapaxes(0, 1))
-                last = lengths.cumsum() - 1
-                if (index[last] == CHAINED).any():  # seldom: an episode's last row reads the row after it
-                    index, named = chain.appended(
-                        slice(lo, hi), 1, (last, functools.partial(storage.successor_rows, last + lo))
-                    )
-                    if chain.per_agent:
-                        index = index[0] if single else np.ascontiguousarray(index.swapaxes(0, 1))
-                    named = in_order(index, named)
+                    self.readers.append((FILL, bytes(row), row))
+            elif part == "index":
+                single = chain.index.ndim == 1 or chain.index.shape[0] == 1
+                self.readers.append(
+                    (INDEX, (name, chain, chain.index.reshape(-1).data.cast("B") if single else None), row)
+                )
+            else:
+                self.readers.append((SLOTS, name, row))
+
+    def current(self, storage: Storage) -> bool:
+        """Whether this reads ``storage`` as it stands (its arrays not replaced since)."""
+        return storage is self.storage and storage.arrays is self.arrays and storage.chains is self.chains
+
+    def read(self, lo: int, hi: int, lengths: np.ndarray) -> tuple[list[Any], tuple[int, ...]]:
+        """The record's pieces (buffers: the lengths, then each column's bytes) and the slots
+        each chain's piece holds."""
+        n = hi - lo
+        one = len(lengths) == 1
+        pieces: list[Any] = [_LENGTH.pack(n) if one else lengths.astype(EPISODE_LENGTHS.dtype, copy=False)]
+        slots: dict[str, Any] = {}
+        for kind, source, row in self.readers:
+            if kind == ROWS:
+                pieces.append(source[lo * row : hi * row])
+            elif kind == FILL:
+                pieces.append(source * n)
+            elif kind == SWAP:
+                pieces.append(np.ascontiguousarray(source[:, lo:hi].swapaxes(0, 1)))
+            elif kind == INDEX:
+                name, chain, flat = source
+                if (
+                    one
+                    and flat is not None
+                    and n <= _RUN
+                    and flat[lo * 4 : (hi - 1) * 4] == _CHAINED_RUN[: (n - 1) * 4]
+                ):
+                    # most often: one agent's episode whose rows are chained but for its last
+                    pieces.append(flat[lo * 4 : hi * 4])
+                    slot = int.from_bytes(flat[(hi - 1) * 4 : hi * 4], sys.byteorder, signed=True)
+                    tail = chain.tail
+                    slots[name] = tail[slot : slot + 1] if slot > 0 else tail[:0]
                 else:
-                    named = chain.tail[index[index > 0]]
-                parts[name] = index, named
-                counts[CHAINS.index(name)] = len(named)
-            pieces.append((tail, parts[name][part == "tail"]))
-        return pieces, tuple(counts)
+                    index, slots[name] = self._chain(chain, lo, hi, lengths)
+                    pieces.append(index)
+            else:
+                pieces.append(slots[source])
+        return pieces, tuple(len(slots[name]) if name in slots else 0 for name in CHAINS)
+
+    def _chain(self, chain: Chain, lo: int, hi: int, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A next value's index over ``[lo, hi)`` as the file holds it, and its slots' values."""
+        index = chain.index[..., lo:hi]
+        if chain.per_agent:
+            index = index[0] if index.shape[0] == 1 else np.ascontiguousarray(index.swapaxes(0, 1))
+        last = lengths.cumsum() - 1
+        if (index[last] != CHAINED).all():
+            return index, chain.tail[index[index > 0]]
+        # seldom: an episode's last row reads the row after it, which the log does not hold
+        index, named = chain.appended(
+            slice(lo, hi), 1, (last, functools.partial(self.storage.successor_rows, last + lo))
+        )
+        if chain.per_agent:
+            index = index[0] if index.shape[0] == 1 else np.ascontiguousarray(index.swapaxes(0, 1))
+        return index, in_order(index, named)
 
 
 def in_order(index: np.ndarray, values: np.ndarray) -> np.ndarray:

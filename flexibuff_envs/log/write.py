@@ -39,7 +39,7 @@ from flexibuff_envs.log.format import (
     is_log,
 )
 from flexibuff_envs.log.journal import JOURNAL, batches, lock, parts, record, scan, writing
-from flexibuff_envs.log.pieces import Pieces, Plan, added, allocated
+from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
 from flexibuff_envs.log.read import (
     State,
     blocks,
@@ -94,35 +94,35 @@ class LogWriter:
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, JOURNAL)
         try:
-            self._journal = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            self._journal = Tail(path)
         except OSError as exc:
             raise BufferFileError(f"{path}: cannot be opened to write ({exc.strerror or exc})") from None
-        if not lock(self._journal, path):
-            os.close(self._journal)
+        if not lock(self._journal.fd, path):
+            os.close(self._journal.fd)
             raise BufferFileError(f"{self.directory}: another writer has this episode log open")
         try:
             state = self._continued(header)
         except BaseException:
-            os.close(self._journal)  # and its lock
+            os.close(self._journal.fd)  # and its lock
             raise
         self.columns, self.commit = state.columns, state.commit
         self._fills = allocated(header.spec)
         self._tails = {c.key: self._tail(c) for c in state.files}
         self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
         self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
-        self._direct = False  # whether `append_rows` reads them straight (`Plan.of_range`)
+        self._direct: Direct | None = None  # how `append_rows` reads them straight, where it can
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = self._folded = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
         self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit)
         self._finalizer = weakref.finalize(self, self._open.close)
-        self._records, self._size = scan(self.directory, self.columns, self.commit)[0], 0
+        self._records = scan(self.directory, self.columns, self.commit)[0]
         try:
             self.fold()  # what a killed recording left in the journal
         except BaseException:
             self._finalizer()
             raise
-        os.ftruncate(self._journal, 0)  # and a torn record past it
+        self._journal.cut(0)  # and a torn record past it
 
     def _continued(self, header: LogHeader) -> State:
         """The log as it stands, its torn tails cut and its layout checked (made if missing)."""
@@ -204,7 +204,7 @@ class LogWriter:
         numbers) of ``storage`` (a buffer of this log's layout), as one journal record: their
         stored form (`Stored`), each column read straight from the ring's arrays when the rows
         are one range (else gathered in one piece). The journal is folded first when due."""
-        if self._records and (self._size > JOURNAL_LIMIT or time.monotonic() - self._folded >= self.every):
+        if self._records and (self._journal.size > JOURNAL_LIMIT or time.monotonic() - self._folded >= self.every):
             self.fold()
         if not isinstance(rows, np.ndarray) and len(rows) > 2:
             rows = segment_rows(rows)
@@ -217,40 +217,37 @@ class LogWriter:
                 )
                 return
             self._fields = fields
-            self._direct = self._plan.matches(storage)
-        if len(rows) == 1 and self._direct and not isinstance(rows, np.ndarray):  # one range, read straight
+            self._direct = Direct(self._plan, storage) if self._plan.matches(storage) else None
+        if len(rows) == 1 and self._direct is not None and not isinstance(rows, np.ndarray):  # one range
             lo, hi = rows[0]
-            pieces, counts = self._plan.of_range(storage, lo, hi, lengths)
-            self._record(pieces, hi - lo, counts)
+            if not self._direct.current(storage):
+                self._direct = Direct(self._plan, storage)
+            pieces, counts = self._direct.read(lo, hi, lengths)
+            self._record(pieces, len(lengths), hi - lo, counts)
             return
         stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
-        self._record(self._plan.record_of(stored, lengths, total), total, added(stored))
+        pieces = [piece for _, piece in self._plan.record_of(stored, lengths, total)]
+        self._record(pieces, len(lengths), total, added(stored))
 
-    def _record(self, pieces: Pieces, rows: int, slots: tuple[int, ...]) -> None:
+    def _record(self, pieces: list[Any], episodes: int, rows: int, slots: tuple[int, ...]) -> None:
         """Write ``pieces`` (next-value slots numbered from 1) to the journal as one record. If
         the write fails (a full disk), the journal goes back to its last whole record and
         `BufferSaveError` names it."""
         first = self._records[-1].first + self._records[-1].episodes if self._records else self.commit.episodes
-        new, data = record(self._size, first, [piece for _, piece in pieces], rows, slots)
-        at = self._size
+        at = self._journal.size
+        new, data = record(at, first, pieces, episodes, rows, slots)
         try:
-            done = os.pwritev(self._journal, data, at)
-            if done < new.end - at:  # seldom: the rest
-                rest = b"".join(data)[done:]
-                while rest:
-                    n = os.pwrite(self._journal, rest, at + done)
-                    rest, done = rest[n:], done + n
+            self._journal.put(np.frombuffer(data, np.uint8))
             if self.fsync == "always":
-                os.fdatasync(self._journal)
+                self._journal.sync()
         except OSError as exc:
-            os.ftruncate(self._journal, at)
+            self._journal.cut(at)
             raise BufferSaveError(
                 exc.errno,
                 f"cannot append to the episode log ({exc.strerror or exc}; every episode appended before is intact)",
-                os.path.join(self.directory, JOURNAL),
+                self._journal.path,
             ) from exc
         self._records.append(new)
-        self._size = new.end
 
     @holding
     def fold(self) -> None:
@@ -269,8 +266,7 @@ class LogWriter:
             self._folded = time.monotonic()
         if self.fsync != "close":
             self._sync_files()
-        os.ftruncate(self._journal, 0)
-        self._size = 0
+        self._journal.cut(0)
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:
@@ -393,7 +389,7 @@ class _Open:
     unclosed (its buffer collected) still cuts them to what is committed and lets go of them."""
 
     def __init__(
-        self, tails: dict[Any, Tail], commits: BinaryIO, journal: int, columns: list[Column], commit: Commit
+        self, tails: dict[Any, Tail], commits: BinaryIO, journal: Tail, columns: list[Column], commit: Commit
     ) -> None:
         self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
 
@@ -401,7 +397,9 @@ class _Open:
         for column in [EPISODE_LENGTHS, *self.columns]:
             self.tails[column.key].close(self.commit.length(column))
         self.commits.close()
-        os.close(self.journal)  # its lock with it
+        self.journal.close(
+            self.journal.size
+        )  # its records kept (the next writer or reader folds them), its lock let go
 
 
 def repair(directory: str | os.PathLike[str]) -> LogReport:
