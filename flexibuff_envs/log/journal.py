@@ -175,10 +175,10 @@ def parts(
     )
     sizes = counts * np.array([c.row_bytes for c in files], dtype=np.int64)
     starts = np.array([r.offset for r in run], dtype=np.int64) - run[0].offset + RECORD_BYTES
-    offsets = (starts[:, None] + np.cumsum(sizes, axis=1) - sizes).T.tolist()
+    offsets = starts[:, None] + np.cumsum(sizes, axis=1) - sizes
     pieces = []
-    for column, at, size in zip(files, offsets, sizes.T.tolist()):  # each column's bytes of every record
-        values = np.frombuffer(b"".join([raw[o : o + n] for o, n in zip(at, size)]), column.dtype)
+    for column, lo, hi in zip(files, offsets.T.tolist(), (offsets + sizes).T.tolist()):
+        values = np.frombuffer(b"".join(map(raw.__getitem__, map(slice, lo, hi))), column.dtype)  # every record's
         if column is EPISODE_LENGTHS and (
             (values < 1).any() or (np.add.reduceat(values, starts_of(counts[:, 0])) != rows).any()
         ):
