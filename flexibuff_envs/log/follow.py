@@ -32,7 +32,7 @@ class Follower:
         for ``i`` in ``which``: where episodes ended)."""
         segments: list[tuple[int, int]] = []
         lengths: list[int] = []
-        marks = self._after.copy()  # taken on only once the episodes are appended: a failed append is retried
+        marks: list[tuple[int, int]] = []  # taken on only once the episodes are appended: a failed append is retried
         for i in range(len(lanes)) if which is None else which:
             lane, after = lanes[i], self._after[i]
             ended = lane.ended
@@ -47,7 +47,7 @@ class Follower:
                     lengths.append(newest.end - newest.start)
                 else:
                     self._outgrown(lane)
-                marks[i] = newest.end
+                marks.append((i, newest.end))
                 continue
             new = int(np.searchsorted(ends, after, side="right"))
             starts, ends, whole = ended.starts[new:], ends[new:], ended.whole[new:]
@@ -60,14 +60,13 @@ class Follower:
                     lengths.append(end - start)
                 if not whole.all():
                     self._outgrown(lane)
-            marks[i] = int(ends[-1])
-        if not lengths:
-            self._after = marks
-            return
-        self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64))
-        self._after = marks
-        self.episodes += len(lengths)
-        self.rows += sum(lengths)
+            marks.append((i, int(ends[-1])))
+        if lengths:
+            self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64))
+            self.episodes += len(lengths)
+            self.rows += sum(lengths)
+        for i, mark in marks:
+            self._after[i] = mark
 
     def flush_spans(
         self,

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import mmap
 import os
-
-import numpy as np
+from typing import Any
 
 #: bytes of a file's end mapped at a time: an eighth of the file, at least FIRST, at most WINDOW
 #: (the pages a window has written count in the process's resident memory until it moves on: at
@@ -36,11 +35,11 @@ class Tail:
         self._map: mmap.mmap | None = None
         self._start = 0  # the file offset of the window's first byte
 
-    def put(self, data: np.ndarray) -> None:
-        """Append ``data`` (C-contiguous) after the bytes put so far."""
-        n, at = data.nbytes, self.size
+    def put(self, data: Any) -> None:
+        """Append ``data`` (bytes, or a C-contiguous array) after the bytes put so far."""
+        n, at = len(data) if data.__class__ is bytes else data.nbytes, self.size
         if n > LARGE or not MAPPED:
-            view, done = data.data.cast("B"), 0
+            view, done = memoryview(data).cast("B"), 0
             while done < n:
                 done += os.pwrite(self.fd, view[done:], at + done)
             self.capacity = max(self.capacity, at + n)
@@ -48,7 +47,7 @@ class Tail:
             window = self._map
             if window is None or at + n > self._start + len(window):
                 window = self._slide(at, n)
-            window[at - self._start : at - self._start + n] = data  # type: ignore[call-overload]  # a buffer
+            window[at - self._start : at - self._start + n] = data
         self.size = at + n
 
     def _slide(self, at: int, n: int) -> mmap.mmap:

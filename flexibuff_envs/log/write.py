@@ -237,7 +237,7 @@ class LogWriter:
         at = self._journal.size
         new, data = record(at, first, pieces, episodes, rows, slots)
         try:
-            self._journal.put(np.frombuffer(data, np.uint8))
+            self._journal.put(data)
             if self.fsync == "always":
                 self._journal.sync()
         except OSError as exc:
