@@ -197,7 +197,8 @@ Log = dict[str, bytes]  # a log directory: file name -> bytes
 
 def seed_logs(directory: Path) -> list[Log]:
     """Real logs of several layouts: CartPole (Box), FrozenLake (categories), Taxi with masks,
-    each of several commits, the ring smaller than the log."""
+    each of several commits, the ring smaller than the log; and each as a recording killed
+    before it folded its journal leaves it (its files read while the writer has them open)."""
     out = []
     for make, steps in (
         (lambda: gym.make("CartPole-v1"), 120),
@@ -208,12 +209,40 @@ def seed_logs(directory: Path) -> list[Log]:
         env = fe.record(make(), num_steps=40, seed=0, log=path)
         env.reset(seed=0)
         env.action_space.seed(0)
-        for _ in range(steps):
+        for k in range(steps):
             if any(env.step(env.action_space.sample())[2:4]):
                 env.reset()
+            if k == steps // 2:
+                env.buffer.sync_log()  # the episodes so far folded, the rest in the journal
+        out.append({file.name: file.read_bytes() for file in path.iterdir()})  # killed here
         env.close()
         out.append({file.name: file.read_bytes() for file in path.iterdir()})
     return out
+
+
+def _rejournaled(files: Log, rng: random.Random) -> Log:
+    """``files`` with one number of a journal record's header changed, or bytes of its body, and
+    its checksums made right, so that what lies behind them is reached."""
+    from flexibuff_envs.log.journal import _RECORD, JOURNAL, RECORD_BYTES
+
+    raw = bytearray(files[JOURNAL])
+    starts, at = [], 0
+    while at + RECORD_BYTES <= len(raw) and raw[at : at + 8] == b"FBJOURNL":
+        starts.append(at)
+        at += RECORD_BYTES + _RECORD.unpack(bytes(raw[at : at + _RECORD.size]))[-2]
+    at = rng.choice(starts)
+    fields = list(_RECORD.unpack(bytes(raw[at : at + _RECORD.size])))
+    body = slice(at + RECORD_BYTES, at + RECORD_BYTES + fields[-2])
+    if rng.random() < 0.5:  # first, episodes, rows, a chain's slots or the body's size
+        k = rng.randrange(1, len(fields) - 1)
+        fields[k] = rng.choice([0, 1, fields[k] + 1, max(fields[k] - 1, 0), fields[k] * 2, 2**40, 2**63])
+    else:
+        for _ in range(rng.randrange(1, 5)):
+            raw[rng.randrange(body.start, body.stop)] = rng.randrange(256)
+        fields[-1] = zlib.crc32(bytes(raw[body]))
+    head = _RECORD.pack(*fields)
+    raw[at : at + RECORD_BYTES] = head + struct.pack("<I", zlib.crc32(head))
+    return {**files, JOURNAL: bytes(raw)}
 
 
 def _recommitted(files: Log) -> Log:
@@ -244,6 +273,8 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
     from flexibuff_envs import log
 
     files = dict(files)
+    if files.get("journal.fblog", b"")[:8] == b"FBJOURNL" and rng.random() < 0.4:
+        return _rejournaled(files, rng)
     roll = rng.random()
     if roll < 0.35:  # the header's JSON, its checksum recomputed
         data = json.loads(files[log.HEADER][20:-4])

@@ -171,6 +171,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     report = log.verify(args.log)
     print(f"{args.log}: {report.episodes:,} whole episodes, {report.rows:,} rows, every checksum holds")
+    if report.unfolded:
+        print(
+            f"{report.unfolded:,} of those episodes are in its journal, not yet in its columns (a recording "
+            "that is running, or was killed: opening, resuming or repairing the log folds them)"
+        )
     for torn in report.torn:
         print(
             f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "
@@ -184,7 +189,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
     report = log.repair(args.log)
     cut = "; ".join(f"cut {torn.size:,} torn bytes from {os.path.basename(torn.path)}" for torn in report.torn)
-    print(f"{args.log}: {report.episodes:,} whole episodes kept; {cut or 'nothing to cut'}")
+    print(f"{args.log}: {report.episodes:,} whole episodes kept, every one in its columns; {cut or 'nothing to cut'}")
     return 0
 
 

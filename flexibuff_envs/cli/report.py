@@ -121,8 +121,8 @@ def inspect_log_report(path: str) -> str:
     memory)."""
     from flexibuff_envs.log import report
 
+    buffer = FlexibleBuffer.open(path)  # first: it folds what a killed recording left in the journal
     logged = report(path)
-    buffer = FlexibleBuffer.open(path)
     spec = buffer.spec
     lines = [f"{path}: episode log, {size(logged.nbytes)}, {_agents(spec)}"]
     lines.append(_line("agents", ", ".join(spec.agent_ids)))

@@ -42,8 +42,9 @@ from flexibuff_envs.log.format import (
     expected,
     is_log,
 )
+from flexibuff_envs.log.manage import merge, repair, settle
 from flexibuff_envs.log.read import Logged, load, report, verify
-from flexibuff_envs.log.write import LogWriter, merge, repair, settle
+from flexibuff_envs.log.write import LogWriter
 
 __all__ = [
     "COMMITS",

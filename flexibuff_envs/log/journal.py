@@ -89,6 +89,14 @@ def _header(fd: int, offset: int, size: int) -> Record | None:
     return record if magic == _MAGIC and record.end <= size else None
 
 
+def _held(record: Record, columns: Sequence[Column]) -> bool:
+    """Whether ``record``'s counts are ones a recording writes: no slots for a next value the log
+    has no column of, and every count below 2**48 (bytes are counted in int64)."""
+    kept = {c.name for c in columns if c.part == "tail"}
+    counts = (record.episodes, record.rows, *record.slots)
+    return max(counts) < 1 << 48 and all(n == 0 or name in kept for name, n in zip(CHAINS, record.slots))
+
+
 def _body_crc(fd: int, record: Record) -> int:
     crc, lo = 0, record.offset + RECORD_BYTES
     while lo < record.end:
@@ -122,6 +130,7 @@ def scan(directory: str, columns: Sequence[Column], commit: Commit) -> tuple[lis
             if (
                 record.first != expected
                 or not record.episodes
+                or not _held(record, columns)
                 or record.size != body_bytes(columns, record.episodes, record.rows, record.slots)
                 or _body_crc(fd, record) != record.crc
             ):

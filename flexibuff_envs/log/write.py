@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import operator
 import os
 import time
@@ -34,18 +33,16 @@ from flexibuff_envs.log.format import (
     Commit,
     FsyncPolicy,
     LogHeader,
-    LogReport,
     header_bytes,
     is_log,
 )
-from flexibuff_envs.log.journal import JOURNAL, batches, lock, parts, record, scan, writing
+from flexibuff_envs.log.journal import JOURNAL, batches, lock, parts, record, scan
 from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
 from flexibuff_envs.log.read import (
     State,
     blocks,
     check_values,
     repaired,
-    report,
     spans,
     state_of,
     sync_file,
@@ -273,7 +270,6 @@ class LogWriter:
         """Append every whole episode of the log ``source`` (of this layout and discounts) as one
         commit: each of its bytes is read once and written once, in pieces of at most 16 MiB, next
         values renumbered to follow this log's."""
-        settle(os.fspath(source))
         state = state_of(os.fspath(source))
         check_values(state)
         if state.header != self.header:
@@ -400,60 +396,3 @@ class _Open:
         self.journal.close(
             self.journal.size
         )  # its records kept (the next writer or reader folds them), its lock let go
-
-
-def repair(directory: str | os.PathLike[str]) -> LogReport:
-    """Fold the journal's whole records into the columns and cut every file's torn tail (the
-    bytes past the newest whole commit or record; every whole episode stays); returns what the
-    log holds, and the tails cut.
-
-    Raises:
-        BufferFileError: not an episode log, or a writer has it open.
-    """
-    path = os.fspath(directory)
-    before = report(path)
-    LogWriter(path, state_of(path).header).close()
-    return dataclasses.replace(report(path), torn=before.torn)
-
-
-def settle(directory: str) -> None:
-    """Fold the episodes a recording killed before it folded them left in the journal of the log
-    ``directory``, unless a writer has the log open (its records are its own to fold) or the
-    directory cannot be written (readers then see the folded episodes only)."""
-    state = state_of(directory)
-    if scan(directory, state.columns, state.commit)[0] and os.access(directory, os.W_OK) and not writing(directory):
-        LogWriter(directory, state.header).close()
-
-
-def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> LogReport:
-    """Append every whole episode of the logs ``sources``, in order, to the log ``out`` (made,
-    or continued when it holds a log of the same layout and discounts): one commit per source,
-    so a merge cut short by a kill leaves ``out`` with the sources before it, whole. A source's
-    torn tail is left out; the sources are only read.
-
-    Raises:
-        BufferFileError: a source is not an episode log, is damaged, or differs from the others
-            in layout or discounts; or ``out`` is one of them.
-        BufferSaveError: ``out`` cannot be written (a full disk: it keeps what it held).
-    """
-    paths = [os.fspath(source) for source in sources]
-    if not paths:
-        raise InvalidArgumentError("merge: give at least one episode log to merge")
-    target = os.path.realpath(out)
-    for path in paths:
-        if os.path.realpath(path) == target:
-            raise BufferFileError(f"{path}: a log cannot be merged into itself")
-    headers = [state_of(path).header for path in paths]
-    for path, header in zip(paths, headers):
-        if header != headers[0]:
-            check_layout(headers[0].spec, header.spec, f"the episode log {path}")
-            raise BufferFileError(
-                f"{path}: its discounts (gamma {header.gamma}, gae_lambda {header.gae_lambda}) differ from {paths[0]}'s"
-            )
-    writer = LogWriter(out, headers[0], fsync="close")
-    try:
-        for path in paths:
-            writer.absorb(path)
-    finally:
-        writer.close()
-    return report(out)
