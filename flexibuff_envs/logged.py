@@ -52,9 +52,10 @@ class Logged(Half):
         """Append every whole episode that ends in this buffer from now on (recorded, or added by
         `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
 
-        An episode is handed to the OS in the step it ends: a process killed after that loses
-        none of it. ``fsync`` ("interval": every ``every`` seconds, "always", "close") says when
-        it reaches the disk itself. ``per_block``: a vector recorder hands its ended episodes
+        An episode is handed to the OS in the step it ends, as one record of the log's journal: a
+        process killed after that loses none of it. The journal is folded into the log's columns
+        every ``every`` seconds and at `sync_log` and `close_log`. ``fsync`` ("interval": at
+        each fold, "always": each record too, "close") says when episodes reach the disk itself. ``per_block``: a vector recorder hands its ended episodes
         over with its block of staged steps instead (up to 256 vector steps later, so a kill can
         lose those), which spares a fast vector env the cost of a write in every step where
         one of its sub-envs ends an episode.
@@ -70,7 +71,9 @@ class Logged(Half):
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> Self:
         """Every whole episode of the episode log ``directory`` (a torn tail is left out), in a
-        buffer that samples them in every mode, batches laid out as any buffer's.
+        buffer that samples them in every mode, batches laid out as any buffer's. Episodes a
+        killed recording left in the log's journal are folded into its columns first (unless a
+        writer has the log open, or the directory cannot be written: they are left out then).
 
         With ``mmap`` (the default) each column of the log is mapped, not read: opening reads
         only the few bytes per row that sampling uses as indices or flags (to check them), a

@@ -12,8 +12,13 @@ as a ring holds them, so mapping a column gives the array a buffer samples from:
                    | u32 crc32 of the bytes the append added to the columns | u32 crc32 of the entry
     lengths.col    each episode's length (int64)
     obs.col, obs_.index.col, obs_.tail.col, ...   one per column
+    journal.fblog  the episodes a recording ended since it last folded, one record each
+                   (`flexibuff_envs.log.journal`); its writer holds its lock
 
-An append puts its rows at the end of every column, then writes its commit entry. Rows are
+An append puts its rows at the end of every column, then writes its commit entry. A recording
+(`LogWriter.append_rows`) writes each ended episode as one record of the journal instead, and
+folds the journal into the columns (appends of many episodes) every few seconds and at close;
+a log left with records in its journal by a killed writer is folded by the next to open it. Rows are
 copied into a mapped window at each file's end, whose disk blocks are reserved before it is
 mapped (large appends are written instead): all of it is with the OS when `LogWriter.append`
 returns, so a process killed at any instant leaves the log as of its last whole entry plus bytes
