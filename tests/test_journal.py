@@ -147,7 +147,11 @@ def test_records_kills_and_resumes_leave_a_prefix_of_what_was_recorded(
         assert log.verify(directory).episodes == len(expected)
 
 
-def test_one_writer_at_a_time_and_a_reader_beside_it_sees_what_was_folded(tmp_path: Path) -> None:
+def test_one_writer_at_a_time_and_a_reader_beside_it_sees_what_was_folded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flexibuff_envs.cli import main
+
     env = logging(tmp_path)
     play(env, 4, np.random.default_rng(0))
     header = log.LogHeader(env.buffer.spec, env.buffer.gamma, env.buffer.gae_lambda)
@@ -157,6 +161,8 @@ def test_one_writer_at_a_time_and_a_reader_beside_it_sees_what_was_folded(tmp_pa
     assert folded == 1
     assert len(read_back(tmp_path)) == 1  # the writer's records are its own to fold
     assert log.report(tmp_path).unfolded == 3
+    assert main(["verify", str(tmp_path)]) == 1  # a live writer's reserved blocks look torn
+    assert "4 whole episodes" in (out := capsys.readouterr().out) and "3 of those episodes are in its journal" in out
     env.buffer.sync_log()
     assert len(read_back(tmp_path)) == 4
     play(env, 6, np.random.default_rng(1))

@@ -274,7 +274,10 @@ def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.
     assert main(["verify", str(tmp_path)]) == 1
     assert "torn tail: 18 bytes" in capsys.readouterr().out
     assert main(["repair", str(tmp_path)]) == 0
-    assert "3 whole episodes kept; cut 18 torn bytes from commits.fblog" in capsys.readouterr().out
+    assert (
+        "3 whole episodes kept, every one in its columns; cut 18 torn bytes from commits.fblog"
+        in capsys.readouterr().out
+    )
     assert main(["verify", str(tmp_path)]) == 0
     assert main(["verify", str(tmp_path / "none")]) == 1
     assert "no such episode log" in capsys.readouterr().err
