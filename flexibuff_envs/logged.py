@@ -12,6 +12,7 @@ import numpy as np
 
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.fields import NEXT
 from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter, settle
@@ -39,6 +40,8 @@ class Logged(Half):
         def _forget(self, lane: Lane, episode: Episode) -> None: ...
 
         def _open(self, lane: Lane, needed: int) -> None: ...
+
+        def compact(self) -> None: ...
 
     @holding
     def log_to(
@@ -144,6 +147,8 @@ class Logged(Half):
         """The episodes that ended since the last flush to the log (in every lane, or in the
         lanes ``lanes``; lanes as they stand)."""
         if self._log is not None:
+            if any(name in self._store.arrays for name in NEXT):  # next values filled in by hand
+                self.compact()  # the log stores them as a buffer's ring does: chained
             self._log.flush(self._store, self._index.ring, lanes)
 
     def _log_ended(

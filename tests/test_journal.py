@@ -206,3 +206,44 @@ def test_a_record_no_recording_writes_is_one_buffer_file_error_naming_the_journa
         log.verify(directory)
     assert log.report(directory).episodes == 3  # counted, never folded: the columns are as they were
     assert state_of(str(directory)).commit.episodes == 1
+
+
+def filled_by_hand(directory: Path | None = None) -> fe.FlexibleBuffer:
+    """Two episodes whose ``obs_`` are filled in by hand, the first's last equal to the second's
+    first ``obs`` (so stored chained to it), logged to ``directory`` as they end if given."""
+    obs = np.arange(12, dtype=np.float32).reshape(6, 2)
+    buffer = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True)
+    if directory is not None:
+        buffer.log_to(directory, every=3600.0)
+    for t in range(6):
+        if t in (0, 3):
+            buffer.begin_episode()
+        row = buffer.claim_row()
+        buffer.field("obs")[0, row] = obs[t]
+        buffer.field("obs_")[0, row] = obs[t + 1] if t < 5 else -1.0  # episode 0 ends on episode 1's start
+        buffer.field("terminated")[0, row] = t in (2, 5)
+        if t in (2, 5):
+            buffer.end_episode()
+    return buffer
+
+
+def test_next_values_filled_in_by_hand_are_logged_as_the_buffer_holds_them(tmp_path: Path) -> None:
+    """A buffer filled by hand logs its ``obs_`` (once a log header named a column no reader
+    takes), and an episode whose last ``obs_`` is chained to the next episode in the ring carries
+    that value in its record, as the log's next episode may be another."""
+    buffer = filled_by_hand(tmp_path / "by hand")
+    held = list(buffer.episodes())
+    buffer.close_log()
+    for mine, want in zip(read_back(tmp_path / "by hand"), held, strict=True):
+        assert_same_batches(mine, want)
+    learner = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True)
+    learner.log_to(tmp_path / "moved", every=3600.0)
+    learner.extend(filled_by_hand().take_episodes())  # a new log: its columns made by a commit
+    learner.extend(filled_by_hand().take_episodes())  # a journal record of two episodes
+    assert log.report(tmp_path / "moved").unfolded == 2
+    held = list(learner.episodes())
+    learner.close_log()
+    logged = read_back(tmp_path / "moved")
+    for mine, want in zip(logged, held, strict=True):
+        assert_same_batches(mine, want)
+    np.testing.assert_array_equal(logged[2].obs_[-1], [6.0, 7.0])

@@ -197,17 +197,14 @@ class Direct:
                 pieces.append(np.ascontiguousarray(source[:, lo:hi].swapaxes(0, 1)))
             elif kind == INDEX:
                 name, chain, flat = source
-                if (
-                    one
-                    and flat is not None
-                    and n <= _RUN
-                    and flat[lo * 4 : (hi - 1) * 4] == _CHAINED_RUN[: (n - 1) * 4]
-                ):
+                last = CHAINED
+                if one and flat is not None and n <= _RUN:
+                    last = int.from_bytes(flat[(hi - 1) * 4 : hi * 4], sys.byteorder, signed=True)
+                if last != CHAINED and flat[lo * 4 : (hi - 1) * 4] == _CHAINED_RUN[: (n - 1) * 4]:
                     # most often: one agent's episode whose rows are chained but for its last
                     pieces.append(flat[lo * 4 : hi * 4])
-                    slot = int.from_bytes(flat[(hi - 1) * 4 : hi * 4], sys.byteorder, signed=True)
                     tail = chain.tail
-                    slots[name] = tail[slot : slot + 1] if slot > 0 else tail[:0]
+                    slots[name] = tail[last : last + 1] if last > 0 else tail[:0]
                 else:
                     index, slots[name] = self._chain(chain, lo, hi, lengths)
                     pieces.append(index)
