@@ -16,7 +16,7 @@ A record counts when it is whole (both checksums hold) and continues the log: it
 is the next one after the log's newest commit and every record before it. Records the log
 already holds (folded, but the journal not yet emptied when a crash came) are passed over, and
 anything else ends the journal: what follows is a torn record and is never read. Folding appends
-the records' episodes to the columns as commits (at most 16 MiB of them each, so folding a long
+the records' episodes to the columns as commits (at most 4 MiB of them each, so folding a long
 journal needs little memory) and then empties the journal.
 """
 
@@ -39,6 +39,9 @@ except ImportError:  # Windows: no advisory locks, so no guard against two write
     fcntl = None  # type: ignore[assignment]
 
 JOURNAL = "journal.fblog"
+#: bytes of records folded in one commit: what a fold holds in memory (twice over, read and
+#: joined), which a long recording's resident memory keeps once it has folded
+FOLD = 1 << 22
 _MAGIC = b"FBJOURNL"
 _RECORD = struct.Struct(f"<8sQQQ{len(CHAINS)}QQI")  # then the crc32 of the record's header
 RECORD_BYTES = _RECORD.size + 4
@@ -143,11 +146,11 @@ def scan(directory: str, columns: Sequence[Column], commit: Commit) -> tuple[lis
 
 
 def batches(records: Sequence[Record]) -> Iterator[list[Record]]:
-    """``records`` in runs of at most 16 MiB of bodies (a larger record alone)."""
+    """``records`` in runs of at most `FOLD` bytes of bodies (a larger record alone)."""
     run: list[Record] = []
     held = 0
     for record in records:
-        if run and held + record.size > PIECE:
+        if run and held + record.size > FOLD:
             yield run
             run, held = [], 0
         run.append(record)

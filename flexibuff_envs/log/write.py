@@ -248,7 +248,7 @@ class LogWriter:
 
     @holding
     def fold(self) -> None:
-        """Append the episodes the journal holds to the columns (a commit per 16 MiB of them),
+        """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
         then empty it; synced first unless ``fsync`` is "close". If a commit fails (a full disk),
         the journal keeps what was not folded and `BufferSaveError` says why."""
         if not self._records:
