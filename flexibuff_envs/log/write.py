@@ -227,7 +227,7 @@ class LogWriter:
         self._record(pieces, len(lengths), total, added(stored))
 
     def _record(self, pieces: list[Any], episodes: int, rows: int, slots: tuple[int, ...]) -> None:
-        """Write ``pieces`` (next-value slots numbered from 1) to the journal as one record. If
+        """Write ``pieces`` (a record's body, `journal.record`) to the journal as one record. If
         the write fails (a full disk), the journal goes back to its last whole record and
         `BufferSaveError` names it."""
         first = self._records[-1].first + self._records[-1].episodes if self._records else self.commit.episodes
