@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -33,3 +34,22 @@ def whole_episodes(buffer: fe.FlexibleBuffer) -> list[fe.FlexiBatch]:
 def key(batch: fe.FlexiBatch) -> Any:
     """What tells episodes apart: their observations and actions."""
     return batch.obs.tobytes(), None if batch.discrete_actions is None else batch.discrete_actions.tobytes()
+
+
+def filled_by_hand(directory: str | os.PathLike[str] | None = None) -> fe.FlexibleBuffer:
+    """Two episodes whose ``obs_`` are filled in by hand, the first's last equal to the second's
+    first ``obs`` (so stored chained to it), logged to ``directory`` as they end if given."""
+    obs = np.arange(12, dtype=np.float32).reshape(6, 2)
+    buffer = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True)
+    if directory is not None:
+        buffer.log_to(directory, every=3600.0)
+    for t in range(6):
+        if t in (0, 3):
+            buffer.begin_episode()
+        row = buffer.claim_row()
+        buffer.field("obs")[0, row] = obs[t]
+        buffer.field("obs_")[0, row] = obs[t + 1] if t < 5 else -1.0  # episode 0 ends on episode 1's start
+        buffer.field("terminated")[0, row] = t in (2, 5)
+        if t in (2, 5):
+            buffer.end_episode()
+    return buffer

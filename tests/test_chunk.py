@@ -20,7 +20,7 @@ from pettingzoo.classic import connect_four_v3
 import flexibuff_envs as fe
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.rollout import Annotated, steps
-from tests.batches import assert_same_batches, key, whole_episodes
+from tests.batches import assert_same_batches, filled_by_hand, key, whole_episodes
 from tests.envs import ToyEnv
 
 KINDS: dict[str, Callable[[], Any]] = {
@@ -171,25 +171,14 @@ def test_masks_switched_on_give_every_row_held_before_all_actions_legal_running_
 def test_next_values_filled_by_hand_travel_too_even_chained_across_episodes() -> None:
     """A hand-filled ``obs_`` equal to the next episode's first ``obs`` is stored chained to it
     (`compact`); the chunk must still carry that value, as the next episode may not follow."""
-    buffer = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True)
-    obs = np.arange(12, dtype=np.float32).reshape(6, 2)
-    for t in range(6):
-        if t in (0, 3):
-            buffer.begin_episode()
-        row = buffer.claim_row()
-        buffer.field("obs")[0, row] = obs[t]
-        buffer.field("obs_")[0, row] = obs[t + 1] if t < 5 else -1.0  # episode 0 ends on episode 1's start
-        buffer.field("individual_rewards")[0, row] = 1.0
-        buffer.field("terminated")[0, row] = t in (2, 5)
-        if t in (2, 5):
-            buffer.end_episode()
+    buffer = filled_by_hand()
     first, second = whole_episodes(buffer)
     chunk = buffer.take_episodes()
     learner = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2])
     learner.extend(chunk[:1])  # the first episode alone
     (moved,) = whole_episodes(learner)
     assert_same_batches(moved, first)
-    np.testing.assert_array_equal(moved.obs_[-1], obs[3])
+    np.testing.assert_array_equal(moved.obs_[-1], [6.0, 7.0])
     assert second.obs_[-1].tolist() == [-1.0, -1.0]
 
 

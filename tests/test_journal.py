@@ -21,7 +21,7 @@ import flexibuff_envs as fe
 from flexibuff_envs import log
 from flexibuff_envs.log.journal import _RECORD, JOURNAL, RECORD_BYTES, Record, scan
 from flexibuff_envs.log.read import state_of
-from tests.batches import assert_same_batches
+from tests.batches import assert_same_batches, filled_by_hand
 
 Files = dict[str, bytes]
 
@@ -206,25 +206,6 @@ def test_a_record_no_recording_writes_is_one_buffer_file_error_naming_the_journa
         log.verify(directory)
     assert log.report(directory).episodes == 3  # counted, never folded: the columns are as they were
     assert state_of(str(directory)).commit.episodes == 1
-
-
-def filled_by_hand(directory: Path | None = None) -> fe.FlexibleBuffer:
-    """Two episodes whose ``obs_`` are filled in by hand, the first's last equal to the second's
-    first ``obs`` (so stored chained to it), logged to ``directory`` as they end if given."""
-    obs = np.arange(12, dtype=np.float32).reshape(6, 2)
-    buffer = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True)
-    if directory is not None:
-        buffer.log_to(directory, every=3600.0)
-    for t in range(6):
-        if t in (0, 3):
-            buffer.begin_episode()
-        row = buffer.claim_row()
-        buffer.field("obs")[0, row] = obs[t]
-        buffer.field("obs_")[0, row] = obs[t + 1] if t < 5 else -1.0  # episode 0 ends on episode 1's start
-        buffer.field("terminated")[0, row] = t in (2, 5)
-        if t in (2, 5):
-            buffer.end_episode()
-    return buffer
 
 
 def test_next_values_filled_in_by_hand_are_logged_as_the_buffer_holds_them(tmp_path: Path) -> None:

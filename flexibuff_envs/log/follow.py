@@ -15,8 +15,8 @@ from flexibuff_envs.storage import Storage
 
 class Follower:
     """Appends to ``writer`` every whole episode that ends in ``lanes`` from now on: `flush`
-    after episodes end writes those that ended since the last flush, as one commit, straight
-    from the ring's rows."""
+    after episodes end writes those that ended since the last flush, as one record of the log's
+    journal (`LogWriter.append_rows`), straight from the ring's rows."""
 
     def __init__(self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False) -> None:
         self.writer = writer
@@ -80,7 +80,7 @@ class Follower:
     ) -> None:
         """`flush` for the episodes known to have ended at positions ``[starts, ends)`` of
         ``lanes[which]`` (a vector recorder's, lane by lane, each in time order; ``rows``: their
-        buffer rows; ``whole``: none of their rows forgotten): the same commit, in a fixed number
+        buffer rows; ``whole``: none of their rows forgotten): the same record, in a fixed number
         of array operations however many lanes."""
         keep = ends > self._after[which]  # not appended yet
         if not whole[keep].all():
