@@ -139,9 +139,10 @@ _LENGTH = struct.Struct("<q")
 #: rows of `CHAINED` as an index's bytes (an episode of at most `_RUN` rows is compared to them)
 _RUN = 4096
 _CHAINED_RUN = np.full(_RUN, CHAINED, dtype=np.int32).tobytes()
-#: how `Direct` reads a column: rows of a ring array, its agents' rows swapped together, one
-#: row's bytes repeated (a field the buffer lacks), a next value's index or its slots
-ROWS, SWAP, FILL, INDEX, SLOTS = range(5)
+#: how `Direct` reads a column: rows of a ring array, the same copied (an array not laid out
+#: row after row, as a mapped log's), its agents' rows swapped together, one row's bytes repeated
+#: (a field the buffer lacks), a next value's index or its slots
+ROWS, COPY, SWAP, FILL, INDEX, SLOTS = range(6)
 
 
 class Direct:
@@ -160,19 +161,22 @@ class Direct:
                 array = storage.arrays.get(name)
                 if array is None:
                     self.readers.append((FILL, np.full(shape, fill, dtype).tobytes(), row))
-                elif not swap or plan.single:
-                    self.readers.append((ROWS, (array[0] if swap else array).data.cast("B"), row))
-                else:
+                elif swap and not plan.single:
                     self.readers.append((SWAP, array, row))
+                else:
+                    rows = array[0] if swap else array
+                    self.readers.append(
+                        (ROWS, rows.data.cast("B"), row) if rows.flags.c_contiguous else (COPY, rows, row)
+                    )
                 continue
             chain = storage.chains.get(name)
             if chain is None:
                 if part == "index":
                     self.readers.append((FILL, bytes(row), row))
             elif part == "index":
-                single = chain.index.ndim == 1 or chain.index.shape[0] == 1
+                flat = chain.index.flags.c_contiguous and (chain.index.ndim == 1 or chain.index.shape[0] == 1)
                 self.readers.append(
-                    (INDEX, (name, chain, chain.index.reshape(-1).data.cast("B") if single else None), row)
+                    (INDEX, (name, chain, chain.index.reshape(-1).data.cast("B") if flat else None), row)
                 )
             else:
                 self.readers.append((SLOTS, name, row))
@@ -195,6 +199,8 @@ class Direct:
                 pieces.append(source * n)
             elif kind == SWAP:
                 pieces.append(np.ascontiguousarray(source[:, lo:hi].swapaxes(0, 1)))
+            elif kind == COPY:
+                pieces.append(np.ascontiguousarray(source[lo:hi]))
             elif kind == INDEX:
                 name, chain, flat = source
                 last = CHAINED
