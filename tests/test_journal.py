@@ -161,13 +161,19 @@ def test_one_writer_at_a_time_and_a_reader_beside_it_sees_what_was_folded(
     assert folded == 1
     assert len(read_back(tmp_path)) == 1  # the writer's records are its own to fold
     assert log.report(tmp_path).unfolded == 3
-    assert main(["verify", str(tmp_path)]) == 1  # a live writer's reserved blocks look torn
-    assert "4 whole episodes" in (out := capsys.readouterr().out) and "3 of those episodes are in its journal" in out
+    assert log.report(tmp_path).live and log.verify(tmp_path).torn == ()  # its reserved blocks are its own
+    assert main(["verify", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "4 whole episodes" in out and "3 of those episodes are in its journal" in out and "a writer has it open" in out
+    )
+    assert main(["inspect", str(tmp_path)]) == 0 and "writer" in capsys.readouterr().out
     env.buffer.sync_log()
     assert len(read_back(tmp_path)) == 4
     play(env, 6, np.random.default_rng(1))
     env.buffer.close_log()
     log.LogWriter(tmp_path, header).close()  # closed, the log takes a writer again
+    assert not log.report(tmp_path).live
     for mine, want in zip(read_back(tmp_path), env.buffer.episodes(), strict=True):
         assert_same_batches(mine, want)
 

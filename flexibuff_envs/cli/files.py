@@ -176,6 +176,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{report.unfolded:,} of those episodes are in its journal, not yet in its columns (a recording "
             "that is running, or was killed: opening, resuming or repairing the log folds them)"
         )
+    if report.live:
+        print(
+            "a writer has it open: what lies past its newest commit and record is the writer's own (its "
+            "reserved blocks, or an append under way), checked here once it closes"
+        )
     for torn in report.torn:
         print(
             f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "

@@ -128,6 +128,8 @@ def inspect_log_report(path: str) -> str:
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("layout", _layout(spec)))
     lines += _held_lines(buffer)
+    if logged.live:
+        lines.append(_line("writer", "open: a recording appends to it (readers see what it had folded)"))
     for torn in logged.torn:
         lines.append(
             _line(

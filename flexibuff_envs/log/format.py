@@ -119,8 +119,10 @@ class Torn:
 @dataclass(frozen=True)
 class LogReport:
     """What a log holds (its journal's episodes counted), how many of those episodes its
-    journal holds, not yet folded into the columns, and the torn tails of its files (empty for a
-    whole log)."""
+    journal holds, not yet folded into the columns, the torn tails of its files (empty for a
+    whole log), and whether a writer has it open (``live``: the bytes past its newest commit
+    and record are then the writer's own, its reserved windows or an append under way, and
+    none is counted torn)."""
 
     header: LogHeader
     episodes: int
@@ -128,6 +130,7 @@ class LogReport:
     nbytes: int
     torn: tuple[Torn, ...]
     unfolded: int = 0
+    live: bool = False
 
 
 def fail(path: str, problem: str) -> BufferFileError:

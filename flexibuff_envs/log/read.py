@@ -28,7 +28,7 @@ from flexibuff_envs.log.format import (
     parse_entry,
     read_header,
 )
-from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan
+from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
 
 
 @dataclass
@@ -257,14 +257,16 @@ def report_of(state: State, *, every: bool = False) -> LogReport:
         for run in batches(records):
             slots = parts(state.directory, state.columns, run, tails)[3]
             tails = tuple(t + n for t, n in zip(tails, slots))
+    live = writing(state.directory)  # what lies past its commits is the writer's: cut when it closes
     torn = (Torn(os.path.join(state.directory, JOURNAL), end, size - end),) if size > end else ()
     return LogReport(
         state.header,
         state.commit.episodes + sum(r.episodes for r in records),
         state.commit.rows + sum(r.rows for r in records),
         sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES + end,
-        state.torn() + torn,
+        () if live else state.torn() + torn,
         sum(r.episodes for r in records),
+        live,
     )
 
 
