@@ -40,12 +40,16 @@ TakeMode = Literal["raise", "wrap", "clip"]
 
 #: arrays from this size on are mapped anonymously, with transparent huge pages asked for
 _HUGE = 4 << 20
+#: ``alloc(shape, dtype, name)``: zeros for the storage's array ``name`` (`zeroed`, or a file's:
+#: `flexibuff_envs.log.ring.RingFiles`)
+Alloc = Callable[[tuple[int, ...], Any, str], np.ndarray]
 
 
-def zeroed(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+def zeroed(shape: tuple[int, ...], dtype: np.dtype | type, name: str = "") -> np.ndarray:
     """Zeros that cost memory only where written, as ``np.zeros`` (calloc), but for large arrays
     in huge pages where the system allows: writing a fresh 1 GiB array (a loaded file, a ring
-    being recorded) then takes a fifth of the page faults' time."""
+    being recorded) then takes a fifth of the page faults' time. An `Alloc` (``name``, the
+    array's, is for one that keeps arrays in files)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < _HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
@@ -93,15 +97,23 @@ class Chain:
     """The next-values of one base field (``obs``, ``state`` or ``action_mask``)."""
 
     def __init__(
-        self, base: np.ndarray, per_agent: bool, *, index: np.ndarray | None = None, tail: np.ndarray | None = None
+        self,
+        base: np.ndarray,
+        per_agent: bool,
+        *,
+        index: np.ndarray | None = None,
+        tail: np.ndarray | None = None,
+        alloc: Alloc = zeroed,
+        name: str = "",
     ) -> None:
-        """A chain on ``base``; ``index`` and ``tail`` are given when read from a file."""
+        """A chain on ``base``; ``index`` and ``tail`` are given when read from a file; ``alloc``
+        makes them otherwise (the arrays of next-value field ``name``)."""
         self.base = base  # [n_agents, rows, width] or [rows, width]
-        self.per_agent = per_agent
+        self.per_agent, self.alloc_array, self.name = per_agent, alloc, name
         # calloc: every row reads slot 0 (zeros) until written
-        self.index = zeroed(base.shape[:-1], np.int32) if index is None else index
+        self.index = alloc(base.shape[:-1], np.int32, f"{name}.index") if index is None else index
         slots = max(4, min(64, _TAIL_BYTES // max(1, base.shape[-1] * base.itemsize)))
-        self.tail = np.zeros((slots, base.shape[-1]), dtype=base.dtype) if tail is None else tail
+        self.tail = alloc((slots, base.shape[-1]), base.dtype, f"{name}.tail") if tail is None else tail
         self.reserved = np.zeros(len(self.tail), dtype=bool)
         self._free = np.empty(len(self.tail), dtype=np.int32)  # a stack of free slots
         self._n_free = 0
@@ -135,7 +147,7 @@ class Chain:
 
     def _grow(self, need: int) -> None:
         size = max(need, 2 * len(self.tail))
-        tail = np.zeros((size, self.tail.shape[1]), dtype=self.tail.dtype)
+        tail = self.alloc_array((size, self.tail.shape[1]), self.tail.dtype, f"{self.name}.tail")
         tail[: len(self.tail)] = self.tail
         self.tail = tail
         self.reserved = np.concatenate([self.reserved, np.zeros(size - len(self.reserved), dtype=bool)])

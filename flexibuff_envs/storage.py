@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.action_codecs import ActionCodec
-from flexibuff_envs.chain import CHAINED, Chain, TakeMode, zeroed
+from flexibuff_envs.chain import CHAINED, Alloc, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import ObsCodec, index_dtype
 from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.fields import (
@@ -46,11 +46,11 @@ class Storage:
         #: the names a batch may be asked for (`fields=`)
         self.known = frozenset([*self.fields, *N_STEP_MADE])
         self.lane_rows = rows // lanes
-        # per lane: rows (from its first) that hold their fields' allocated values; the others are
-        # still calloc's zeros, so a huge ring costs memory only as it is used (`open`)
+        # per lane: rows (from its first) holding their allocated values; the rest are calloc's zeros
         self.opened = [0] * lanes
         self.arrays: dict[str, np.ndarray] = {}
         self.chains: dict[str, Chain] = {}
+        self.alloc: Alloc = zeroed  # what makes its arrays (a logging buffer's: files, `log.ring`)
         # (fresh?) -> what clearing a row writes: (array, value, per agent); None once arrays change
         self._clearing: dict[bool, list[tuple[np.ndarray, float | bool, bool]]] = {}
         self._widths = {
@@ -76,7 +76,7 @@ class Storage:
             if width is not None:
                 self._widths[field.width] = width
             # zeros that cost memory only where written: untouched rows of a huge buffer cost none
-            array = zeroed(self.shape(name), self.dtype(name))
+            array = self.alloc(self.shape(name), self.dtype(name), name)
             fill = self.fill(name)
             if fill:
                 for lane, opened in enumerate(self.opened):
@@ -164,7 +164,9 @@ class Storage:
         """The chain of next-value field ``name``, made (with its base field) on first use."""
         chain = self.chains.get(name)
         if chain is None:
-            chain = self.chains[name] = Chain(self.ensure(NEXT[name]), self.fields[name].per_agent)
+            chain = self.chains[name] = Chain(
+                self.ensure(NEXT[name]), self.fields[name].per_agent, alloc=self.alloc, name=name
+            )
         return chain
 
     def holder(self, name: str, codec: ObsCodec | ActionCodec, agent: int | None, lane: int) -> Held:
@@ -395,6 +397,4 @@ class Storage:
     @property
     def row_nbytes(self) -> int:
         """Bytes one row takes (a chain's tail store is not per row)."""
-        return (
-            sum(a.nbytes for a in self.arrays.values()) + sum(c.index.nbytes for c in self.chains.values())
-        ) // self.rows
+        return (self.nbytes - sum(c.tail.nbytes for c in self.chains.values())) // self.rows
