@@ -273,6 +273,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         An episode still running goes on recording; its steps before the clear are gone, so it
         will not be handed out by `sample_episodes`, but its ``G`` and GAE cover what is kept.
         """
+        self._settle_log()
         lanes = self._index.change()
         live = live_rows(lanes)
         for lane in lanes:

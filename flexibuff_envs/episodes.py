@@ -112,6 +112,16 @@ class Ended:
     def whole(self) -> np.ndarray:
         return self._whole[self._first : self._stop]
 
+    def newest(self) -> tuple[int, int, int, bool]:
+        """The end of the episode before the newest (-1 if none), and the newest's start, end and
+        wholeness (-1, -1, -1, False when none ended): what a log asks after an episode ends,
+        in plain integers."""
+        j = self._stop - 1
+        if j < self._first:
+            return -1, -1, -1, False
+        before = self._end.item(j - 1) if j > self._first else -1
+        return before, self._start.item(j), self._end.item(j), bool(self._whole.item(j))
+
     def with_running(self, running: Episode | None) -> tuple[np.ndarray, np.ndarray]:
         """``starts`` and ``ends`` followed by ``running`` (if any): views of the arrays, whose
         spare slot after the newest holds the running episode."""

@@ -31,6 +31,8 @@ class Filling(Half):
 
         def _flush_log(self, lanes: Sequence[int] | None = None) -> None: ...
 
+        def _settle_log(self) -> None: ...
+
     @holding
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
         """The storage array of ``name``, allocated on first use, to fill a buffer by hand.
@@ -40,6 +42,7 @@ class Filling(Half):
         ``action_mask_``) is kept once, in the next row of its base field; asking for its array
         writes every row's value out, until `compact` or a recorder stores it once again.
         """
+        self._settle_log()
         for lane in self._index.change():
             if lane.opened != ALL:
                 self._open(lane, lane.open_limit)
@@ -69,6 +72,7 @@ class Filling(Half):
         """Store each next value filled in by hand once: where ``obs_`` (``state_``,
         ``action_mask_``) of a row equals its base field at the lane's next row, bit for bit,
         it is read from there; other rows keep their own copy."""
+        self._settle_log()
         if any(name in self._store.arrays for name in NEXT):
             lanes = self._index.read()
             self._store.compact(live_rows(lanes), newest_rows(lanes))
@@ -143,6 +147,7 @@ class Filling(Half):
     def _forget_rows(self, rows: np.ndarray | slice) -> None:
         """``rows`` (indices, or a slice) are no longer recorded: no ``G``, and their next-value
         slots come back."""
+        self._settle_log()
         self._store.arrays["G"][:, rows] = np.nan
         for chain in self._store.chains.values():
             chain.forget(rows)

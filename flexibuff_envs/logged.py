@@ -17,6 +17,7 @@ from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter, settle
 from flexibuff_envs.log import load as load_log
+from flexibuff_envs.log.ring import into_files
 from flexibuff_envs.sampling import Half
 from flexibuff_envs.storage import Storage
 
@@ -70,6 +71,8 @@ class Logged(Half):
             raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
         self._log = Follower(writer, self._index.read(), per_block=per_block)
+        if into_files(self._store, writer.directory):  # no recorder writes to it yet: its ring goes in files
+            writer.use_ring(self._store)
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> Self:
@@ -150,6 +153,13 @@ class Logged(Half):
             if any(name in self._store.arrays for name in NEXT):  # next values filled in by hand
                 self.compact()  # the log stores them as a buffer's ring does: chained
             self._log.flush(self._store, self._index.ring, lanes)
+
+    def _settle_log(self) -> None:
+        """Rows of ended episodes are about to change (forgotten, compacted, fed back, handed out
+        to fill): when the ring is in files, the log's pending episodes are folded first, so it
+        holds each as it ended."""
+        if self._log is not None and self._log.writer.marks.pending:
+            self._log.writer.fold()
 
     def _log_ended(
         self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, whole: np.ndarray

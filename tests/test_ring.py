@@ -12,7 +12,7 @@ import numpy as np
 from pettingzoo.classic import connect_four_v3
 
 import flexibuff_envs as fe
-from flexibuff_envs.log.ring import INDEX, RING, RingFiles, into_files
+from flexibuff_envs.log.ring import INDEX, RING, into_files
 from tests.batches import assert_same_batches
 
 
@@ -22,7 +22,7 @@ def recorded(make, ring: Path | None, steps: int) -> fe.FlexibleBuffer:  # type:
     env = make()
     buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(env), num_steps=64)
     if ring is not None:
-        assert into_files(buffer._store, RingFiles(str(ring)))
+        assert into_files(buffer._store, str(ring))
     recorder = fe.record(env, buffer)
     rng = np.random.default_rng(0)
     if isinstance(env, gym.Env):
@@ -67,5 +67,5 @@ def test_a_ring_in_files_records_as_one_in_memory_and_its_files_hold_its_arrays(
 def test_a_buffer_recorded_into_keeps_its_arrays_where_they_are(tmp_path: Path) -> None:
     buffer = recorded(lambda: gym.make("CartPole-v1"), None, 50)
     arrays = dict(buffer._store.arrays)
-    assert not into_files(buffer._store, RingFiles(str(tmp_path)))  # its recorder holds views of them
+    assert not into_files(buffer._store, str(tmp_path))  # its recorder holds views of them
     assert all(buffer._store.arrays[name] is array for name, array in arrays.items())

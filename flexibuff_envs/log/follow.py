@@ -30,6 +30,8 @@ class Follower:
     def flush(self, storage: Storage, lanes: Sequence[Lane], which: Sequence[int] | None = None) -> None:
         """Append the episodes that ended since the last flush in ``lanes`` (or in ``lanes[i]``
         for ``i`` in ``which``: where episodes ended)."""
+        if which is not None and len(which) == 1 and self._newest(storage, lanes, which[0]):
+            return
         segments: list[tuple[int, int]] = []
         lengths: list[int] = []
         marks: list[tuple[int, int]] = []  # taken on only once the episodes are appended: a failed append is retried
@@ -67,6 +69,22 @@ class Follower:
             self.rows += sum(lengths)
         for i, mark in marks:
             self._after[i] = mark
+
+    def _newest(self, storage: Storage, lanes: Sequence[Lane], i: int) -> bool:
+        """`flush` of lane ``i`` when the newest of its episodes alone ended since, whole, in
+        one range of the ring (a recorder's episode end, most often); whether it was."""
+        lane = lanes[i]
+        before, start, end, whole = lane.ended.newest()
+        after = self._after.item(i)
+        first, n = start % lane.capacity, end - start
+        if not (before <= after < end and whole and first + n <= lane.capacity):
+            return end <= after  # nothing new: done
+        lo = lane.offset + first
+        self.writer.append_rows(storage, [(lo, lo + n)], np.array([n]))
+        self._after[i] = end
+        self.episodes += 1
+        self.rows += n
+        return True
 
     def flush_spans(
         self,

@@ -77,8 +77,13 @@ def record(
     its bytes."""
     body = b"".join(pieces)
     new = Record(offset, first, episodes, rows, slots, len(body), zlib.crc32(body))
-    head = _RECORD.pack(_MAGIC, first, new.episodes, rows, *slots, new.size, new.crc)
-    return new, head + struct.pack("<I", zlib.crc32(head)) + body
+    return new, head(_MAGIC, new) + body
+
+
+def head(magic: bytes, record: Record) -> bytes:
+    """The header of ``record`` (``magic``: a record's, or a marker's), its crc32 after it."""
+    raw = _RECORD.pack(magic, record.first, record.episodes, record.rows, *record.slots, record.size, record.crc)
+    return raw + struct.pack("<I", zlib.crc32(raw))
 
 
 def _header(fd: int, offset: int, size: int) -> Record | None:
@@ -175,6 +180,14 @@ def parts(
         raw = memoryview(handle.read(run[-1].end - run[0].offset))
     if len(raw) < run[-1].end - run[0].offset:  # cut since it was scanned (by hand: no writer cuts it)
         raise fail(path, f"holds fewer bytes than its records at byte {run[0].offset} on")
+    return parts_of(path, columns, run, tails, raw)
+
+
+def parts_of(
+    path: str, columns: Sequence[Column], run: Sequence[Record], tails: Sequence[int], raw: memoryview
+) -> tuple[list[np.ndarray], int, int, tuple[int, ...]]:
+    """`parts` of the records ``run`` whose bytes are ``raw`` (from the first one's offset on;
+    ``path``: the journal's, for errors)."""
     rows = np.array([r.rows for r in run], dtype=np.int64)
     slots = np.array([r.slots for r in run], dtype=np.int64).reshape(len(run), len(CHAINS))
     files = [EPISODE_LENGTHS, *columns]

@@ -66,12 +66,13 @@ class RingFiles:
         os.replace(path + ".new", path)
 
 
-def into_files(storage: Storage, ring: RingFiles) -> bool:
-    """Move ``storage``'s arrays and next-value chains into ``ring``'s files (the rows its lanes
-    opened: the others are zeros in both) and make its later ones there. Nothing moves, and
-    False is returned, once a recorder writes to it: it holds views of the arrays then."""
+def into_files(storage: Storage, directory: str) -> bool:
+    """Move ``storage``'s arrays and next-value chains into files of ``directory/ring/`` (the
+    rows its lanes opened: the others are zeros in both) and make its later ones there. Nothing
+    moves, and False is returned, once a recorder writes to it: it holds views of the arrays."""
     if any(len(chain.holders) for chain in storage.chains.values()):
         return False
+    ring = RingFiles(directory)
     for name, array in list(storage.arrays.items()):
         storage.put(name, _moved(storage, ring, array, name, storage.fields[name].per_agent))
     for name, chain in storage.chains.items():

@@ -14,7 +14,6 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from flexibuff_envs.chunk import Chunk, check_layout
-from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.errors import (
     BufferFileError,
     BufferSaveError,
@@ -36,7 +35,9 @@ from flexibuff_envs.log.format import (
     header_bytes,
     is_log,
 )
-from flexibuff_envs.log.journal import JOURNAL, batches, lock, parts, record, scan
+from flexibuff_envs.log.journal import JOURNAL, lock, scan
+from flexibuff_envs.log.journaling import Journaling
+from flexibuff_envs.log.marks import Marks
 from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
 from flexibuff_envs.log.read import (
     State,
@@ -48,14 +49,9 @@ from flexibuff_envs.log.read import (
     sync_file,
 )
 from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.parts import Segments, Stored
-from flexibuff_envs.storage import Storage
-
-#: a journal holding more bytes than this is folded at the next record
-JOURNAL_LIMIT = 1 << 26
 
 
-class LogWriter:
+class LogWriter(Journaling):
     """Appends chunks of whole episodes to the log ``directory`` (made if missing).
 
     An existing log is continued: its layout must match, a torn tail is cut first, the episodes
@@ -108,6 +104,7 @@ class LogWriter:
         self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
         self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
         self._direct: Direct | None = None  # how `append_rows` reads them straight, where it can
+        self.marks = Marks(None)  # the ended episodes of a buffer whose ring is in files (`use_ring`)
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = self._folded = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
@@ -194,76 +191,6 @@ class LogWriter:
         rows = chunk.rows
         self._commit(self._plan.of(given, chunk.lengths, rows, self.commit.tails), rows, chunk.n_episodes, added(given))
         self._maybe_sync()
-
-    @holding
-    def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
-        """Whole episodes of ``lengths``, back to back in the ring rows ``rows`` (ranges, or row
-        numbers) of ``storage`` (a buffer of this log's layout), as one journal record: their
-        stored form (`Stored`), each column read straight from the ring's arrays when the rows
-        are one range (else gathered in one piece). The journal is folded first when due."""
-        if self._records and (self._journal.size > JOURNAL_LIMIT or time.monotonic() - self._folded >= self.every):
-            self.fold()
-        if not isinstance(rows, np.ndarray) and len(rows) > 2:
-            rows = segment_rows(rows)
-        fields = (*storage.arrays, *storage.chains)
-        if fields != self._fields:  # the buffer's fields changed: a field the log lacks yet is added as a chunk's
-            stored = Stored(storage, rows, lengths.cumsum() - 1)
-            if any(key not in self._tails for key in stored):
-                self.append(
-                    Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()))
-                )
-                return
-            self._fields = fields
-            self._direct = Direct(self._plan, storage) if self._plan.matches(storage) else None
-        if len(rows) == 1 and self._direct is not None and not isinstance(rows, np.ndarray):  # one range
-            lo, hi = rows[0]
-            if not self._direct.current(storage):
-                self._direct = Direct(self._plan, storage)
-            pieces, counts = self._direct.read(lo, hi, lengths)
-            self._record(pieces, len(lengths), hi - lo, counts)
-            return
-        stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
-        pieces = [piece for _, piece in self._plan.record_of(stored, lengths, total)]
-        self._record(pieces, len(lengths), total, added(stored))
-
-    def _record(self, pieces: list[Any], episodes: int, rows: int, slots: tuple[int, ...]) -> None:
-        """Write ``pieces`` (a record's body, `journal.record`) to the journal as one record. If
-        the write fails (a full disk), the journal goes back to its last whole record and
-        `BufferSaveError` names it."""
-        first = self._records[-1].first + self._records[-1].episodes if self._records else self.commit.episodes
-        at = self._journal.size
-        new, data = record(at, first, pieces, episodes, rows, slots)
-        try:
-            self._journal.put(data)
-            if self.fsync == "always":
-                self._journal.sync()
-        except OSError as exc:
-            self._journal.cut(at)
-            raise BufferSaveError(
-                exc.errno,
-                f"cannot append to the episode log ({exc.strerror or exc}; every episode appended before is intact)",
-                self._journal.path,
-            ) from exc
-        self._records.append(new)
-
-    @holding
-    def fold(self) -> None:
-        """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
-        then empty it; synced first unless ``fsync`` is "close". If a commit fails (a full disk),
-        the journal keeps what was not folded and `BufferSaveError` says why."""
-        if not self._records:
-            return
-        order = [self._tails[c.key] for c in [EPISODE_LENGTHS, *self.columns]]
-        try:
-            for run in batches(self._records):
-                pieces, rows, episodes, slots = parts(self.directory, self.columns, run, self.commit.tails)
-                self._commit(zip(order, pieces), rows, episodes, slots)
-                self._records = self._records[len(run) :]
-        finally:
-            self._folded = time.monotonic()
-        if self.fsync != "close":
-            self._sync_files()
-        self._journal.cut(0)
 
     @holding
     def absorb(self, source: str | os.PathLike[str]) -> None:

@@ -1,0 +1,149 @@
+"""The episode log writer's journal half: ended episodes written as journal records (or
+markers, when the buffer's ring is in files) and folded into the columns (`LogWriter`)."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flexibuff_envs.chunk import Chunk
+from flexibuff_envs.episodes import segment_rows
+from flexibuff_envs.errors import BufferSaveError
+from flexibuff_envs.interrupts import holding
+from flexibuff_envs.log.format import EPISODE_LENGTHS, Column, Commit, LogHeader
+from flexibuff_envs.log.journal import FOLD, Record, batches, parts, parts_of, record
+from flexibuff_envs.log.marks import Marks, in_records
+from flexibuff_envs.log.pieces import Direct, Plan, added
+from flexibuff_envs.log.tail import Tail
+from flexibuff_envs.parts import Segments, Stored
+from flexibuff_envs.storage import Storage
+
+#: a journal holding more bytes than this is folded at the next record
+JOURNAL_LIMIT = 1 << 26
+
+
+class Journaling:
+    """`LogWriter`'s appends of ended episodes through the journal, and folding it."""
+
+    if TYPE_CHECKING:  # given by `LogWriter`
+        directory: str
+        header: LogHeader
+        fsync: str
+        every: float
+        columns: list[Column]
+        commit: Commit
+        marks: Marks
+        _journal: Tail
+        _records: list[Record]
+        _folded: float
+        _fields: tuple[str, ...]
+        _tails: dict[Any, Tail]
+        _direct: Direct | None
+        _plan: Plan
+
+        def append(self, chunk: Chunk) -> None: ...
+
+        def _commit(self, pieces: Any, rows: int, episodes: int, added: tuple[int, ...]) -> None: ...
+
+        def _sync_files(self) -> None: ...
+
+    @holding
+    def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
+        """Whole episodes of ``lengths``, back to back in the ring rows ``rows`` (ranges, or row
+        numbers) of ``storage`` (a buffer of this log's layout), as one journal record: their
+        stored form (`Stored`), each column read straight from the ring's arrays when the rows
+        are one range (else gathered in one piece); a marker naming the rows instead when the
+        ring is in files (`marks`). The journal is folded first when due."""
+        if (self._records or self.marks.pending) and (
+            self._journal.size > JOURNAL_LIMIT or time.monotonic() - self._folded >= self.every
+        ):
+            self.fold()
+        if not isinstance(rows, np.ndarray) and len(rows) > 2:
+            rows = segment_rows(rows)
+        fields = (*storage.arrays, *storage.chains)
+        if fields != self._fields:  # the buffer's fields changed: a field the log lacks yet is added as a chunk's
+            stored = Stored(storage, rows, lengths.cumsum() - 1)
+            if any(key not in self._tails for key in stored):
+                self.append(
+                    Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()))
+                )
+                return
+            self._fields = fields
+            self._direct = Direct(self._plan, storage) if self._plan.matches(storage) else None
+        if storage is self.marks.storage:
+            self._put(self.marks.marker(self.commit.episodes + self.marks.episodes, rows, lengths))
+            self.marks.add(rows, lengths)
+            return
+        self._record(*self._read(storage, rows, lengths))
+
+    def _read(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:
+        """The record-form pieces of episodes of ``lengths`` in ``storage``'s ring rows ``rows``,
+        how many, their rows, and each chain's slots."""
+        if len(rows) == 1 and self._direct is not None and not isinstance(rows, np.ndarray):  # one range
+            lo, hi = rows[0]
+            if not self._direct.current(storage):
+                self._direct = Direct(self._plan, storage)
+            pieces, counts = self._direct.read(lo, hi, lengths)
+            return pieces, len(lengths), hi - lo, counts
+        stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
+        return [piece for _, piece in self._plan.record_of(stored, lengths, total)], len(lengths), total, added(stored)
+
+    def use_ring(self, storage: Storage) -> None:
+        """``storage``'s arrays are in files (`log.ring`): its ended episodes go to the journal
+        as markers, their rows read from the ring when it is folded."""
+        self.fold()
+        self.marks = Marks(storage)
+
+    def _record(self, pieces: list[Any], episodes: int, rows: int, slots: tuple[int, ...]) -> None:
+        """Write ``pieces`` (a record's body, `journal.record`) to the journal as one record."""
+        first = self._records[-1].first + self._records[-1].episodes if self._records else self.commit.episodes
+        new, data = record(self._journal.size, first, pieces, episodes, rows, slots)
+        self._put(data)
+        self._records.append(new)
+
+    def _put(self, data: bytes) -> None:
+        """``data`` (a record, a marker) to the journal. If the write fails (a full disk), the
+        journal goes back to its last whole record and `BufferSaveError` names it."""
+        at = self._journal.size
+        try:
+            self._journal.put(data)
+            if self.fsync == "always":
+                self._journal.sync()
+        except OSError as exc:
+            self._journal.cut(at)
+            raise BufferSaveError(
+                exc.errno,
+                f"cannot append to the episode log ({exc.strerror or exc}; every episode appended before is intact)",
+                self._journal.path,
+            ) from exc
+
+    @holding
+    def fold(self) -> None:
+        """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
+        then empty it; synced first unless ``fsync`` is "close". If a commit fails (a full disk),
+        the journal keeps what was not folded and `BufferSaveError` says why."""
+        if not self._records and not self.marks.pending:
+            return
+        order = [self._tails[c.key] for c in [EPISODE_LENGTHS, *self.columns]]
+        try:
+            for run in batches(self._records):
+                pieces, rows, episodes, slots = parts(self.directory, self.columns, run, self.commit.tails)
+                self._commit(zip(order, pieces), rows, episodes, slots)
+                self._records = self._records[len(run) :]
+            if self.marks.storage is not None:
+                most = max(1, FOLD // sum(c.row_bytes for c in self.columns))
+                read = partial(self._read, self.marks.storage)
+                for run, raw, entries in in_records(self.marks.runs(most), read, self.commit.episodes, FOLD):
+                    pieces, rows, episodes, slots = parts_of(
+                        self._journal.path, self.columns, run, self.commit.tails, raw
+                    )
+                    self._commit(zip(order, pieces), rows, episodes, slots)
+                    self.marks.done(entries, episodes)
+        finally:
+            self._folded = time.monotonic()
+        if self.fsync != "close":
+            self._sync_files()
+        self._journal.cut(0)
