@@ -43,6 +43,7 @@ JOURNAL = "journal.fblog"
 #: joined), which a long recording's resident memory keeps once it has folded
 FOLD = 1 << 22
 _MAGIC = b"FBJOURNL"
+MARK = b"FBJRMARK"  # a marker's magic (`log.marks`)
 _RECORD = struct.Struct(f"<8sQQQ{len(CHAINS)}QQI")  # then the crc32 of the record's header
 RECORD_BYTES = _RECORD.size + 4
 
@@ -57,6 +58,7 @@ class Record(NamedTuple):
     slots: tuple[int, ...]  # per chain (`CHAINS`), the next-value slots its body holds
     size: int  # bytes of its body
     crc: int
+    mark: bool = False  # a marker: its body names ring rows (`log.marks`), not their bytes
 
     @property
     def end(self) -> int:
@@ -93,8 +95,14 @@ def _header(fd: int, offset: int, size: int) -> Record | None:
     if len(raw) < RECORD_BYTES or zlib.crc32(raw[: _RECORD.size]) != struct.unpack("<I", raw[_RECORD.size :])[0]:
         return None
     magic, first, episodes, rows, *rest = _RECORD.unpack(raw[: _RECORD.size])
-    record = Record(offset, first, episodes, rows, tuple(rest[: len(CHAINS)]), rest[-2], rest[-1])
-    return record if magic == _MAGIC and record.end <= size else None
+    record = Record(offset, first, episodes, rows, tuple(rest[: len(CHAINS)]), rest[-2], rest[-1], magic == MARK)
+    return record if magic in (_MAGIC, MARK) and record.end <= size else None
+
+
+def marked_bytes(record: Record) -> bool:
+    """Whether a marker's body can hold its episodes' lengths and ``lo, hi`` ranges of rows."""
+    ranges = record.size - 8 * record.episodes
+    return not any(record.slots) and ranges > 0 and ranges % 16 == 0 and ranges // 16 <= record.rows
 
 
 def _held(record: Record, columns: Sequence[Column]) -> bool:
@@ -139,7 +147,11 @@ def scan(directory: str, columns: Sequence[Column], commit: Commit) -> tuple[lis
                 record.first != expected
                 or not record.episodes
                 or not _held(record, columns)
-                or record.size != body_bytes(columns, record.episodes, record.rows, record.slots)
+                or (
+                    not marked_bytes(record)
+                    if record.mark
+                    else record.size != body_bytes(columns, record.episodes, record.rows, record.slots)
+                )
                 or _body_crc(fd, record) != record.crc
             ):
                 break
@@ -151,11 +163,12 @@ def scan(directory: str, columns: Sequence[Column], commit: Commit) -> tuple[lis
 
 
 def batches(records: Sequence[Record]) -> Iterator[list[Record]]:
-    """``records`` in runs of at most `FOLD` bytes of bodies (a larger record alone)."""
+    """``records`` in runs of at most `FOLD` bytes of bodies (a larger record alone), records
+    and markers in runs of their own."""
     run: list[Record] = []
     held = 0
     for record in records:
-        if run and held + record.size > FOLD:
+        if run and (held + record.size > FOLD or record.mark != run[0].mark):
             yield run
             run, held = [], 0
         run.append(record)

@@ -3,6 +3,7 @@ markers, when the buffer's ring is in files) and folded into the columns (`LogWr
 
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -14,9 +15,10 @@ from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.errors import BufferSaveError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.format import EPISODE_LENGTHS, Column, Commit, LogHeader
-from flexibuff_envs.log.journal import FOLD, Record, batches, parts, parts_of, record
-from flexibuff_envs.log.marks import Marks, in_records
+from flexibuff_envs.log.journal import FOLD, RECORD_BYTES, Record, batches, parts, parts_of, record
+from flexibuff_envs.log.marks import Marks, in_records, parse
 from flexibuff_envs.log.pieces import Direct, Plan, added
+from flexibuff_envs.log.ring import left
 from flexibuff_envs.log.tail import Tail
 from flexibuff_envs.parts import Segments, Stored
 from flexibuff_envs.storage import Storage
@@ -82,12 +84,14 @@ class Journaling:
     def _read(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:
         """The record-form pieces of episodes of ``lengths`` in ``storage``'s ring rows ``rows``,
         how many, their rows, and each chain's slots."""
-        if len(rows) == 1 and self._direct is not None and not isinstance(rows, np.ndarray):  # one range
-            lo, hi = rows[0]
-            if not self._direct.current(storage):
-                self._direct = Direct(self._plan, storage)
-            pieces, counts = self._direct.read(lo, hi, lengths)
-            return pieces, len(lengths), hi - lo, counts
+        if len(rows) == 1 and not isinstance(rows, np.ndarray):  # one range: read straight where it can
+            direct = self._direct
+            if direct is None or not direct.current(storage):
+                direct = self._direct = Direct(self._plan, storage) if self._plan.matches(storage) else None
+            if direct is not None:
+                lo, hi = rows[0]
+                pieces, counts = direct.read(lo, hi, lengths)
+                return pieces, len(lengths), hi - lo, counts
         stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
         return [piece for _, piece in self._plan.record_of(stored, lengths, total)], len(lengths), total, added(stored)
 
@@ -120,6 +124,17 @@ class Journaling:
                 self._journal.path,
             ) from exc
 
+    def _fold_marked(self, run: list[Record], order: list[Tail]) -> None:
+        """Commit the episodes of the markers ``run`` (the first of the journal's records), their
+        rows read from the ring files a killed recording left (`ring.left`)."""
+        ring = left(self.directory, self.header.spec)
+        path, fd = self._journal.path, self._journal.fd
+        entries = ((*parse(path, r, os.pread(fd, r.size, r.offset + RECORD_BYTES), ring.rows), 1) for r in run)
+        for batch, raw, held in in_records(entries, partial(self._read, ring), self.commit.episodes, FOLD):
+            pieces, rows, episodes, slots = parts_of(path, self.columns, batch, self.commit.tails, raw)
+            self._commit(zip(order, pieces), rows, episodes, slots)
+            self._records = self._records[held:]
+
     @holding
     def fold(self) -> None:
         """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
@@ -130,6 +145,9 @@ class Journaling:
         order = [self._tails[c.key] for c in [EPISODE_LENGTHS, *self.columns]]
         try:
             for run in batches(self._records):
+                if run[0].mark:  # a killed recording's markers: their rows are in the ring it left
+                    self._fold_marked(run, order)
+                    continue
                 pieces, rows, episodes, slots = parts(self.directory, self.columns, run, self.commit.tails)
                 self._commit(zip(order, pieces), rows, episodes, slots)
                 self._records = self._records[len(run) :]

@@ -16,12 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.log.format import CHAINS
-from flexibuff_envs.log.journal import RECORD_BYTES, Record, head
+from flexibuff_envs.log.format import CHAINS, fail
+from flexibuff_envs.log.journal import MARK, RECORD_BYTES, Record, head
 from flexibuff_envs.parts import Segments
 from flexibuff_envs.storage import Storage
 
-MARK = b"FBJRMARK"
 _ONE = struct.Struct("<qqq")  # one episode in one range: its length, lo, hi
 #: the record-form pieces of episodes of ``lengths`` in ring rows ``rows``, how many, their rows,
 #: and each chain's slots (`LogWriter`'s reading of a buffer)
@@ -52,8 +51,7 @@ class Marks:
             lo, hi = rows[0]
             body = _ONE.pack(hi - lo, lo, hi)
             return _head_one(first, hi - lo, zlib.crc32(body)) + body
-        bounds = rows if isinstance(rows, np.ndarray) else [bound for run in rows for bound in run]
-        body = lengths.astype(np.int64).tobytes() + np.asarray(bounds, dtype=np.int64).tobytes()
+        body = lengths.astype(np.int64).tobytes() + bounds(rows).tobytes()
         record = Record(0, first, len(lengths), int(lengths.sum()), (0,) * len(CHAINS), len(body), zlib.crc32(body))
         return head(MARK, record) + body
 
@@ -112,3 +110,33 @@ def in_records(
         entries += held
     if batch:
         yield batch, memoryview(b"".join(raw)), entries
+
+
+def bounds(rows: Segments | np.ndarray) -> np.ndarray:
+    """``lo, hi`` of each range of ring rows ``rows`` (ranges, or rows: runs of consecutive ones)."""
+    if not isinstance(rows, np.ndarray):
+        return np.array([bound for run in rows for bound in run], dtype=np.int64)
+    cut = np.flatnonzero(np.diff(rows) != 1) + 1
+    return np.stack([rows[np.r_[0, cut]], rows[np.r_[cut - 1, len(rows) - 1]] + 1], axis=1).astype(np.int64).ravel()
+
+
+def parse(path: str, record: Record, body: bytes, capacity: int) -> tuple[Segments, np.ndarray]:
+    """The ring rows and lengths of the episodes of the marker ``record`` (body ``body``) of the
+    journal ``path``, checked against a ring of ``capacity`` rows.
+
+    Raises:
+        BufferFileError: they are not rows of the ring, or not its episodes' rows.
+    """
+    values = np.frombuffer(body, dtype="<i8")
+    lengths, ranges = values[: record.episodes], values[record.episodes :].reshape(-1, 2)
+    lo, hi = ranges[:, 0], ranges[:, 1]
+    if (
+        (lengths < 1).any()
+        or lengths.sum() != record.rows
+        or (lo < 0).any()
+        or (hi <= lo).any()
+        or (hi > capacity).any()
+        or (hi - lo).sum() != record.rows
+    ):
+        raise fail(path, f"corrupt marker at byte {record.offset}: it names other rows than its episodes'")
+    return [(int(a), int(b)) for a, b in ranges.tolist()], lengths.astype(np.int64)

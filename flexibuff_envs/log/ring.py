@@ -19,8 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.chain import Chain
 from flexibuff_envs.errors import BufferSaveError
 from flexibuff_envs.fields import NEXT
+from flexibuff_envs.log.format import fail
+from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
 
 RING = "ring"
@@ -94,3 +97,59 @@ def _moved(storage: Storage, ring: RingFiles, array: np.ndarray, name: str, per_
         first = lane * storage.lane_rows
         rows[first : first + opened] = source[first : first + opened]
     return moved
+
+
+def left(directory: str, spec: BufferSpec) -> Storage:
+    """The ring a killed recording left in ``directory/ring/`` (as `ring.json` names it), its
+    files mapped read-only, as a storage of ``spec``'s layout.
+
+    Raises:
+        BufferFileError: it is missing, or a file differs from what ``ring.json`` says of it, or
+            an array from what ``spec`` stores.
+    """
+    root = os.path.join(directory, RING)
+    path = os.path.join(root, INDEX)
+    try:
+        with open(path, "rb") as handle:
+            listed = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError) as exc:
+        raise fail(path, f"cannot be read as the ring's index ({exc})") from None
+    probe = Storage(spec, 1)
+    arrays: dict[str, np.ndarray] = {}
+    for name, entry in listed.items() if isinstance(listed, dict) else ():
+        arrays[name] = _mapped(root, path, name, entry, probe)
+    rows = arrays["obs"].shape[1] if "obs" in arrays else 0
+    storage = Storage(spec, rows)
+    storage.replace({name: array for name, array in arrays.items() if name in storage.fields})
+    for name in NEXT:
+        index, tail = arrays.get(f"{name}.index"), arrays.get(f"{name}.tail")
+        if index is not None and tail is not None and NEXT[name] in storage.arrays:
+            base = storage.arrays[NEXT[name]]
+            if index.shape != base.shape[:-1] or tail.shape[1:] != base.shape[-1:] or tail.dtype != base.dtype:
+                raise fail(path, f"the ring's {name} does not fit its {NEXT[name]}")
+            storage.chains[name] = Chain(base, storage.fields[name].per_agent, index=index, tail=tail)
+    for name, array in storage.arrays.items():
+        lead = (spec.n_agents, rows) if storage.fields[name].per_agent else (rows,)
+        if array.shape[: len(lead)] != lead or array.dtype != storage.dtype(name):
+            raise fail(path, f"the ring's {name} is {array.shape} {array.dtype}, not a ring of {rows} rows of it")
+    return storage
+
+
+def _mapped(root: str, path: str, name: str, entry: Any, probe: Storage) -> np.ndarray:
+    """The array ``ring.json`` (``path``) lists as ``name``, mapped read-only once checked."""
+    try:
+        file, shape, dtype = str(entry["file"]), tuple(int(n) for n in entry["shape"]), np.dtype(entry["dtype"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise fail(path, f"its entry {name!r} is not a file, shape and dtype ({exc})") from None
+    base = name.split(".")[0]
+    if os.sep in file or file.startswith(".") or base not in probe.fields or dtype.kind not in "biuf":
+        raise fail(path, f"its entry {name!r} names no array of a ring ({file}, {dtype})")
+    full = os.path.join(root, file)
+    nbytes = math.prod(shape) * dtype.itemsize if all(n >= 0 for n in shape) else -1
+    try:
+        size = os.path.getsize(full)
+    except OSError as exc:
+        raise fail(full, f"cannot be read ({exc.strerror or exc})") from None
+    if size != nbytes or not nbytes:
+        raise fail(full, f"holds {size:,} bytes, not the {nbytes:,} of {shape} {dtype}")
+    return np.memmap(full, dtype=dtype, mode="r", shape=shape)

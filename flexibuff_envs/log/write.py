@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 import os
+import shutil
 import time
 import weakref
 import zlib
@@ -48,6 +49,7 @@ from flexibuff_envs.log.read import (
     state_of,
     sync_file,
 )
+from flexibuff_envs.log.ring import RING
 from flexibuff_envs.log.tail import Tail
 
 
@@ -117,6 +119,7 @@ class LogWriter(Journaling):
             self._finalizer()
             raise
         self._journal.cut(0)  # and a torn record past it
+        shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # and the ring it read them from
 
     def _continued(self, header: LogHeader) -> State:
         """The log as it stands, its torn tails cut and its layout checked (made if missing)."""
@@ -296,10 +299,12 @@ class LogWriter(Journaling):
         """Fold the journal, cut the reserved blocks past the last commit, sync (the cut sizes
         too) and close (appending again needs a new writer). If folding fails (a full disk), the
         files are closed all the same, the journal keeping what was not folded (the next writer
-        or reader folds it), and the error is raised."""
+        or reader folds it, from the ring's files when the buffer's ring is in files), and the error
+        is raised. The ring's files go once folded (a buffer recording on keeps them mapped)."""
         if not self._commits.closed:
             try:
                 self.fold()
+                shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # its episodes are folded
             finally:
                 for column in [EPISODE_LENGTHS, *self.columns]:
                     self._tails[column.key].cut(self.commit.length(column))
