@@ -114,8 +114,7 @@ class Ended:
 
     def newest(self) -> tuple[int, int, int, bool]:
         """The end of the episode before the newest (-1 if none), and the newest's start, end and
-        wholeness (-1, -1, -1, False when none ended): what a log asks after an episode ends,
-        in plain integers."""
+        wholeness (-1, -1, -1, False when none ended), in plain integers (a log's question)."""
         j = self._stop - 1
         if j < self._first:
             return -1, -1, -1, False
@@ -193,9 +192,8 @@ class Lane:
         on_open: Callable[[Lane, int], None] | None = None,
     ) -> None:
         self.on_forget = on_forget
-        # rows of positions below ``opened`` hold their fields' allocated values or recorded ones;
-        # claiming past it calls ``on_open(lane, position)``, until ``open_limit`` (the ring's
-        # first pass; a loaded lane's non-live rows) is reached (ALL: every row is open)
+        # rows below ``opened`` hold allocated or recorded values (ALL: every row); claiming past it calls
+        # ``on_open(lane, position)`` until ``open_limit`` (the ring's first pass; a loaded lane's non-live rows)
         self.on_open = on_open
         self.opened = 0 if on_open is not None else ALL
         self.open_limit = capacity
@@ -379,13 +377,6 @@ class Lane:
 def lane_offsets(lanes: Sequence[Lane]) -> np.ndarray:
     """Each lane's first buffer row."""
     return np.array([lane.offset for lane in lanes], dtype=np.int64)
-
-
-def segment_rows(segments: Sequence[tuple[int, int]]) -> np.ndarray:
-    """The rows of the ring ranges ``[lo, hi)`` of ``segments``, range after range."""
-    if len(segments) == 1:
-        return np.arange(*segments[0])
-    return np.concatenate([np.arange(lo, hi) for lo, hi in segments] or [np.zeros(0, dtype=np.int64)])
 
 
 def span_rows(offsets: np.ndarray, capacity: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

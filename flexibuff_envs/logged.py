@@ -56,13 +56,17 @@ class Logged(Half):
         """Append every whole episode that ends in this buffer from now on (recorded, or added by
         `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
 
-        An episode is handed to the OS in the step it ends, as one record of the log's journal: a
-        process killed after that loses none of it. The journal is folded into the log's columns
-        every ``every`` seconds and at `sync_log` and `close_log`. ``fsync`` ("interval": at
-        each fold, "always": each record too, "close") says when episodes reach the disk itself. ``per_block``: a vector recorder hands its ended episodes
-        over with its block of staged steps instead (up to 256 vector steps later, so a kill can
-        lose those), which spares a fast vector env the cost of a write in every step where
-        one of its sub-envs ends an episode.
+        An episode is handed to the OS in the step it ends: a process killed after that loses none
+        of it. A buffer no recorder has written to yet (as `fe.record(..., log=DIR)` makes one)
+        keeps its ring in files of ``DIR/ring/`` from now on, so an episode's end writes a marker
+        naming its rows to the log's journal; any other (or with ``fsync="always"``) writes its
+        rows, as one record. The journal is folded into the log's columns every ``every``
+        seconds, at `sync_log` and `close_log`, and before rows of an episode not yet folded
+        change. ``fsync`` ("interval": at each fold, "always": each record too, "close") says
+        when episodes reach the disk itself. ``per_block``: a vector recorder hands its ended
+        episodes over with its block of staged steps instead (up to 256 vector steps later, so a
+        kill can lose those), which spares a fast vector env the cost of a write in every step
+        where one of its sub-envs ends an episode.
 
         Raises:
             BufferFileError: ``directory`` holds a log of another layout, or a damaged one.
@@ -71,7 +75,9 @@ class Logged(Half):
             raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
         self._log = Follower(writer, self._index.read(), per_block=per_block)
-        if into_files(self._store, writer.directory):  # no recorder writes to it yet: its ring goes in files
+        # no recorder writes to it yet: its ring goes in files, an episode's end a marker ("always"
+        # syncs each episode's rows with it: records)
+        if fsync != "always" and into_files(self._store, writer.directory):
             writer.use_ring(self._store)
 
     @classmethod

@@ -10,14 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flexibuff_envs.episodes import segment_rows
-
 if TYPE_CHECKING:
     from flexibuff_envs.storage import Storage
 
 
 #: ring rows as ``[lo, hi)`` ranges, in order
 Segments = Sequence[tuple[int, int]]
+
+
+def segment_rows(segments: Sequence[tuple[int, int]]) -> np.ndarray:
+    """The rows of the ring ranges ``[lo, hi)`` of ``segments``, range after range."""
+    if len(segments) == 1:
+        return np.arange(*segments[0])
+    return np.concatenate([np.arange(lo, hi) for lo, hi in segments] or [np.zeros(0, dtype=np.int64)])
 
 
 def runs(segments: Segments) -> Iterator[tuple[int, int, slice]]:

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from flexibuff_envs.episodes import Lane, segment_rows
+from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError
 from flexibuff_envs.index import EpisodeTable, episode_table
+from flexibuff_envs.parts import segment_rows
 from flexibuff_envs.priorities import PriorityTree
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ import numpy as np
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.chain import CHAINED, Alloc, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import ObsCodec, index_dtype
-from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.fields import (
     DECODED,
     MASKS,
@@ -31,7 +30,7 @@ from flexibuff_envs.fields import (
 )
 from flexibuff_envs.holders import Held, HeldBatch
 from flexibuff_envs.nstep import Windows, discounted_sum
-from flexibuff_envs.parts import Part, Segments, Stored, runs
+from flexibuff_envs.parts import Part, Segments, Stored, runs, segment_rows
 from flexibuff_envs.spec import BufferSpec
 
 

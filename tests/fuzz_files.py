@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import struct
 import sys
 import tempfile
@@ -214,10 +215,15 @@ def seed_logs(directory: Path) -> list[Log]:
                 env.reset()
             if k == steps // 2:
                 env.buffer.sync_log()  # the episodes so far folded, the rest in the journal
-        out.append({file.name: file.read_bytes() for file in path.iterdir()})  # killed here
+        out.append(log_files(path))  # killed here: markers in the journal, rows in the ring's files
         env.close()
-        out.append({file.name: file.read_bytes() for file in path.iterdir()})
+        out.append(log_files(path))
     return out
+
+
+def log_files(path: Path) -> Log:
+    """The files of the log ``path``, its ring's (``ring/...``) among them."""
+    return {str(file.relative_to(path)): file.read_bytes() for file in sorted(path.rglob("*")) if file.is_file()}
 
 
 def _rejournaled(files: Log, rng: random.Random) -> Log:
@@ -227,7 +233,7 @@ def _rejournaled(files: Log, rng: random.Random) -> Log:
 
     raw = bytearray(files[JOURNAL])
     starts, at = [], 0
-    while at + RECORD_BYTES <= len(raw) and raw[at : at + 8] == b"FBJOURNL":
+    while at + RECORD_BYTES <= len(raw) and raw[at : at + 8] in (b"FBJOURNL", b"FBJRMARK"):
         starts.append(at)
         at += RECORD_BYTES + _RECORD.unpack(bytes(raw[at : at + _RECORD.size]))[-2]
     at = rng.choice(starts)
@@ -273,8 +279,11 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
     from flexibuff_envs import log
 
     files = dict(files)
-    if files.get("journal.fblog", b"")[:8] == b"FBJOURNL" and rng.random() < 0.4:
+    if files.get("journal.fblog", b"")[:8] in (b"FBJOURNL", b"FBJRMARK") and rng.random() < 0.4:
         return _rejournaled(files, rng)
+    if "ring/ring.json" in files and rng.random() < 0.2:  # the killed recording's ring: its index
+        data = _mutate_json(json.loads(files["ring/ring.json"]), rng)
+        return {**files, "ring/ring.json": json.dumps(data).encode()}
     roll = rng.random()
     if roll < 0.35:  # the header's JSON, its checksum recomputed
         data = json.loads(files[log.HEADER][20:-4])
@@ -315,11 +324,9 @@ def outcome_log(files: Log, directory: Path, mmap: bool) -> str | None:
     from flexibuff_envs import log
 
     target = directory / "fuzzed.log"
-    if target.exists():
-        for file in target.iterdir():
-            file.unlink()
-    target.mkdir(exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
     for name, data in files.items():
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
         (target / name).write_bytes(data)
     for read in (lambda: fe.FlexibleBuffer.open(target, mmap=mmap), lambda: log.verify(target)):
         try:

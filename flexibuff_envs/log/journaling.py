@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.chunk import Chunk
-from flexibuff_envs.episodes import segment_rows
 from flexibuff_envs.errors import BufferSaveError
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.format import EPISODE_LENGTHS, Column, Commit, LogHeader
@@ -20,7 +19,7 @@ from flexibuff_envs.log.marks import Marks, in_records, parse
 from flexibuff_envs.log.pieces import Direct, Plan, added
 from flexibuff_envs.log.ring import left
 from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.parts import Segments, Stored
+from flexibuff_envs.parts import Segments, Stored, segment_rows
 from flexibuff_envs.storage import Storage
 
 #: a journal holding more bytes than this is folded at the next record
@@ -128,6 +127,9 @@ class Journaling:
         """Commit the episodes of the markers ``run`` (the first of the journal's records), their
         rows read from the ring files a killed recording left (`ring.left`)."""
         ring = left(self.directory, self.header.spec)
+        if ring is None:  # gone with a power loss (or deleted): its episodes are lost
+            self._records = [r for r in self._records if not r.mark]
+            return
         path, fd = self._journal.path, self._journal.fd
         entries = ((*parse(path, r, os.pread(fd, r.size, r.offset + RECORD_BYTES), ring.rows), 1) for r in run)
         for batch, raw, held in in_records(entries, partial(self._read, ring), self.commit.episodes, FOLD):

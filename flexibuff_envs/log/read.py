@@ -29,6 +29,7 @@ from flexibuff_envs.log.format import (
     read_header,
 )
 from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
+from flexibuff_envs.log.ring import kept
 
 
 @dataclass
@@ -252,6 +253,8 @@ def report(directory: str | os.PathLike[str]) -> LogReport:
 
 def report_of(state: State, *, every: bool = False) -> LogReport:
     records, end, size = scan(state.directory, state.columns, state.commit)
+    if any(r.mark for r in records) and not kept(state.directory):  # its ring lost (a power loss): so are they
+        records = [r for r in records if not r.mark]
     if every:  # the values of the journal's records, as folding them checks them
         tails = state.commit.tails
         for run in batches(records):

@@ -28,6 +28,17 @@ from flexibuff_envs.storage import Storage
 
 RING = "ring"
 INDEX = "ring.json"
+#: this boot's id (Linux): a ring written before another boot may have lost pages to it
+_BOOT = "/proc/sys/kernel/random/boot_id"
+
+
+def boot() -> str | None:
+    """This boot's id, where the system tells it (Linux); None elsewhere."""
+    try:
+        with open(_BOOT) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
 
 
 class RingFiles:
@@ -38,6 +49,7 @@ class RingFiles:
         self.directory = os.path.join(directory, RING)
         os.makedirs(self.directory, exist_ok=True)
         self.files: dict[str, dict[str, object]] = {}  # array name -> its file, shape, dtype
+        self.boot = boot()
         self._made = itertools.count()
 
     def __call__(self, shape: tuple[int, ...], dtype: Any, name: str = "") -> np.ndarray:
@@ -65,16 +77,19 @@ class RingFiles:
     def _write_index(self) -> None:
         path = os.path.join(self.directory, INDEX)
         with open(path + ".new", "w") as out:
-            json.dump(self.files, out)
+            json.dump({"boot": self.boot, "arrays": self.files}, out)
+            out.flush()
+            os.fsync(out.fileno())  # the old index or the new, whole, after any crash
         os.replace(path + ".new", path)
 
 
 def into_files(storage: Storage, directory: str) -> bool:
     """Move ``storage``'s arrays and next-value chains into files of ``directory/ring/`` (the
     rows its lanes opened: the others are zeros in both) and make its later ones there. Nothing
-    moves, and False is returned, once a recorder writes to it: it holds views of the arrays."""
-    if any(len(chain.holders) for chain in storage.chains.values()):
-        return False
+    moves, and False is returned, once a recorder writes to it (it holds views of the arrays),
+    or where the system lacks `posix_fallocate` or a boot id (not Linux)."""
+    if any(len(chain.holders) for chain in storage.chains.values()) or not hasattr(os, "posix_fallocate") or not boot():
+        return False  # where the system cannot reserve a file's blocks, or name its boot: records instead
     ring = RingFiles(directory)
     for name, array in list(storage.arrays.items()):
         storage.put(name, _moved(storage, ring, array, name, storage.fields[name].per_agent))
@@ -99,24 +114,44 @@ def _moved(storage: Storage, ring: RingFiles, array: np.ndarray, name: str, per_
     return moved
 
 
-def left(directory: str, spec: BufferSpec) -> Storage:
+def kept(directory: str) -> bool:
+    """Whether ``directory/ring/`` holds a ring written since the system last booted (`left`
+    folds its episodes; without it, they are lost)."""
+    try:
+        with open(os.path.join(directory, RING, INDEX), "rb") as handle:
+            index = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(index, dict) and index.get("boot") == boot()
+
+
+def left(directory: str, spec: BufferSpec) -> Storage | None:
     """The ring a killed recording left in ``directory/ring/`` (as `ring.json` names it), its
-    files mapped read-only, as a storage of ``spec``'s layout.
+    files mapped read-only, as a storage of ``spec``'s layout; None when there is none, or it
+    was written before the system last booted (a power loss or a crash of the OS may have kept
+    some of its pages from the disk: the episodes it held are lost, as ``fsync="interval"``
+    allows).
 
     Raises:
-        BufferFileError: it is missing, or a file differs from what ``ring.json`` says of it, or
-            an array from what ``spec`` stores.
+        BufferFileError: a file differs from what ``ring.json`` says of it, or an array from
+            what ``spec`` stores.
     """
     root = os.path.join(directory, RING)
     path = os.path.join(root, INDEX)
     try:
         with open(path, "rb") as handle:
-            listed = json.loads(handle.read(1 << 20))
+            index = json.loads(handle.read(1 << 20))
+    except FileNotFoundError:
+        return None
     except (OSError, ValueError) as exc:
         raise fail(path, f"cannot be read as the ring's index ({exc})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("arrays"), dict):
+        raise fail(path, "is not a ring's index (its boot and arrays)")
+    if index.get("boot") != boot():
+        return None
     probe = Storage(spec, 1)
     arrays: dict[str, np.ndarray] = {}
-    for name, entry in listed.items() if isinstance(listed, dict) else ():
+    for name, entry in index["arrays"].items():
         arrays[name] = _mapped(root, path, name, entry, probe)
     rows = arrays["obs"].shape[1] if "obs" in arrays else 0
     storage = Storage(spec, rows)
