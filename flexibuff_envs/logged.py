@@ -156,7 +156,7 @@ class Logged(Half):
         """The episodes that ended since the last flush to the log (in every lane, or in the
         lanes ``lanes``; lanes as they stand)."""
         if self._log is not None:
-            if any(name in self._store.arrays for name in NEXT):  # next values filled in by hand
+            if not self._store.arrays.keys().isdisjoint(NEXT):  # next values filled in by hand
                 self.compact()  # the log stores them as a buffer's ring does: chained
             self._log.flush(self._store, self._index.ring, lanes)
 

@@ -79,12 +79,12 @@ def record(
     its bytes."""
     body = b"".join(pieces)
     new = Record(offset, first, episodes, rows, slots, len(body), zlib.crc32(body))
-    return new, head(_MAGIC, new) + body
+    return new, head(_MAGIC, first, episodes, rows, slots, len(body), new.crc) + body
 
 
-def head(magic: bytes, record: Record) -> bytes:
-    """The header of ``record`` (``magic``: a record's, or a marker's), its crc32 after it."""
-    raw = _RECORD.pack(magic, record.first, record.episodes, record.rows, *record.slots, record.size, record.crc)
+def head(magic: bytes, first: int, episodes: int, rows: int, slots: Sequence[int], size: int, crc: int) -> bytes:
+    """A record's header (``magic``: a record's, or a marker's), its crc32 after it."""
+    raw = _RECORD.pack(magic, first, episodes, rows, *slots, size, crc)
     return raw + struct.pack("<I", zlib.crc32(raw))
 
 

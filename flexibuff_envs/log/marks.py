@@ -27,12 +27,7 @@ _ONE = struct.Struct("<qqq")  # one episode in one range: its length, lo, hi
 Read = Callable[[Segments | np.ndarray, np.ndarray], tuple[list[Any], int, int, tuple[int, ...]]]
 
 
-def _head_one(first: int, rows: int, crc: int) -> bytes:
-    """`head` of the marker of one episode of ``rows`` in one range (its body's crc32 ``crc``)."""
-    return head(MARK, Record(0, first, 1, rows, _NONE, _ONE.size, crc))
-
-
-_NONE = (0,) * len(CHAINS)
+_NONE = (0,) * len(CHAINS)  # a marker's slots: its rows' are in the ring
 
 
 class Marks:
@@ -50,10 +45,9 @@ class Marks:
         if len(lengths) == 1 and not isinstance(rows, np.ndarray) and len(rows) == 1:
             lo, hi = rows[0]
             body = _ONE.pack(hi - lo, lo, hi)
-            return _head_one(first, hi - lo, zlib.crc32(body)) + body
+            return head(MARK, first, 1, hi - lo, _NONE, _ONE.size, zlib.crc32(body)) + body
         body = lengths.astype(np.int64).tobytes() + bounds(rows).tobytes()
-        record = Record(0, first, len(lengths), int(lengths.sum()), (0,) * len(CHAINS), len(body), zlib.crc32(body))
-        return head(MARK, record) + body
+        return head(MARK, first, len(lengths), int(lengths.sum()), _NONE, len(body), zlib.crc32(body)) + body
 
     def add(self, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
         """Episodes of ``lengths`` in ring rows ``rows`` are pending (their marker written)."""
