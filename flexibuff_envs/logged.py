@@ -62,7 +62,7 @@ class Logged(Half):
         naming its rows to the log's journal; any other (or with ``fsync="always"``) writes its
         rows, as one record. The journal is folded into the log's columns every ``every``
         seconds, at `sync_log` and `close_log`, and before rows of an episode not yet folded
-        change. ``fsync`` ("interval": at each fold, "always": each record too, "close") says
+        change. ``fsync`` ("interval": every ``every`` seconds, "always": each record too, "close") says
         when episodes reach the disk itself. ``per_block``: a vector recorder hands its ended
         episodes over with its block of staged steps instead (up to 256 vector steps later, so a
         kill can lose those), which spares a fast vector env the cost of a write in every step

@@ -49,7 +49,7 @@ class Journaling:
 
         def _commit(self, pieces: Any, rows: int, episodes: int, added: tuple[int, ...]) -> None: ...
 
-        def _sync_files(self) -> None: ...
+        def _maybe_sync(self) -> None: ...
 
     @holding
     def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
@@ -164,6 +164,5 @@ class Journaling:
                     self.marks.done(entries, episodes)
         finally:
             self._folded = time.monotonic()
-        if self.fsync != "close":
-            self._sync_files()
+        self._maybe_sync()  # a fold before rows change (the ring wrapping) may come often: synced as due
         self._journal.cut(0)
