@@ -15,8 +15,9 @@ from flexibuff_envs.storage import Storage
 
 class Follower:
     """Appends to ``writer`` every whole episode that ends in ``lanes`` from now on: `flush`
-    after episodes end writes those that ended since the last flush, as one record of the log's
-    journal (`LogWriter.append_rows`), straight from the ring's rows."""
+    after episodes end writes those that ended since the last flush to the log's journal
+    (`LogWriter.append_rows`): one record of their rows, or a marker naming them where the ring is
+    in files."""
 
     def __init__(self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False) -> None:
         self.writer = writer

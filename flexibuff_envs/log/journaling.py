@@ -140,7 +140,7 @@ class Journaling:
     @holding
     def fold(self) -> None:
         """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
-        then empty it; synced first unless ``fsync`` is "close". If a commit fails (a full disk),
+        then empty it; synced first when a sync is due (`_maybe_sync`). If a commit fails (a full disk),
         the journal keeps what was not folded and `BufferSaveError` says why."""
         if not self._records and not self.marks.pending:
             return
