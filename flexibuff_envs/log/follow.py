@@ -81,7 +81,8 @@ class Follower:
         if not (before <= after < end and whole and first + n <= lane.capacity):
             return end <= after  # nothing new: done
         lo = lane.offset + first
-        self.writer.append_rows(storage, [(lo, lo + n)], np.array([n]))
+        if not self.writer.mark(storage, lo, n):
+            self.writer.append_rows(storage, [(lo, lo + n)], np.array([n]))
         self._after[i] = end
         self.episodes += 1
         self.rows += n

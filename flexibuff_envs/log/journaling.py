@@ -80,6 +80,24 @@ class Journaling:
             return
         self._record(*self._read(storage, rows, lengths))
 
+    def mark(self, storage: Storage, lo: int, n: int) -> bool:
+        """`append_rows` of one episode in the ``n`` ring rows from ``lo`` of a ring in files, by
+        its marker alone (an episode's end, most often); False, with nothing done, where
+        `append_rows` has more to do (no ring in files, a fold due, fields the log lacks). Its
+        caller holds `HOLD`."""
+        if (
+            storage is not self.marks.storage
+            or time.monotonic() - self._folded >= self.every
+            or self._journal.size > JOURNAL_LIMIT
+            or self._fields != (*storage.arrays, *storage.chains)
+        ):
+            return False
+        marks = self.marks
+        self._put(marks.one(self.commit.episodes + marks.episodes, lo, n))
+        marks.pending.append(([(lo, lo + n)], np.array([n])))
+        marks.episodes += 1
+        return True
+
     def _read(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:
         """The record-form pieces of episodes of ``lengths`` in ``storage``'s ring rows ``rows``,
         how many, their rows, and each chain's slots."""

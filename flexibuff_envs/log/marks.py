@@ -44,10 +44,15 @@ class Marks:
         (`add` them once it is written)."""
         if len(lengths) == 1 and not isinstance(rows, np.ndarray) and len(rows) == 1:
             lo, hi = rows[0]
-            body = _ONE.pack(hi - lo, lo, hi)
-            return head(MARK, first, 1, hi - lo, _NONE, _ONE.size, zlib.crc32(body)) + body
+            return self.one(first, lo, hi - lo)
         body = lengths.astype(np.int64).tobytes() + bounds(rows).tobytes()
         return head(MARK, first, len(lengths), int(lengths.sum()), _NONE, len(body), zlib.crc32(body)) + body
+
+    @staticmethod
+    def one(first: int, lo: int, n: int) -> bytes:
+        """The marker of the log's ``first`` episode, in the ``n`` ring rows from ``lo``."""
+        body = _ONE.pack(n, lo, lo + n)
+        return head(MARK, first, 1, n, _NONE, _ONE.size, zlib.crc32(body)) + body
 
     def add(self, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
         """Episodes of ``lengths`` in ring rows ``rows`` are pending (their marker written)."""
