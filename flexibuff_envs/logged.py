@@ -18,6 +18,7 @@ from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter, settle
 from flexibuff_envs.log import load as load_log
 from flexibuff_envs.log.ring import into_files
+from flexibuff_envs.log.stages import Layout, StageFile
 from flexibuff_envs.sampling import Half
 from flexibuff_envs.storage import Storage
 
@@ -159,6 +160,10 @@ class Logged(Half):
             if not self._store.arrays.keys().isdisjoint(NEXT):  # next values filled in by hand
                 self.compact()  # the log stores them as a buffer's ring does: chained
             self._log.flush(self._store, self._index.ring, lanes)
+
+    def _stage_file(self, layout: Layout, lanes: list[int]) -> StageFile | None:
+        """`Writer.stage_file`."""
+        return None if self._log is None else self._log.writer.stage(layout, lanes)
 
     def _settle_log(self) -> None:
         """Rows of ended episodes are about to change (forgotten, compacted, fed back, handed out

@@ -24,6 +24,7 @@ from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
 from flexibuff_envs.fields import MaskCodec, stored_mask, stored_obs
 from flexibuff_envs.holders import Held, HeldBatch
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.log.stages import Layout, StageFile
 from flexibuff_envs.rowwriters import AgentRows, FieldRows, Reduce, TeamRows, add_feedback
 
 if TYPE_CHECKING:
@@ -198,6 +199,11 @@ class Writer:
     def logging_each_step(self) -> bool:
         """Whether ended episodes go to the buffer's log in the step they end."""
         return self.buffer.logging_each_step
+
+    def stage_file(self, layout: Layout, lanes: list[int]) -> StageFile | None:
+        """A file for a vector recorder's stage of ``lanes`` beside the buffer's ring, where its
+        episode log keeps the ring in files (`log.stages`); else None."""
+        return self.buffer._stage_file(layout, lanes)
 
     def flush_log(self, lanes: Sequence[int] | None = None) -> None:
         """Episodes that ended in the lanes (by default, all; else the buffer lanes ``lanes``)

@@ -218,6 +218,17 @@ def seed_logs(directory: Path) -> list[Log]:
         out.append(log_files(path))  # killed here: markers in the journal, rows in the ring's files
         env.close()
         out.append(log_files(path))
+    vector = fe.record(
+        gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync"), num_steps=40, log=directory / "vec"
+    )
+    vector.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for k in range(60):
+        vector.step(rng.integers(0, 2, 4))
+        if k > 40 and vector._recorder._stage.flags[:, : vector._recorder._k].any():
+            break
+    out.append(log_files(directory / "vec"))  # killed with episodes ended in its stage's steps
+    vector.close()
     return out
 
 
@@ -251,6 +262,27 @@ def _rejournaled(files: Log, rng: random.Random) -> Log:
     return {**files, JOURNAL: bytes(raw)}
 
 
+def _restaged(files: Log, name: str, rng: random.Random) -> Log:
+    """``files`` with one number of the stage file ``name`` changed (its header's, its word, a
+    lane's, a snapshot's) and the checksums over it made right, so that what they guard is reached."""
+    from flexibuff_envs.log.stages import _BYTES, _HEAD, _WORD, Layout, _crc, _views
+
+    raw = bytearray(files[name])
+    at = rng.choice([*range(8, _HEAD.size, 8), _WORD, *range(_BYTES, min(len(raw), _BYTES + 1024) - 7, 8)])
+    value = int.from_bytes(raw[at : at + 8], "little", signed=True)
+    new = rng.choice([0, 1, -1, value + 1, value - 1, value * 2, 1 << 40, (1 << 63) - 1])
+    raw[at : at + 8] = max(min(new, (1 << 63) - 1), -(1 << 63)).to_bytes(8, "little", signed=True)
+    raw[_HEAD.size : _WORD] = zlib.crc32(bytes(raw[: _HEAD.size])).to_bytes(8, "little")
+    _, n, block, width, dtype, *rest = _HEAD.unpack(bytes(raw[: _HEAD.size]))
+    try:  # the snapshots' checksums too, where the header still describes the file
+        snapshots = _views(raw, Layout(n, block, width, np.dtype(dtype.strip().decode()), *rest))["snapshots"]  # type: ignore[arg-type]
+        for slot in snapshots:
+            slot[2] = _crc(slot)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        pass
+    return {**files, name: bytes(raw)}
+
+
 def _recommitted(files: Log) -> Log:
     """``files`` with every commit entry's data checksum made right for the bytes as they are
     (entries as they are otherwise), so that what lies behind the checksums is reached."""
@@ -281,6 +313,9 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
     files = dict(files)
     if files.get("journal.fblog", b"")[:8] in (b"FBJOURNL", b"FBJRMARK") and rng.random() < 0.4:
         return _rejournaled(files, rng)
+    stages = [name for name in files if name.startswith("ring/stage")]
+    if stages and rng.random() < 0.3:
+        return _restaged(files, rng.choice(stages), rng)
     if "ring/ring.json" in files and rng.random() < 0.2:  # the killed recording's ring: its index
         data = _mutate_json(json.loads(files["ring/ring.json"]), rng)
         return {**files, "ring/ring.json": json.dumps(data).encode()}

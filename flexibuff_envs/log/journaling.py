@@ -80,6 +80,11 @@ class Journaling:
             return
         self._record(*self._read(storage, rows, lengths))
 
+    @property
+    def next_episode(self) -> int:
+        """The log's number of the next episode appended."""
+        return self.commit.episodes + self.marks.episodes + sum(r.episodes for r in self._records)
+
     def mark(self, storage: Storage, lo: int, n: int) -> bool:
         """`append_rows` of one episode in the ``n`` ring rows from ``lo`` of a ring in files, by
         its marker alone (an episode's end, most often); False, with nothing done, where

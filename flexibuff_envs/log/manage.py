@@ -12,6 +12,8 @@ from flexibuff_envs.errors import BufferFileError, InvalidArgumentError
 from flexibuff_envs.log.format import LogReport
 from flexibuff_envs.log.journal import scan, writing
 from flexibuff_envs.log.read import report, state_of
+from flexibuff_envs.log.ring import RING
+from flexibuff_envs.log.stages import staged
 from flexibuff_envs.log.write import LogWriter
 
 
@@ -34,7 +36,8 @@ def settle(directory: str) -> None:
     ``directory``, unless a writer has the log open (its records are its own to fold) or the
     directory cannot be written (readers then see the folded episodes only)."""
     state = state_of(directory)
-    if scan(directory, state.columns, state.commit)[0] and os.access(directory, os.W_OK) and not writing(directory):
+    left = scan(directory, state.columns, state.commit)[0] or staged(os.path.join(directory, RING))
+    if left and os.access(directory, os.W_OK) and not writing(directory):
         LogWriter(directory, state.header).close()
 
 

@@ -115,8 +115,13 @@ def bounds(rows: Segments | np.ndarray) -> np.ndarray:
     """``lo, hi`` of each range of ring rows ``rows`` (ranges, or rows: runs of consecutive ones)."""
     if not isinstance(rows, np.ndarray):
         return np.array([bound for run in rows for bound in run], dtype=np.int64)
-    cut = np.flatnonzero(np.diff(rows) != 1) + 1
-    return np.stack([rows[np.r_[0, cut]], rows[np.r_[cut - 1, len(rows) - 1]] + 1], axis=1).astype(np.int64).ravel()
+    edge = np.empty(len(rows) + 1, dtype=bool)  # a range begins after each edge, and ends before it
+    edge[0] = edge[-1] = True
+    np.not_equal(np.diff(rows), 1, out=edge[1:-1])
+    at = np.flatnonzero(edge)
+    out = np.empty(2 * len(at) - 2, dtype=np.int64)
+    out[0::2], out[1::2] = rows[at[:-1]], rows[at[1:] - 1] + 1
+    return out
 
 
 def parse(path: str, record: Record, body: bytes, capacity: int) -> tuple[Segments, np.ndarray]:

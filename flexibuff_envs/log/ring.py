@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.chain import Chain
+from flexibuff_envs.chain import CHAINED, Chain
 from flexibuff_envs.errors import BufferSaveError
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.log.format import fail
@@ -78,8 +78,8 @@ class RingFiles:
         path = os.path.join(self.directory, INDEX)
         with open(path + ".new", "w") as out:
             json.dump({"boot": self.boot, "arrays": self.files}, out)
-            out.flush()
-            os.fsync(out.fileno())  # the old index or the new, whole, after any crash
+        # the old index or the new, whole, after a kill; no sync: after a crash of the system the
+        # ring is not read (`left`)
         os.replace(path + ".new", path)
 
 
@@ -162,6 +162,8 @@ def left(directory: str, spec: BufferSpec) -> Storage | None:
             base = storage.arrays[NEXT[name]]
             if index.shape != base.shape[:-1] or tail.shape[1:] != base.shape[-1:] or tail.dtype != base.dtype:
                 raise fail(path, f"the ring's {name} does not fit its {NEXT[name]}")
+            if index.size and (index.min() < CHAINED or index.max() >= len(tail)):
+                raise fail(path, f"the ring's {name} names slots its tail does not hold")
             storage.chains[name] = Chain(base, storage.fields[name].per_agent, index=index, tail=tail)
     for name, array in storage.arrays.items():
         lead = (spec.n_agents, rows) if storage.fields[name].per_agent else (rows,)

@@ -49,7 +49,9 @@ from flexibuff_envs.log.read import (
     state_of,
     sync_file,
 )
-from flexibuff_envs.log.ring import RING
+from flexibuff_envs.log.ring import RING, left
+from flexibuff_envs.log.stages import Layout, StageFile, replayers
+from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.tail import Tail
 
 
@@ -107,6 +109,7 @@ class LogWriter(Journaling):
         self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
         self._direct: Direct | None = None  # how `append_rows` reads them straight, where it can
         self.marks = Marks(None)  # the ended episodes of a buffer whose ring is in files (`use_ring`)
+        self._stages: list[StageFile] = []  # its vector recorders' (`stage`)
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = self._folded = time.monotonic()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
@@ -115,11 +118,32 @@ class LogWriter(Journaling):
         self._records = scan(self.directory, self.columns, self.commit)[0]
         try:
             self.fold()  # what a killed recording left in the journal
+            self._replay()  # and in its vector recorders' stages
         except BaseException:
             self._finalizer()
             raise
         self._journal.cut(0)  # and a torn record past it
         shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # and the ring it read them from
+
+    def _replay(self) -> None:
+        """Append the episodes that ended in the steps a killed recording's vector recorders
+        staged (`log.stages`), replayed over the ring it left."""
+        stages = list(stages_left(os.path.join(self.directory, RING), self.commit.episodes))
+        ring = left(self.directory, self.header.spec) if stages else None
+        for stage in stages if ring is not None else ():
+            for replay in replayers:
+                chunk = replay(stage, ring, self.header)  # type: ignore[arg-type]
+                if chunk is not None:
+                    self.append(chunk)
+
+    def stage(self, layout: Layout, lanes: list[int]) -> StageFile | None:
+        """A vector recorder's stage in a file beside the ring (`log.stages`), for its ``lanes``;
+        None where the buffer's ring is not in files."""
+        if self.marks.storage is None:
+            return None
+        stage = StageFile.make(os.path.join(self.directory, RING), layout, lanes, lambda: self.next_episode)
+        self._stages.append(stage)
+        return stage
 
     def _continued(self, header: LogHeader) -> State:
         """The log as it stands, its torn tails cut and its layout checked (made if missing)."""
@@ -302,6 +326,8 @@ class LogWriter(Journaling):
         or reader folds it, from the ring's files when the buffer's ring is in files), and the error
         is raised. The ring's files go once folded (a buffer recording on keeps them mapped)."""
         if not self._commits.closed:
+            for stage in self._stages:
+                stage.stop()
             try:
                 self.fold()
                 shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # its episodes are folded

@@ -13,6 +13,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import ArgumentTypeError, NotAnEnvError, UnknownNameError
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import ENV_KINDS
+from flexibuff_envs.wrappers import replay  # noqa: F401  (the log replays a killed vector recorder with it)
 from flexibuff_envs.wrappers.agent_state import AgentStateFn
 from flexibuff_envs.wrappers.gymnasium_env import GymRecorder
 from flexibuff_envs.wrappers.gymnasium_vector import VectorRecorder

@@ -153,3 +153,17 @@ def add_feedback(writer: Writer, row: int, index: int, value: float) -> None:
     if not np.isfinite(number):
         raise InvalidArgumentError(f"add_feedback: value must be a finite number, got {value!r}")
     writer.add_feedback(row, index, number)
+
+
+def lane_feedback(writer: Writer, lane: int, sub_env: int, value: float, step: int) -> None:
+    """Add a human reward to buffer lane ``lane``'s ``step``-th step of its running episode (of
+    the episode before while the running one has no step); ``sub_env`` names the lane in errors."""
+    ring = writer.lane(lane)
+    running = ring.running
+    episode = running if running is not None and running.end > running.start else ring.ended[-1] if ring.ended else None
+    steps = 0 if episode is None else episode.end - episode.start
+    if not -steps <= step < steps:
+        raise InvalidArgumentError(
+            f"add_feedback: step={step} is not a recorded step of sub-env {sub_env} ({steps} in its current episode)"
+        )
+    add_feedback(writer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]

@@ -22,12 +22,11 @@ from gymnasium.vector import AutoresetMode
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
 from flexibuff_envs.episodes import Lane, span_rows
-from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.holders import HeldBatch
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.wrappers.annotations import StagedAnnotations, add_feedback
+from flexibuff_envs.wrappers.annotations import StagedAnnotations, lane_feedback
 from flexibuff_envs.wrappers.blocks import ends_of, episode_spans, publish, transitions
-from flexibuff_envs.wrappers.staging import Stage
+from flexibuff_envs.wrappers.staging import stage_for
 from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
@@ -78,7 +77,8 @@ class BatchRecorder:
         # (and the episode it cuts into) is forgotten before the single-env recorder would
         self._block = max(1, min(max(64, min(256, _BLOCK // n)), writer.capacity // 8, _STAGE_BYTES // step_bytes))
         self._k = 0  # steps staged
-        self._stage = Stage(writer, codec, action, n, self._block)
+        # in a file of the buffer's log, replayed after a kill, when no bootstrap must be called
+        self._stage = stage_for(writer, codec, action, lanes, self._block, mode, durable=bootstrap_fn is None)
         self._stage.obs[0] = self.obs.values()
         self.mask: HeldBatch | None = None
         if writer.spec.action_mask:
@@ -99,6 +99,7 @@ class BatchRecorder:
         self._version = -1
         writer.attach(self)
         self._reload()
+        self._settle(log=False)
 
     # ----------------------------------------------------------------- bookkeeping
 
@@ -176,8 +177,10 @@ class BatchRecorder:
             self.abandon(error)
             raise
         self._k = k + 1
-        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`)
-        if self._k == self._block or (self._stage.flags[:, k].any() and self.writer.logging_each_step):
+        self._stage.staged(k + 1)
+        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files
+        stage = self._stage
+        if self._k == self._block or (stage.flags[:, k].any() and self.writer.logging_each_step and not stage.durable):
             self._drain()
 
     # ----------------------------------------------------------------- writing a block
@@ -254,11 +257,8 @@ class BatchRecorder:
             self.start = np.where(starts[-1] >= 0, starts[-1], self.start)
             self.pos = self.pos + counts
             self.running, self._resetting = block.running, block.resetting
-            stage.restart(k)
-            self._k = 0
             self.writer.uncommitted()  # the lanes are behind until `commit`
-            if finished.size and self.writer.logging:  # the episodes that ended go to the log now
-                self._return_ended()
+            self._settle(log=bool(finished.size) and self.writer.logging, written=k)  # the episodes that ended
         finally:
             self._draining = False
 
@@ -271,11 +271,8 @@ class BatchRecorder:
         # would need it within that many rows: the lanes then make room together, seldom
         ahead = np.maximum(counts, self._capacity // 8)
         lanes = np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened))
-        lo, hi = (
-            np.array([ring[i].make_room(int(ahead[i]), defer=True) for i in lanes.tolist()], dtype=np.int64)
-            .reshape(-1, 2)
-            .T
-        )
+        bounds = [ring[i].make_room(int(ahead[i]), defer=True) for i in lanes.tolist()]
+        lo, hi = np.array(bounds, dtype=np.int64).reshape(-1, 2).T
         self.writer.forget_rows(span_rows(self._offsets[lanes], self._capacity, lo, hi))
         self._reload()
 
@@ -334,8 +331,20 @@ class BatchRecorder:
         self.running[lanes] = True
         self._resetting[lanes] = False
         self.writer.uncommitted()
-        if cut.size and self.writer.logging_each_step:  # the episodes the reset ended go to the log now
-            self._return_ended()
+        self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
+
+    def _settle(self, *, log: bool, written: int = 0) -> None:
+        """The lanes as they stand to the stage's file, then the episodes ended since to the log
+        (``log``); the stage's first ``written`` steps are written."""
+        self._stage.snapshot(self.pos, self.start, self.running, self._resetting, self._clipped)
+        try:
+            if log:
+                self._return_ended()
+        finally:
+            if written:
+                self._stage.restart(written)
+                self._k = 0
+            self._stage.settled()
 
     def _enable_masks(self) -> None:
         self.mask = self.writer.batch_holder("action_mask_", self.n)
@@ -365,8 +374,7 @@ class BatchRecorder:
             self._cut(cut, bootstrap=False)
         self.running[:] = False
         self._resetting[:] = False
-        if cut.size and self.writer.logging_each_step:
-            self._return_ended()
+        self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note(
@@ -379,21 +387,14 @@ class BatchRecorder:
     @holding
     def annotate(self, fields: Mapping[str, Any]) -> None:
         """Hold per sub-env annotations (a leading ``[n]`` axis) for the next step; a sub-env
-        whose next step is no transition (it only resets) drops them."""
+        whose next step is no transition (it only resets) drops them. A stage in a file holds
+        none: from now on ended episodes go to the log in the step they end."""
+        if self._stage.durable:
+            self._drain()
+            self._stage.stop()
         self.annotations.add(fields, self._drain)
 
     @holding
     def feedback(self, lane: int, value: float, step: int) -> None:
-        """Add a human reward to lane ``lane``'s ``step``-th step of its running episode (of the
-        episode before while the running one has no step)."""
-        ring = self.writer.lane(self.lane_ids[lane])
-        running = ring.running
-        episode = (
-            running if running is not None and running.end > running.start else ring.ended[-1] if ring.ended else None
-        )
-        steps = 0 if episode is None else episode.end - episode.start
-        if not -steps <= step < steps:
-            raise InvalidArgumentError(
-                f"add_feedback: step={step} is not a recorded step of sub-env {lane} ({steps} in its current episode)"
-            )
-        add_feedback(self.writer, int(ring.rows(episode)[step]), 0, value)  # type: ignore[arg-type]
+        """Add a human reward to sub-env ``lane``'s ``step``-th step (`annotations.lane_feedback`)."""
+        lane_feedback(self.writer, self.lane_ids[lane], lane, value, step)

@@ -39,14 +39,14 @@ def transitions(mode: AutoresetMode, done: np.ndarray, running: np.ndarray, rese
     return Transitions(running & ~stopped, np.zeros_like(done), running & ~(stopped[-1] | done[-1]), resetting)
 
 
-def ends_of(held: np.ndarray, final: np.ndarray | None, has_final: list[bool], finished: np.ndarray) -> np.ndarray:
+def ends_of(held: np.ndarray, final: np.ndarray | None, has_final: np.ndarray, finished: np.ndarray) -> np.ndarray:
     """The next values of the transitions ``finished`` (flat indices into ``[k, n]``) that end an
     episode: what their lane held after the step (``held[j + 1]``), or, for the steps
     ``has_final`` marks (SAME_STEP), their final values."""
     n = held.shape[1]
     values = held[1:].reshape(-1, held.shape[-1]).take(finished, axis=0)
-    if final is not None and any(has_final):
-        own = np.flatnonzero(np.array(has_final)[finished // n])
+    if final is not None and has_final.any():
+        own = np.flatnonzero(has_final[finished // n])
         values[own] = final.reshape(-1, held.shape[-1]).take(finished[own], axis=0)
     return values
 

@@ -1,0 +1,78 @@
+"""A vector recorder's stage in a file of its log (`flexibuff_envs.log.stages`): the steps it has
+not written yet are replayed by the next to open the log after a kill, so every episode that ended
+in them is logged as the recorder would have logged it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import flexibuff_envs as fe
+from flexibuff_envs.errors import BufferFileError
+from flexibuff_envs.log.ring import RING
+from flexibuff_envs.log.stages import staged
+from tests.batches import assert_same_batches
+
+MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED)
+
+
+def _recording(directory: Path, mode: AutoresetMode) -> fe.VectorRecorder:
+    venv = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
+    return fe.record(venv, num_steps=96, log=directory)
+
+
+def _step(env: fe.VectorRecorder, rng: np.random.Generator, mode: AutoresetMode) -> int:
+    """One vector step of random actions; returns how many episodes it ended (DISABLED: the
+    finished sub-envs are reset by the user, as that mode asks)."""
+    _, _, terminated, truncated, _ = env.step(rng.integers(0, 2, 4))
+    done = terminated | truncated
+    if mode == AutoresetMode.DISABLED and done.any():
+        env.reset(options={"reset_mask": done})
+    return int(done.sum())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_a_killed_vector_recording_logs_the_episodes_that_ended_in_its_staged_steps(
+    tmp_path: Path, mode: AutoresetMode
+) -> None:
+    """The log's files copied mid-block, as a SIGKILL would leave them (the OS holds every byte
+    written), read back: every episode that ended before, equal to the same episode in the log
+    the recording closed cleanly, no part of any other."""
+    env = _recording(tmp_path / "run", mode)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    ended = sum(_step(env, rng, mode) for _ in range(150))
+    while not ended or env._recorder._k == 0:  # stop with steps staged, an episode ended among them
+        ended += _step(env, rng, mode)
+    assert staged(str(tmp_path / "run" / RING))
+    shutil.copytree(tmp_path / "run", tmp_path / "killed")
+    env.close()
+
+    whole = {batch.obs.tobytes(): batch for batch in fe.FlexibleBuffer.open(tmp_path / "run").episodes()}
+    replayed = list(fe.FlexibleBuffer.open(tmp_path / "killed").episodes())
+    assert len(replayed) == ended
+    for batch in replayed:
+        assert_same_batches(batch, whole[batch.obs.tobytes()])
+    assert not (tmp_path / "killed" / RING).exists()  # replayed once, then gone
+
+
+def test_a_stage_that_names_another_buffers_steps_raises_naming_it(tmp_path: Path) -> None:
+    """A stage file whose header and checksums hold, but whose lanes the ring lacks: opening
+    the log raises `BufferFileError` naming the stage file."""
+    env = _recording(tmp_path / "run", AutoresetMode.NEXT_STEP)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    while not (_step(env, rng, AutoresetMode.NEXT_STEP) and env._recorder._k):  # an episode ended in staged steps
+        pass
+    stage = next((tmp_path / "run" / RING).glob("stage*"))
+    lanes = env._recorder._stage.file.arrays["lanes"]  # type: ignore[union-attr]
+    lanes[0] = 1 << 20  # a lane far past the ring's
+    shutil.copytree(tmp_path / "run", tmp_path / "killed")
+    env.close()
+    with pytest.raises(BufferFileError, match=stage.name):
+        fe.FlexibleBuffer.open(tmp_path / "killed")
