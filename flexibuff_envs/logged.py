@@ -64,10 +64,12 @@ class Logged(Half):
         rows, as one record. The journal is folded into the log's columns every ``every``
         seconds, at `sync_log` and `close_log`, and before rows of an episode not yet folded
         change. ``fsync`` ("interval": every ``every`` seconds, "always": each record too, "close") says
-        when episodes reach the disk itself. ``per_block``: a vector recorder hands its ended
-        episodes over with its block of staged steps instead (up to 256 vector steps later, so a
-        kill can lose those), which spares a fast vector env the cost of a write in every step
-        where one of its sub-envs ends an episode.
+        when episodes reach the disk itself. A vector recorder of a ring in files hands its
+        ended episodes over with its block of staged steps (up to 256 vector steps later), its
+        stage a file of ``DIR/ring/`` that the next to open the log replays after a kill
+        (`log.stages`); of a ring in RAM, in the step they end. ``per_block``: there too with its
+        block (a kill then loses those), which spares a fast vector env the cost of a write in
+        every step where one of its sub-envs ends an episode.
 
         Raises:
             BufferFileError: ``directory`` holds a log of another layout, or a damaged one.

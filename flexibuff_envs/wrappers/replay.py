@@ -35,6 +35,7 @@ def replayed(stage: Left, ring: Storage, header: LogHeader) -> Chunk | None:
     spec = dataclasses.replace(
         header.spec, n_envs=n, action_mask=header.spec.action_mask or "action_mask" in ring.arrays
     )
+    _check(stage, ring, spec)  # first: the buffer made next has the stage's rows
     buffer = FlexibleBuffer.from_spec(
         spec,
         num_steps=capacity,
@@ -43,7 +44,6 @@ def replayed(stage: Left, ring: Storage, header: LogHeader) -> Chunk | None:
         global_reward=False,
         individual_reward=False,
     )
-    _check(stage, ring, spec)
     lengths = np.where(stage.running & ~stage.clipped, stage.pos - stage.start, 0)
     rows = _running(buffer, ring, stage, lengths)
     recorder = BatchRecorder(
