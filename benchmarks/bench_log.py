@@ -81,16 +81,17 @@ def vector(log: str | None, steps: int, n: int = 64, wrapping: bool = False) -> 
     actions = np.random.default_rng(0).integers(0, 2, (steps // n, n))
     yield  # made: not timed
     env.reset(seed=0)
+    ended = 0
     for chunk in chunks(len(actions)):
         for j in chunk:
-            env.step(actions[j])
+            ended += int(np.count_nonzero(env.step(actions[j])[2]))  # CartPole ends by terminating (500 steps: never)
         yield
     len(env.buffer)  # the last block written, as any read does
     yield
     env.buffer.sync_log()  # the log's episodes folded into its columns and synced, timed: part of its cost
     yield
     env.close()
-    return env.buffer.n_episodes
+    return ended  # a wrapping ring holds only its newest episodes
 
 
 def connect_four(log: str | None, steps: int) -> Loop:
