@@ -150,7 +150,7 @@ class StageFile:
         self, pos: np.ndarray, start: np.ndarray, running: np.ndarray, resetting: np.ndarray, clipped: np.ndarray
     ) -> None:
         """The lanes as the block written now leaves them, into the slot the word does not name
-        (it names the snapshot before, and the steps staged after it, until `staged`)."""
+        (it names the snapshot before, and the steps staged after it, until `settled`)."""
         slot = self.arrays["snapshots"][(self.seq + 1) % 2]
         lanes = slot[3:].reshape(_LANE, self.layout.n)
         lanes[0], lanes[1], lanes[2], lanes[3], lanes[4] = pos, start, running, resetting, clipped
