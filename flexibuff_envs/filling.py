@@ -31,7 +31,7 @@ class Filling(Half):
 
         def _flush_log(self, lanes: Sequence[int] | None = None) -> None: ...
 
-        def _settle_log(self) -> None: ...
+        def _settle_log(self, rows: np.ndarray | slice | None = None) -> None: ...
 
     @holding
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:
@@ -147,7 +147,7 @@ class Filling(Half):
     def _forget_rows(self, rows: np.ndarray | slice) -> None:
         """``rows`` (indices, or a slice) are no longer recorded: no ``G``, and their next-value
         slots come back."""
-        self._settle_log()
+        self._settle_log(rows)
         self._store.arrays["G"][:, rows] = np.nan
         for chain in self._store.chains.values():
             chain.forget(rows)

@@ -167,11 +167,14 @@ class Logged(Half):
         """`Writer.stage_file`."""
         return None if self._log is None else self._log.writer.stage(layout, lanes)
 
-    def _settle_log(self) -> None:
+    def _settle_log(self, rows: np.ndarray | slice | None = None) -> None:
         """Rows of ended episodes are about to change (forgotten, compacted, fed back, handed out
-        to fill): when the ring is in files, the log's pending episodes are folded first, so it
-        holds each as it ended."""
-        if self._log is not None and self._log.writer.marks.pending:
+        to fill; ``rows``, where known): when the ring is in files, the log's pending episodes
+        are folded first if one may hold them, so it holds each as it ended."""
+        if self._log is None:
+            return
+        marks = self._log.writer.marks
+        if marks.pending if rows is None else marks.touches(rows):
             self._log.writer.fold()
 
     def _log_ended(

@@ -216,7 +216,7 @@ class Writer:
 
     def add_feedback(self, row: int, agent: int, value: float) -> None:
         """Add a human reward to agent ``agent`` in ``row`` (its auxiliary reward and the team's)."""
-        self.buffer._settle_log()  # the episode may be pending in the log
+        self.buffer._settle_log(slice(row, row + 1))  # the episode may be pending in the log
         add_feedback(self.storage, row, agent, value)
 
     # ----------------------------------------------------------------- rows

@@ -101,6 +101,7 @@ class Journaling:
         self._put(marks.one(self.commit.episodes + marks.episodes, lo, n))
         marks.pending.append(([(lo, lo + n)], np.array([n])))
         marks.episodes += 1
+        marks.held[lo : lo + n] = True
         return True
 
     def _read(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:

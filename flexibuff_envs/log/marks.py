@@ -38,6 +38,8 @@ class Marks:
         self.storage = storage
         self.pending: list[tuple[Segments | np.ndarray, np.ndarray]] = []
         self.episodes = 0  # of them
+        # per ring row, whether a pending episode may hold it (`touches`)
+        self.held = np.zeros(0 if storage is None else storage.lane_rows * len(storage.opened), dtype=bool)
 
     def marker(self, first: int, rows: Segments | np.ndarray, lengths: np.ndarray) -> bytes:
         """The marker of episodes of ``lengths`` in ring rows ``rows``, the log's ``first`` on
@@ -58,6 +60,15 @@ class Marks:
         """Episodes of ``lengths`` in ring rows ``rows`` are pending (their marker written)."""
         self.pending.append((rows, lengths))
         self.episodes += len(lengths)
+        if isinstance(rows, np.ndarray):
+            self.held[rows] = True
+        else:
+            for lo, hi in rows:
+                self.held[lo:hi] = True
+
+    def touches(self, rows: np.ndarray | slice) -> bool:
+        """Whether a pending episode may hold one of the ring rows ``rows``."""
+        return bool(self.pending) and bool(self.held[rows].any())
 
     def runs(self, most: int) -> Iterator[tuple[Segments | np.ndarray, np.ndarray, int]]:
         """The pending episodes in order, those back to back in one range of the ring together
@@ -85,6 +96,8 @@ class Marks:
         """The first ``entries`` pending entries (``episodes`` episodes) are folded."""
         del self.pending[:entries]
         self.episodes -= episodes
+        if not self.pending:
+            self.held[:] = False
 
 
 def in_records(
