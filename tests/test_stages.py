@@ -18,32 +18,35 @@ from flexibuff_envs.log.ring import RING
 from flexibuff_envs.log.stages import staged
 from tests.batches import assert_same_batches
 
-MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED)
+#: CartPole under each autoreset mode, and Taxi (observations as categories, legal-action masks)
+CASES = [("CartPole-v1", mode) for mode in AutoresetMode] + [("Taxi-v4", AutoresetMode.NEXT_STEP)]
 
 
-def _recording(directory: Path, mode: AutoresetMode) -> fe.VectorRecorder:
-    venv = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
+def _recording(directory: Path, mode: AutoresetMode, name: str = "CartPole-v1") -> fe.VectorRecorder:
+    venv = gym.make_vec(
+        name, num_envs=4, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode}, max_episode_steps=20
+    )
     return fe.record(venv, num_steps=96, log=directory)
 
 
 def _step(env: fe.VectorRecorder, rng: np.random.Generator, mode: AutoresetMode) -> int:
     """One vector step of random actions; returns how many episodes it ended (DISABLED: the
     finished sub-envs are reset by the user, as that mode asks)."""
-    _, _, terminated, truncated, _ = env.step(rng.integers(0, 2, 4))
+    _, _, terminated, truncated, _ = env.step(rng.integers(0, env.single_action_space.n, 4))
     done = terminated | truncated
     if mode == AutoresetMode.DISABLED and done.any():
         env.reset(options={"reset_mask": done})
     return int(done.sum())
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize(("name", "mode"), CASES, ids=lambda case: getattr(case, "name", case))
 def test_a_killed_vector_recording_logs_the_episodes_that_ended_in_its_staged_steps(
-    tmp_path: Path, mode: AutoresetMode
+    tmp_path: Path, name: str, mode: AutoresetMode
 ) -> None:
     """The log's files copied mid-block, as a SIGKILL would leave them (the OS holds every byte
     written), read back: every episode that ended before, equal to the same episode in the log
     the recording closed cleanly, no part of any other."""
-    env = _recording(tmp_path / "run", mode)
+    env = _recording(tmp_path / "run", mode, name)
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     ended = sum(_step(env, rng, mode) for _ in range(150))

@@ -97,11 +97,8 @@ class Journaling:
             or self._fields != (*storage.arrays, *storage.chains)
         ):
             return False
-        marks = self.marks
-        self._put(marks.one(self.commit.episodes + marks.episodes, lo, n))
-        marks.pending.append(([(lo, lo + n)], np.array([n])))
-        marks.episodes += 1
-        marks.held[lo : lo + n] = True
+        self._put(self.marks.one(self.commit.episodes + self.marks.episodes, lo, n))
+        self.marks.add([(lo, lo + n)], np.array([n]))
         return True
 
     def _read(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:

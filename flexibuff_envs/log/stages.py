@@ -281,6 +281,7 @@ def _read(path: str, episodes: int) -> Left | None:
 
 
 #: what replays a `Left` stage over the ring ``Storage`` a killed recording left, for a log of
-#: ``LogHeader``: the episodes that ended in its staged steps (`flexibuff_envs.wrappers.replay`
-#: adds itself on import; the log layer knows no recorder)
-replayers: list[Callable[[Left, Storage, LogHeader], Chunk | None]] = []
+#: ``LogHeader``: the episodes that ended in its staged steps, by the kind of recorder that
+#: staged them (``"vector"``: `flexibuff_envs.wrappers.replay`, which the package imports; the
+#: log layer knows no recorder)
+replayers: dict[str, Callable[[Left, Storage, LogHeader], Chunk | None]] = {}

@@ -130,11 +130,12 @@ class LogWriter(Journaling):
         staged (`log.stages`), replayed over the ring it left."""
         stages = list(stages_left(os.path.join(self.directory, RING), self.commit.episodes))
         ring = left(self.directory, self.header.spec) if stages else None
-        for stage in stages if ring is not None else ():
-            for replay in replayers:
-                chunk = replay(stage, ring, self.header)  # type: ignore[arg-type]
-                if chunk is not None:
-                    self.append(chunk)
+        if ring is None:  # none, or written before the system last booted: lost, as markers are
+            return
+        for stage in stages:
+            chunk = replayers["vector"](stage, ring, self.header)
+            if chunk is not None:
+                self.append(chunk)
 
     def stage(self, layout: Layout, lanes: list[int]) -> StageFile | None:
         """A vector recorder's stage in a file beside the ring (`log.stages`), for its ``lanes``;

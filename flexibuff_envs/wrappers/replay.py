@@ -150,4 +150,4 @@ def _action_space(spec: BufferSpec) -> spaces.Space:
     return spaces.Tuple((discrete, box)) if dim else discrete
 
 
-replayers.append(replayed)
+replayers["vector"] = replayed

@@ -134,9 +134,12 @@ class Stage:
     def enable_masks(self, held: np.ndarray) -> None:
         """Stage masks from now on; the lanes hold ``held``."""
         shape = (len(self.has_final) + 1, *held.shape)
-        arrays = self.file.arrays if self.file is not None else {}
-        if "masks" in arrays and arrays["masks"].shape == shape:
-            self.masks, self.final_masks = arrays["masks"], arrays["final_masks"]
+        file = self.file if self.durable else None
+        if file is not None and file.arrays["masks"].shape != shape:
+            self.stop()  # no room for them in the file: each step that ends an episode is written at once
+            file = None
+        if file is not None:
+            self.masks, self.final_masks = file.arrays["masks"], file.arrays["final_masks"]
         else:
             self.masks = np.zeros(shape, dtype=np.uint8)
             self.final_masks = np.zeros_like(self.masks[1:])
