@@ -283,24 +283,27 @@ def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.
     assert "no such episode log" in capsys.readouterr().err
 
 
-def _kinds_recorded(kind: str, directory: Path) -> fe.FlexibleBuffer:
-    """A recording of ``kind`` logged to ``directory``; returns its buffer (the recorder closed)."""
+def _kinds_recorded(kind: str, directory: Path, num_steps: int = 5000) -> fe.FlexibleBuffer:
+    """A recording of ``kind`` logged to ``directory`` by a buffer of ``num_steps``; returns its
+    buffer (the recorder closed)."""
     if kind == "gym":
-        env = fe.record(gym.make("CartPole-v1"), num_steps=5000, log=directory)
+        env = fe.record(gym.make("CartPole-v1"), num_steps=num_steps, log=directory)
         env.reset(seed=0)
         for t in range(500):
             _, _, terminated, truncated, _ = env.step(t % 2)
             if terminated or truncated:
                 env.reset()
     elif kind == "vector":
-        env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4), num_steps=5000, log=directory)
+        env = fe.record(
+            gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4), num_steps=num_steps, log=directory
+        )
         env.reset(seed=0)
         for t in range(300):
             env.step(np.array([t % 2, 1, 0, t % 3 % 2]))
     elif kind == "parallel":
         from mpe2 import simple_spread_v3
 
-        env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=5000, log=directory)
+        env = fe.record(simple_spread_v3.parallel_env(max_cycles=10), num_steps=num_steps, log=directory)
         env.reset(seed=0)
         for t in range(100):
             env.step({agent: (t + i) % 5 for i, agent in enumerate(env.agents)})
@@ -309,7 +312,7 @@ def _kinds_recorded(kind: str, directory: Path) -> fe.FlexibleBuffer:
     else:
         from pettingzoo.classic import connect_four_v3
 
-        env = fe.record(connect_four_v3.env(), num_steps=5000, log=directory)
+        env = fe.record(connect_four_v3.env(), num_steps=num_steps, log=directory)
         for episode in range(10):
             env.reset(seed=episode)
             for _ in env.agent_iter():
@@ -329,11 +332,26 @@ def test_every_recorder_kind_logs_each_episode_as_the_buffer_holds_it(tmp_path: 
     assert not buffer.logging  # closed with the recorder that opened it
     logged, held = read_back(tmp_path), list(buffer.episodes())
     assert len(logged) == len(held) > 5
+    for mine, want in zip(sorted(logged, key=_key), sorted(held, key=_key)):
+        assert_same_batches(mine, want)
 
-    def key(batch: fe.FlexiBatch) -> bytes:  # a vector env's lanes end episodes in another order
-        return batch.obs.tobytes() + batch.discrete_actions.tobytes()
 
-    for mine, want in zip(sorted(logged, key=key), sorted(held, key=key)):
+def _key(batch: fe.FlexiBatch) -> bytes:
+    """An episode's key for sorting: a vector recorder logs a block's ended episodes lane by lane."""
+    return batch.obs.tobytes() + batch.discrete_actions.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["gym", "vector", "parallel", "aec"])
+def test_a_ring_that_wraps_logs_every_episode_as_one_that_does_not(tmp_path: Path, kind: str) -> None:
+    if kind in ("parallel", "aec"):
+        pytest.importorskip("pettingzoo")
+        pytest.importorskip("mpe2")
+    rows = {"gym": 160, "vector": 160, "parallel": 32, "aec": 48}[kind]  # a few episodes, folded as it wraps
+    small = _kinds_recorded(kind, tmp_path / "small", rows)
+    _kinds_recorded(kind, tmp_path / "large")
+    assert len(list(small.episodes())) < len(read_back(tmp_path / "large")) > 5
+    small_log, large_log = read_back(tmp_path / "small"), read_back(tmp_path / "large")
+    for mine, want in zip(sorted(small_log, key=_key), sorted(large_log, key=_key), strict=True):
         assert_same_batches(mine, want)
 
 

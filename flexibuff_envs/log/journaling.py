@@ -158,6 +158,16 @@ class Journaling:
             self._commit(zip(order, pieces), rows, episodes, slots)
             self._records = self._records[held:]
 
+    def _fold_ring(self, storage: Storage) -> None:
+        """Commit the pending episodes of ``storage`` (a ring in files), each column's rows put
+        straight from the ring's arrays (a slice of them, or one gather of its rows), 4 MiB a
+        commit."""
+        most = max(1, FOLD // sum(c.row_bytes for c in self.columns))
+        for rows, lengths, entries in self.marks.batches(most):
+            stored, total = Stored(storage, rows, lengths.cumsum() - 1), int(lengths.sum())
+            self._commit(self._plan.of(stored, lengths, total, self.commit.tails), total, len(lengths), added(stored))
+            self.marks.done(entries, len(lengths))
+
     @holding
     def fold(self) -> None:
         """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
@@ -175,14 +185,7 @@ class Journaling:
                 self._commit(zip(order, pieces), rows, episodes, slots)
                 self._records = self._records[len(run) :]
             if self.marks.storage is not None:
-                most = max(1, FOLD // sum(c.row_bytes for c in self.columns))
-                read = partial(self._read, self.marks.storage)
-                for run, raw, entries in in_records(self.marks.runs(most), read, self.commit.episodes, FOLD):
-                    pieces, rows, episodes, slots = parts_of(
-                        self._journal.path, self.columns, run, self.commit.tails, raw
-                    )
-                    self._commit(zip(order, pieces), rows, episodes, slots)
-                    self.marks.done(entries, episodes)
+                self._fold_ring(self.marks.storage)
         finally:
             self._folded = time.monotonic()
         self._maybe_sync()  # a fold before rows change (the ring wrapping) may come often: synced as due

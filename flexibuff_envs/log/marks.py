@@ -18,7 +18,7 @@ import numpy as np
 
 from flexibuff_envs.log.format import CHAINS, fail
 from flexibuff_envs.log.journal import MARK, RECORD_BYTES, Record, head
-from flexibuff_envs.parts import Segments
+from flexibuff_envs.parts import Segments, segment_rows
 from flexibuff_envs.storage import Storage
 
 _ONE = struct.Struct("<qqq")  # one episode in one range: its length, lo, hi
@@ -92,12 +92,42 @@ class Marks:
         if lengths:
             yield [(lo, hi)], np.concatenate(lengths), len(lengths)
 
+    def batches(self, most: int) -> Iterator[tuple[Segments | np.ndarray, np.ndarray, int]]:
+        """The pending episodes in order, as many `runs` together as hold at most ``most`` rows
+        (a longer run alone): their ring rows (ranges, or row numbers where any run's are), their
+        lengths and how many pending entries they hold."""
+        batch: list[tuple[Segments | np.ndarray, np.ndarray, int]] = []
+        held = 0
+        for run in self.runs(most):
+            n = int(run[1].sum())
+            if batch and held + n > most:
+                yield _joined(batch)
+                batch, held = [], 0
+            batch.append(run)
+            held += n
+        if batch:
+            yield _joined(batch)
+
     def done(self, entries: int, episodes: int) -> None:
         """The first ``entries`` pending entries (``episodes`` episodes) are folded."""
         del self.pending[:entries]
         self.episodes -= episodes
         if not self.pending:
             self.held[:] = False
+
+
+def _joined(
+    runs: list[tuple[Segments | np.ndarray, np.ndarray, int]],
+) -> tuple[Segments | np.ndarray, np.ndarray, int]:
+    """`runs` as one: their rows one after the other, their lengths, their entries."""
+    if len(runs) == 1:
+        return runs[0]
+    lengths = np.concatenate([these for _, these, _ in runs])
+    entries = sum(held for _, _, held in runs)
+    if not any(isinstance(rows, np.ndarray) for rows, _, _ in runs):
+        return [bound for rows, _, _ in runs for bound in rows], lengths, entries  # type: ignore[union-attr]
+    numbers = [rows if isinstance(rows, np.ndarray) else segment_rows(rows) for rows, _, _ in runs]
+    return np.concatenate(numbers), lengths, entries
 
 
 def in_records(
