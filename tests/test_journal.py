@@ -6,8 +6,11 @@ whose values no recording writes is one BufferFileError naming the journal."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import struct
+import threading
 import zlib
 from pathlib import Path
 
@@ -234,3 +237,37 @@ def test_next_values_filled_in_by_hand_are_logged_as_the_buffer_holds_them(tmp_p
     for mine, want in zip(logged, held, strict=True):
         assert_same_batches(mine, want)
     np.testing.assert_array_equal(logged[2].obs_[-1], [6.0, 7.0])
+
+
+def test_a_sync_the_disk_refused_is_raised_once_and_loses_no_episode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interval's sync runs on a thread while the recording goes on; an fsync failing there
+    (EIO, which no test can make a real disk give) is raised by the next fold, once, naming the
+    file, with nothing written in that call; the recording goes on and the log holds every episode."""
+    real, failed = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread() and not failed:
+            failed.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    env = fe.record(gym.make("CartPole-v1"), num_steps=5000)
+    env.buffer.log_to(tmp_path, every=0.0)  # a fold and a sync at each episode's end
+    env.reset(seed=0)
+    rng, refused = np.random.default_rng(0), []
+    while env.buffer.n_episodes < 40:
+        try:
+            done = any(env.step(int(rng.integers(2)))[2:4])
+        except fe.BufferSaveError as error:
+            refused.append(error)
+            done = True
+        if done:
+            env.reset()
+    env.close()
+    assert failed and len(refused) == 1
+    assert "cannot sync the episode log" in str(refused[0]) and refused[0].filename.startswith(str(tmp_path))
+    for mine, want in zip(read_back(tmp_path), env.buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)

@@ -18,6 +18,7 @@ from flexibuff_envs.log.journal import FOLD, RECORD_BYTES, Record, batches, part
 from flexibuff_envs.log.marks import Marks, in_records, parse
 from flexibuff_envs.log.pieces import Direct, Plan, added
 from flexibuff_envs.log.ring import left
+from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.tail import Tail
 from flexibuff_envs.parts import Segments, Stored, segment_rows
 from flexibuff_envs.storage import Storage
@@ -44,6 +45,7 @@ class Journaling:
         _tails: dict[Any, Tail]
         _direct: Direct | None
         _plan: Plan
+        _syncer: Syncer
 
         def append(self, chunk: Chunk) -> None: ...
 
@@ -172,7 +174,9 @@ class Journaling:
     def fold(self) -> None:
         """Append the episodes the journal holds to the columns (a commit per 4 MiB of them),
         then empty it; synced first when a sync is due (`_maybe_sync`). If a commit fails (a full disk),
-        the journal keeps what was not folded and `BufferSaveError` says why."""
+        the journal keeps what was not folded and `BufferSaveError` says why; so it does, with
+        nothing written, when the sync before failed (`log.syncing`)."""
+        self._syncer.check()
         if not self._records and not self.marks.pending:
             return
         order = [self._tails[c.key] for c in [EPISODE_LENGTHS, *self.columns]]

@@ -52,6 +52,7 @@ from flexibuff_envs.log.read import (
 from flexibuff_envs.log.ring import RING, left
 from flexibuff_envs.log.stages import Layout, StageFile, replayers
 from flexibuff_envs.log.stages import left as stages_left
+from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.tail import Tail
 
 
@@ -112,8 +113,9 @@ class LogWriter(Journaling):
         self._stages: list[StageFile] = []  # its vector recorders' (`stage`)
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = self._folded = time.monotonic()
+        self._syncer = Syncer()
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
-        self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit)
+        self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer)
         self._finalizer = weakref.finalize(self, self._open.close)
         self._records = scan(self.directory, self.columns, self.commit)[0]
         try:
@@ -302,12 +304,18 @@ class LogWriter(Journaling):
         self.commit = self._open.commit = commit
 
     def _maybe_sync(self) -> None:
-        """After an append to the columns: sync as ``fsync`` says."""
-        if self.fsync == "always" or (self.fsync == "interval" and time.monotonic() - self._synced >= self.every):
+        """After an append to the columns: sync as ``fsync`` says ("interval": on a thread,
+        `log.syncing`; what it meets is raised by the next fold, `sync` or `close`)."""
+        if self.fsync == "always":
             self._sync_files()
+        elif self.fsync == "interval" and time.monotonic() - self._synced >= self.every:
+            files = [(tail.fd, tail.path) for tail in self._tails.values()]
+            if self._syncer.start([*files, (self._commits.fileno(), self._commits.name)]):
+                self._synced = time.monotonic()
 
     def _sync_files(self) -> None:
-        """The columns' rows to the disk itself, then the commits."""
+        """The columns' rows to the disk itself, then the commits (the sync under way done first)."""
+        self._syncer.wait()
         for tail in self._tails.values():
             tail.sync()
         os.fsync(self._commits.fileno())
@@ -344,11 +352,19 @@ class _Open:
     unclosed (its buffer collected) still cuts them to what is committed and lets go of them."""
 
     def __init__(
-        self, tails: dict[Any, Tail], commits: BinaryIO, journal: Tail, columns: list[Column], commit: Commit
+        self,
+        tails: dict[Any, Tail],
+        commits: BinaryIO,
+        journal: Tail,
+        columns: list[Column],
+        commit: Commit,
+        syncer: Syncer,
     ) -> None:
         self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
+        self.syncer = syncer
 
     def close(self) -> None:
+        self.syncer.join()  # it syncs these files
         for column in [EPISODE_LENGTHS, *self.columns]:
             self.tails[column.key].close(self.commit.length(column))
         self.commits.close()
