@@ -31,9 +31,9 @@ from flexibuff_envs.writer import Writer
 
 #: ``bootstrap_fn(obs_)``: V of a truncated episode's last ``obs_``, as a batch shows it
 VectorBootstrapFn = Callable[[np.ndarray], Any]
-#: sub-env steps staged before they are written: a block is this many over all sub-envs, of 64
-#: to 256 vector steps (fewer when a ring is short or steps are large)
-_BLOCK = 4096
+#: sub-env steps staged before they are written: a block is this many over all sub-envs (its fixed
+#: costs spread over them), of 64 to 256 vector steps (fewer when a ring is short or steps are large)
+_BLOCK = 16384
 #: bytes the staging arrays may take
 _STAGE_BYTES = 64 << 20
 
