@@ -7,9 +7,12 @@ policy that balances the pole (longer episodes), gymnasium's natively vectorized
 with a ring as long as the run, so every row is written for the first time, and with a ring an
 eighth of it, which wraps as a long recording's does), and PettingZoo's connect_four_v3 (AEC).
 
-Each loop ends with ``sync_log()``, timed (nothing without a log): the episodes its log holds
-folded into the columns and synced, as a long recording does every 5 seconds. In each round the
-two recorders run at once, taking turns a chunk of steps at a time (which goes
+A loop is long (400,000 env steps, 3.2 million sub-env steps for the vector env: about ten
+seconds), so that it spans several of the log's 5-second intervals, each with its fold and its
+sync (on a thread of its own) as in a long recording, and it ends with ``sync_log()``, timed
+(nothing without a log): the episodes its log holds folded into the columns and synced. (A
+one-second loop would time the close's fold and sync and none of the periodic ones: what ends a
+recording, spread over one second of it.) In each round the two recorders run at once, taking turns a chunk of steps at a time (which goes
 first alternates): a host whose speed drifts, as a shared one does by tens of percent within
 seconds, slows both alike. Prints, per env step (per sub-env step for the vector env, per turn
 for AEC), the medians over the rounds in microseconds, the median of the rounds' ratios (logged
@@ -150,7 +153,7 @@ def compare(name: str, case: Callable[[str | None, int], Loop], steps: int, roun
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=50_000)
+    parser.add_argument("--steps", type=int, default=400_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     args = parser.parse_args()
