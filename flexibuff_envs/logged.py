@@ -63,8 +63,9 @@ class Logged(Half):
         naming its rows to the log's journal; any other (or with ``fsync="always"``) writes its
         rows, as one record. The journal is folded into the log's columns every ``every``
         seconds, at `sync_log` and `close_log`, and before rows of an episode not yet folded
-        change. ``fsync`` ("interval": every ``every`` seconds, "always": each record too, "close") says
-        when episodes reach the disk itself. A vector recorder of a ring in files hands its
+        change. ``fsync`` ("interval": every ``every`` seconds, on a thread of its own while the
+        recording goes on; "always": each record too; "close") says when episodes reach the disk
+        itself. A vector recorder of a ring in files hands its
         ended episodes over with its block of staged steps (up to 256 vector steps later), its
         stage a file of ``DIR/ring/`` that the next to open the log replays after a kill
         (`log.stages`); of a ring in RAM, in the step they end. ``per_block``: there too with its

@@ -66,7 +66,8 @@ class LogWriter(Journaling):
     `append_rows` writes them to the journal, one record, and they are folded into the columns
     ``every`` seconds, when the journal reaches 64 MiB, and at `sync` and `close`. ``fsync``
     says when they reach the disk itself, which is what survives a power loss: "interval" (at
-    the first fold or `append` ``every`` seconds after the last sync; the default),
+    the first fold or `append` ``every`` seconds after the last sync, on a thread of its own:
+    `log.syncing`; the default),
     "always" (every append and every record), "close" (only at `sync` and `close`).
 
     One writer appends to a log at a time: it holds the journal's lock while open.
