@@ -311,6 +311,9 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
     from flexibuff_envs import log
 
     files = dict(files)
+    if "synced.fblog" in files and rng.random() < 0.3:  # synced in another boot, naming any commit
+        body = struct.pack("<8s40sq", b"FBSYNCED", b"another boot", rng.randrange(-3, 40))
+        files["synced.fblog"] = body + struct.pack("<I", zlib.crc32(body))
     if files.get("journal.fblog", b"")[:8] in (b"FBJOURNL", b"FBJRMARK") and rng.random() < 0.4:
         return _rejournaled(files, rng)
     stages = [name for name in files if name.startswith("ring/stage")]

@@ -134,6 +134,36 @@ def test_appends_kills_and_resumes_leave_a_prefix_of_what_was_recorded(
         assert log.verify(directory).episodes == len(expected)
 
 
+def test_after_a_power_loss_a_commit_whose_rows_never_reached_the_disk_ends_the_log(tmp_path: Path) -> None:
+    """A power loss can keep a commit entry on the disk while rows of one before it never got
+    there (the OS writes pages back in any order; checking the newest commit does not see it).
+    A log last synced in another boot has every commit since that sync checked: it reads back as
+    the episodes before the first whose rows are missing, and a writer opening it cuts there. One
+    synced in this boot is read as its newest commit says: no process loses the page cache."""
+    chunks, batches = recorded_chunks([1, 3, 2, 5, 1])
+    writer = log.LogWriter(tmp_path, header_of(chunks[0]), fsync="close")
+    for chunk in chunks:
+        writer.append(chunk)
+    files = {path.name: path.read_bytes() for path in tmp_path.iterdir()}  # killed here: synced at open only
+    writer.close()
+    obs = next(column for column in log.read.state_of(str(tmp_path)).columns if column.file == "obs.col")
+    lengths = np.frombuffer(files[log.LENGTHS], dtype=np.int64)
+    at = (int(lengths[:4].sum()) + 1) * obs.row_bytes  # a row of the third commit, as a power loss leaves it
+    files["obs.col"] = files["obs.col"][:at] + bytes(obs.row_bytes) + files["obs.col"][at + obs.row_bytes :]
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    assert len(read_back(tmp_path)) == 12  # this boot: the newest commit holds, so the log is read as it says
+    synced = (tmp_path / "synced.fblog").read_bytes()
+    other = synced[:8] + b"another boot".ljust(40, b"\0") + synced[48:56]
+    (tmp_path / "synced.fblog").write_bytes(other + struct.pack("<I", zlib.crc32(other)))
+    got = read_back(tmp_path)
+    assert len(got) == 4  # the first two commits' episodes
+    for mine, want in zip(got, batches, strict=False):
+        assert_same_batches(mine, want)
+    log.LogWriter(tmp_path, header_of(chunks[0])).close()  # a resume cuts past them
+    assert log.verify(tmp_path).episodes == 4 and not log.verify(tmp_path).torn
+
+
 def test_repair_cuts_only_the_torn_tails(tmp_path: Path) -> None:
     chunks, _ = recorded_chunks([2, 4])
     writer = log.LogWriter(tmp_path, header_of(chunks[0]))

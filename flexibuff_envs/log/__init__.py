@@ -12,6 +12,8 @@ as a ring holds them, so mapping a column gives the array a buffer samples from:
                    | u32 crc32 of the bytes the append added to the columns | u32 crc32 of the entry
     lengths.col    each episode's length (int64)
     obs.col, obs_.index.col, obs_.tail.col, ...   one per column
+    synced.fblog   the newest commit a sync put on the disk, and the boot it ran in
+                   (`flexibuff_envs.log.syncing`)
     journal.fblog  the episodes a recording ended since it last folded, one record each
                    (`flexibuff_envs.log.journal`); its writer holds its lock
 
@@ -25,8 +27,9 @@ returns, so a process killed at any instant leaves the log as of its last whole 
 past it that no entry counts (a torn append, or the rest of a reserved window; closing a writer
 cuts those). Readers take the newest entry whose
 own checksum and whose appended bytes' checksum hold (so an entry that reached the disk before
-its rows, in a power loss, is passed over) and ignore everything past it: no part of an episode is
-ever read. `verify` checks every entry and byte, `repair` cuts what lies past the newest whole
+its rows, in a power loss, is passed over) and ignore everything past it; in a log last synced in
+another boot, every entry after the one `synced.fblog` names is checked in turn: no part of an
+episode is ever read. `verify` checks every entry and byte, `repair` cuts what lies past the newest whole
 entry, and opening a log to append cuts it too. Nothing in a log is code: JSON and numbers only,
 and every length is checked against the bytes the files hold before anything is allocated or
 mapped, so a crafted log reads or raises `BufferFileError` naming the file.

@@ -30,6 +30,7 @@ from flexibuff_envs.log.format import (
 )
 from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
 from flexibuff_envs.log.ring import kept
+from flexibuff_envs.log.syncing import checked_from
 
 
 @dataclass
@@ -141,6 +142,18 @@ def state_of(directory: str, *, every: bool = False) -> State:
                     break
                 before = item[0]
             state.commit = before
+            return _counted(state)
+        first = checked_from(directory, count)
+        if first is not None:  # synced in another boot: each commit since is checked (`log.syncing`)
+            synced = reader.entry(first - 1) if first else (Commit(), 0)
+            if synced is None:  # the record names a commit that is not whole: all are checked
+                first, synced = 0, (Commit(), 0)
+            state.commit = synced[0]
+            for k in range(first, count):
+                item = reader.entry(k)
+                if item is None or not reader.holds(state.commit, *item):
+                    break
+                state.commit = item[0]
             return _counted(state)
         for k in range(count - 1, -1, -1):
             item = reader.entry(k)

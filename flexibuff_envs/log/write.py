@@ -114,7 +114,7 @@ class LogWriter(Journaling):
         self._stages: list[StageFile] = []  # its vector recorders' (`stage`)
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = self._folded = time.monotonic()
-        self._syncer = Syncer()
+        self._syncer = Syncer(self.directory)
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
         self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer)
         self._finalizer = weakref.finalize(self, self._open.close)
@@ -127,6 +127,7 @@ class LogWriter(Journaling):
             raise
         self._journal.cut(0)  # and a torn record past it
         shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # and the ring it read them from
+        self._sync_files()  # what a killed writer left, checked and cut, is on the disk: recorded so
 
     def _replay(self) -> None:
         """Append the episodes that ended in the steps a killed recording's vector recorders
@@ -311,7 +312,7 @@ class LogWriter(Journaling):
             self._sync_files()
         elif self.fsync == "interval" and time.monotonic() - self._synced >= self.every:
             files = [(tail.fd, tail.path) for tail in self._tails.values()]
-            if self._syncer.start([*files, (self._commits.fileno(), self._commits.name)]):
+            if self._syncer.start([*files, (self._commits.fileno(), self._commits.name)], self.commit.number):
                 self._synced = time.monotonic()
 
     def _sync_files(self) -> None:
@@ -320,6 +321,8 @@ class LogWriter(Journaling):
         for tail in self._tails.values():
             tail.sync()
         os.fsync(self._commits.fileno())
+        self._syncer.synced(self.commit.number)
+        self._syncer.check()
         self._synced = time.monotonic()
 
     def sync(self) -> None:
@@ -365,7 +368,7 @@ class _Open:
         self.syncer = syncer
 
     def close(self) -> None:
-        self.syncer.join()  # it syncs these files
+        self.syncer.close()  # it syncs these files
         for column in [EPISODE_LENGTHS, *self.columns]:
             self.tails[column.key].close(self.commit.length(column))
         self.commits.close()
