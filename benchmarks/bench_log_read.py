@@ -141,7 +141,7 @@ def confined(directory: Path, limit_mib: int, batches: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=4_000_000)
-    parser.add_argument("--copies", type=int, default=18, help="the larger log: the first merged this many times")
+    parser.add_argument("--copies", type=int, default=20, help="the larger log: the first merged this many times")
     parser.add_argument("--limit-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, default=400)

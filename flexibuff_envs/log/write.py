@@ -122,12 +122,12 @@ class LogWriter(Journaling):
         try:
             self.fold()  # what a killed recording left in the journal
             self._replay()  # and in its vector recorders' stages
+            self._journal.cut(0)  # and a torn record past it
+            shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # and the ring it read them from
+            self._sync_files()  # all of it on the disk, and recorded so (`log.syncing`)
         except BaseException:
             self._finalizer()
             raise
-        self._journal.cut(0)  # and a torn record past it
-        shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # and the ring it read them from
-        self._sync_files()  # what a killed writer left, checked and cut, is on the disk: recorded so
 
     def _replay(self) -> None:
         """Append the episodes that ended in the steps a killed recording's vector recorders
@@ -311,6 +311,8 @@ class LogWriter(Journaling):
         if self.fsync == "always":
             self._sync_files()
         elif self.fsync == "interval" and time.monotonic() - self._synced >= self.every:
+            # fsync alone, no msync of the windows (another thread may move them): where tails
+            # are mapped (Linux, the BSDs) it writes the pages a mapping dirtied too
             files = [(tail.fd, tail.path) for tail in self._tails.values()]
             if self._syncer.start([*files, (self._commits.fileno(), self._commits.name)], self.commit.number):
                 self._synced = time.monotonic()
