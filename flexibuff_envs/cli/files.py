@@ -176,6 +176,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             f"{report.unfolded:,} of those episodes are in its journal, not yet in its columns (a recording "
             "that is running, or was killed: opening, resuming or repairing the log folds them)"
         )
+    if report.staged:
+        print(
+            f"{report.staged:,} vector steps are staged by a vector recorder that was killed: the episodes that "
+            "ended in them are not counted above (opening, resuming or repairing the log replays them)"
+        )
     if report.live:
         print(
             "a writer has it open: what lies past its newest commit and record is the writer's own (its "

@@ -122,7 +122,9 @@ class LogReport:
     journal holds, not yet folded into the columns, the torn tails of its files (empty for a
     whole log), and whether a writer has it open (``live``: the bytes past its newest commit
     and record are then the writer's own, its reserved windows or an append under way, and
-    none is counted torn)."""
+    none is counted torn); ``staged``: the vector steps a killed vector recorder staged
+    (`log.stages`), whose ended episodes are not counted until the log is next opened, which
+    replays them."""
 
     header: LogHeader
     episodes: int
@@ -131,6 +133,7 @@ class LogReport:
     torn: tuple[Torn, ...]
     unfolded: int = 0
     live: bool = False
+    staged: int = 0
 
 
 def fail(path: str, problem: str) -> BufferFileError:

@@ -29,7 +29,8 @@ from flexibuff_envs.log.format import (
     read_header,
 )
 from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
-from flexibuff_envs.log.ring import kept
+from flexibuff_envs.log.ring import RING, kept
+from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.syncing import checked_from
 
 
@@ -277,14 +278,19 @@ def report_of(state: State, *, every: bool = False) -> LogReport:
             tails = tuple(t + n for t, n in zip(tails, slots))
     live = writing(state.directory)  # what lies past its commits is the writer's: cut when it closes
     torn = (Torn(os.path.join(state.directory, JOURNAL), end, size - end),) if size > end else ()
+    episodes = state.commit.episodes + sum(r.episodes for r in records)
+    staged = 0
+    if not live and kept(state.directory):  # a killed vector recorder's steps, replayed when next opened
+        staged = sum(stage.k for stage in stages_left(os.path.join(state.directory, RING), episodes))
     return LogReport(
         state.header,
-        state.commit.episodes + sum(r.episodes for r in records),
+        episodes,
         state.commit.rows + sum(r.rows for r in records),
         sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES + end,
         () if live else state.torn() + torn,
         sum(r.episodes for r in records),
         live,
+        staged,
     )
 
 
