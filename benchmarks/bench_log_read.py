@@ -47,6 +47,7 @@ def record(directory: Path, rows: int) -> None:
     for _ in range(rows // 64 + 1):
         env.step(rng.integers(0, 2, 64))
     env.close()
+    buffer.close_log()  # the buffer made the log: folded, synced, its ring's files gone
 
 
 def per_batch(buffer: fe.FlexibleBuffer, batches: int) -> list[float]:
@@ -62,7 +63,8 @@ def cached(directory: Path, rounds: int) -> None:
     ram = fe.FlexibleBuffer.open(directory, mmap=False)
     mapped = fe.FlexibleBuffer.open(directory)
     for path in directory.iterdir():  # every page in the cache
-        path.read_bytes()
+        if path.is_file():
+            path.read_bytes()
     a: list[float] = []
     b: list[float] = []
     for _ in range(rounds):
@@ -109,7 +111,7 @@ def child(directory: str, batches: int) -> None:
 
 
 def confined(directory: Path, limit_mib: int, batches: int) -> None:
-    size = sum(path.stat().st_size for path in directory.iterdir())
+    size = sum(path.stat().st_size for path in directory.iterdir() if path.is_file())
     group = CGROUP / f"flexibuff-bench-{os.getpid()}"
     command = [sys.executable, __file__, "--child", str(directory), "--batches", str(batches)]
     try:
