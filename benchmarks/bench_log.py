@@ -12,9 +12,9 @@ seconds), so that it spans several of the log's 5-second intervals, each with it
 sync (on a thread of its own) as in a long recording, and it ends with ``sync_log()``, timed
 (nothing without a log): the episodes its log holds folded into the columns and synced. (A
 one-second loop would time the close's fold and sync and none of the periodic ones: what ends a
-recording, spread over one second of it.) In each round the two recorders run at once, taking turns a chunk of steps at a time (which goes
-first alternates): a host whose speed drifts, as a shared one does by tens of percent within
-seconds, slows both alike. Prints, per env step (per sub-env step for the vector env, per turn
+recording, spread over one second of it.) In each round the two recorders run at once, taking
+turns a chunk of steps at a time (which goes first alternates): a host whose speed drifts, as a
+shared one does by tens of percent within seconds, slows both alike. Prints, per env step (per sub-env step for the vector env, per turn
 for AEC), the medians over the rounds in microseconds, the median of the rounds' ratios (logged
 / RAM only) with the lowest and highest, and what the log adds to each ended episode (the
 median difference times the steps per episode).

@@ -25,12 +25,12 @@ copied into a mapped window at each file's end, whose disk blocks are reserved b
 mapped (large appends are written instead): all of it is with the OS when `LogWriter.append`
 returns, so a process killed at any instant leaves the log as of its last whole entry plus bytes
 past it that no entry counts (a torn append, or the rest of a reserved window; closing a writer
-cuts those). Readers take the newest entry whose
-own checksum and whose appended bytes' checksum hold (so an entry that reached the disk before
-its rows, in a power loss, is passed over) and ignore everything past it; in a log last synced in
-another boot, every entry after the one `synced.fblog` names is checked in turn: no part of an
-episode is ever read. `verify` checks every entry and byte, `repair` cuts what lies past the newest whole
-entry, and opening a log to append cuts it too. Nothing in a log is code: JSON and numbers only,
+cuts those). Readers take the newest entry whose own checksum and whose appended bytes' checksum
+hold (so an entry that reached the disk before its rows, in a power loss, is passed over) and
+ignore everything past it; in a log last synced in another boot, every entry after the one
+`synced.fblog` names is checked in turn: no part of an episode is ever read. `verify` checks every
+entry and byte, `repair` cuts what lies past the newest whole entry, and opening a log to append
+cuts it too. Nothing in a log is code: JSON and numbers only,
 and every length is checked against the bytes the files hold before anything is allocated or
 mapped, so a crafted log reads or raises `BufferFileError` naming the file.
 """
