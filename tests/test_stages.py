@@ -18,6 +18,7 @@ from flexibuff_envs.cli import main
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.log.ring import RING
 from flexibuff_envs.log.stages import staged
+from flexibuff_envs.wrappers import batched
 from tests.batches import assert_same_batches
 
 #: CartPole under each autoreset mode, and Taxi (observations as categories, legal-action masks)
@@ -89,3 +90,27 @@ def test_a_stage_that_names_another_buffers_steps_raises_naming_it(tmp_path: Pat
     env.close()
     with pytest.raises(BufferFileError, match=stage.name):
         fe.FlexibleBuffer.open(tmp_path / "killed")
+
+
+def test_a_stage_of_shorter_blocks_than_this_version_stages_is_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage a recorder of an earlier version left, its blocks shorter (64 vector steps of 4
+    sub-envs, where this version stages 256), replays as that recorder would have written it."""
+    with monkeypatch.context() as earlier:
+        earlier.setattr(batched, "_BLOCK", 256)
+        venv = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync")
+        env = fe.record(venv, num_steps=4096, log=tmp_path / "run")
+        assert env._recorder.block == 64
+        env.reset(seed=0)
+        rng = np.random.default_rng(0)
+        ended = sum(_step(env, rng, AutoresetMode.NEXT_STEP) for _ in range(100))
+        while not ended or env._recorder._k < 40:  # many steps staged, an episode ended among them
+            ended += _step(env, rng, AutoresetMode.NEXT_STEP)
+        shutil.copytree(tmp_path / "run", tmp_path / "killed")
+        env.close()
+    whole = {batch.obs.tobytes(): batch for batch in fe.FlexibleBuffer.open(tmp_path / "run").episodes()}
+    replayed = list(fe.FlexibleBuffer.open(tmp_path / "killed").episodes())
+    assert len(replayed) == ended
+    for batch in replayed:
+        assert_same_batches(batch, whole[batch.obs.tobytes()])

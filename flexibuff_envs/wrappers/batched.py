@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.codecs import ObsCodec
-from flexibuff_envs.episodes import Lane, span_rows
+from flexibuff_envs.episodes import span_rows
 from flexibuff_envs.holders import HeldBatch
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.wrappers.annotations import StagedAnnotations, lane_feedback
@@ -75,15 +75,15 @@ class BatchRecorder:
         )
         # lanes make room for blocks an eighth of their ring at a time: at most that much of a lane
         # (and the episode it cuts into) is forgotten before the single-env recorder would
-        self._block = max(1, min(max(64, min(256, _BLOCK // n)), writer.capacity // 8, _STAGE_BYTES // step_bytes))
+        self.block = max(1, min(max(64, min(256, _BLOCK // n)), writer.capacity // 8, _STAGE_BYTES // step_bytes))
         self._k = 0  # steps staged
         # in a file of the buffer's log, replayed after a kill, when no bootstrap must be called
-        self._stage = stage_for(writer, codec, action, lanes, self._block, mode, durable=bootstrap_fn is None)
+        self._stage = stage_for(writer, codec, action, lanes, self.block, mode, durable=bootstrap_fn is None)
         self._stage.obs[0] = self.obs.values()
         self.mask: HeldBatch | None = None
         if writer.spec.action_mask:
             self._enable_masks()
-        self.annotations = StagedAnnotations(writer, n, self._block)
+        self.annotations = StagedAnnotations(writer, n, self.block)
         # per lane, as of the last written block: next position, start of the running episode,
         # running?, and NEXT_STEP's "next step resets"
         self.pos, self.start = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
@@ -103,12 +103,9 @@ class BatchRecorder:
 
     # ----------------------------------------------------------------- bookkeeping
 
-    def _lanes(self) -> list[Lane]:
-        return self.writer.lanes(self.lane_ids)
-
     def _reload(self) -> None:
         """Read the lanes again: the buffer was read (and maybe changed) since the last block."""
-        lanes = self._lanes()
+        lanes = self.writer.lanes(self.lane_ids)
         self.pos = np.array([lane.written for lane in lanes], dtype=np.int64)
         started = np.array([-1 if lane.running is None else lane.running.start for lane in lanes], dtype=np.int64)
         self.running &= started >= 0  # an episode ended from outside is no longer recorded
@@ -136,7 +133,7 @@ class BatchRecorder:
         self._return_ended()
         spans = tuple(map(np.concatenate, zip(*self._ended)))[:3] if self._ended else None
         self._ended, self._returned = [], 0
-        publish(self._lanes(), spans, self.pos, self.start, self.running)
+        publish(self.writer.lanes(self.lane_ids), spans, self.pos, self.start, self.running)
 
     def _return_ended(self) -> None:
         """``G`` of the episodes ended since the last call, then the episode log (if one is kept)
@@ -146,6 +143,12 @@ class BatchRecorder:
             which, starts, ends, boots, whole = (np.concatenate(parts) for parts in zip(*fresh))
             self.writer.end_runs(self._lane_array[which], starts, ends, boots, whole)
             self._returned = len(self._ended)
+
+    def resume(self, running: np.ndarray, resetting: np.ndarray, arrays: Mapping[str, np.ndarray], k: int) -> None:
+        """Go on from the lanes and the ``k`` staged steps a killed recorder left (`wrappers.replay`)."""
+        self.running[:], self._resetting[:] = running, resetting
+        self._reload()
+        self._k = self._stage.load(arrays, k)
 
     # ----------------------------------------------------------------- staging
 
@@ -180,7 +183,7 @@ class BatchRecorder:
         self._stage.staged(k + 1)
         # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files
         stage = self._stage
-        if self._k == self._block or (stage.flags[:, k].any() and self.writer.logging_each_step and not stage.durable):
+        if self._k == self.block or (stage.flags[:, k].any() and self.writer.logging_each_step and not stage.durable):
             self._drain()
 
     # ----------------------------------------------------------------- writing a block
@@ -263,10 +266,9 @@ class BatchRecorder:
             self._draining = False
 
     def _make_room(self, counts: np.ndarray) -> None:
-        """Lanes whose next ``counts`` rows hold their oldest episodes, or were never used:
-        `Lane.make_room` (the lanes are committed first)."""
+        """Lanes whose next ``counts`` rows hold their oldest episodes, or were never used: `Lane.make_room`."""
         self._push()  # what was written before this block
-        ring = self._lanes()
+        ring = self.writer.lanes(self.lane_ids)
         # room for an eighth of the ring at once (a block is at most that), in every lane that
         # would need it within that many rows: the lanes then make room together, seldom
         ahead = np.maximum(counts, self._capacity // 8)
@@ -277,8 +279,7 @@ class BatchRecorder:
         self._reload()
 
     def _open(self, needed: np.ndarray) -> None:
-        """Give rows up to positions ``needed`` their fields' allocated values (no commit: only
-        the rows change)."""
+        """Give rows up to positions ``needed`` their fields' allocated values (no commit: only rows change)."""
         for i in np.flatnonzero(needed > self._opened).tolist():
             self._opened[i] = self.writer.open(self.lane_ids[i], int(needed[i]))
 
@@ -328,8 +329,7 @@ class BatchRecorder:
             self.mask.hold(lanes, packed)
             self._stage.masks[0] = self.mask.values()
         self.start[lanes] = self.pos[lanes]
-        self.running[lanes] = True
-        self._resetting[lanes] = False
+        self.running[lanes], self._resetting[lanes] = True, False
         self.writer.uncommitted()
         self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
 
@@ -372,8 +372,7 @@ class BatchRecorder:
         cut = np.flatnonzero(self.running & (self.pos > self.start))
         if cut.size:
             self._cut(cut, bootstrap=False)
-        self.running[:] = False
-        self._resetting[:] = False
+        self.running[:] = self._resetting[:] = False
         self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:

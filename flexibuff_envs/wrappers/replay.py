@@ -53,26 +53,12 @@ def replayed(stage: Left, ring: Storage, header: LogHeader) -> Chunk | None:
         list(range(n)),
         mode=MODES[layout.mode],
     )
-    if recorder._block != layout.block:
-        raise fail(stage.path, f"stages blocks of {layout.block} steps, not the {recorder._block} its recorder would")
-    recorder.running[:], recorder._resetting[:] = stage.running, stage.resetting
-    recorder._reload()
+    if stage.k > recorder.block:  # a block of another version may be shorter, never longer
+        raise fail(stage.path, f"stages {stage.k} steps, more than a block of its recorder holds ({recorder.block})")
+    recorder.resume(stage.running, stage.resetting, stage.arrays, stage.k)
     _held(recorder.obs, stage.arrays["obs"][0], rows, lengths, capacity)
     if recorder.mask is not None:
         _held(recorder.mask, stage.arrays["masks"][0], rows, lengths, capacity)
-    staged = recorder._stage
-    k = stage.k
-    staged.obs[: k + 1] = stage.arrays["obs"][: k + 1]
-    for mine, theirs in zip(staged.actions, (stage.arrays["discrete"], stage.arrays["continuous"])):
-        mine[:k] = theirs[:k]
-    staged.rewards[:k], staged.flags[:, :k] = stage.arrays["rewards"][:k], stage.arrays["flags"][:, :k]
-    staged.has_final[:k] = stage.arrays["has_final"][:k]
-    if len(stage.arrays["final"]):
-        staged.final = stage.arrays["final"].copy()
-    if recorder.mask is not None:
-        staged.masks[: k + 1] = stage.arrays["masks"][: k + 1]
-        staged.final_masks[:k] = stage.arrays["final_masks"][:k]
-    recorder._k = k
     recorder.commit()
     return buffer.take_episodes()
 

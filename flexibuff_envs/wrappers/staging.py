@@ -3,7 +3,7 @@ rewards, end flags and actions written through the row writers when the block is
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -173,6 +173,21 @@ class Stage:
         )
         if self._team is not None:
             self._team.set(rows, rewards)
+
+    def load(self, arrays: Mapping[str, np.ndarray], k: int) -> int:
+        """Hold the ``k`` steps a killed recorder staged (its stage file's ``arrays``,
+        `log.stages`); returns ``k``."""
+        self.obs[: k + 1] = arrays["obs"][: k + 1]
+        for mine, theirs in zip(self.actions, (arrays["discrete"], arrays["continuous"])):
+            mine[:k] = theirs[:k]
+        self.rewards[:k], self.flags[:, :k] = arrays["rewards"][:k], arrays["flags"][:, :k]
+        self.has_final[:k] = arrays["has_final"][:k]
+        if len(arrays["final"]):
+            self.final = arrays["final"].copy()
+        if len(self.masks):
+            self.masks[: k + 1] = arrays["masks"][: k + 1]
+            self.final_masks[:k] = arrays["final_masks"][:k]
+        return k
 
     def restart(self, k: int) -> None:
         """The block's ``k`` steps were written: the next block begins from what the lanes hold now."""
