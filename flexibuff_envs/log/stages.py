@@ -49,7 +49,7 @@ _WORD = _HEAD.size + 8
 _BYTES = _WORD + 8
 MODES = 3  # NEXT_STEP, SAME_STEP, DISABLED, in gymnasium's `AutoresetMode` order
 OFF = -1  # a word saying the stage is not in use
-_K = 1 << 16  # the word's ``k`` part: a block is at most 256 steps
+_K = 1 << 16  # the word's ``k`` part: a block holds fewer steps (256 at most today)
 _NAME = re.compile(r"stage(\d+)\.fbstage")
 _LANE = 5  # a snapshot's values per lane: pos, start, running, resetting, clipped
 
