@@ -24,22 +24,28 @@ import numpy as np
 
 import flexibuff_envs as fe
 
-KINDS = ("gym", "vector", "parallel", "aec", "atari")
-#: rows of the recording's ring: far fewer than its log holds
-RING = {"gym": 600, "vector": 100, "parallel": 64, "aec": 64, "atari": 64}
+KINDS = ("gym", "vector", "parallel", "aec", "atari", "atari vector")
+#: rows of the recording's ring (a lane's, for a vector env): far fewer than its log holds
+RING = {"gym": 600, "vector": 100, "parallel": 64, "aec": 64, "atari": 64, "atari vector": 100}
 
 
 def _single(kind: str) -> gym.Env:
     if kind == "atari":
-        import ale_py
-
-        gym.register_envs(ale_py)
-        return gym.make("ALE/Pong-v5", max_episode_steps=25)
+        return _pong(25)
     return gym.make("CartPole-v1")
 
 
-def _vector() -> gym.vector.VectorEnv:
+def _vector(kind: str) -> gym.vector.VectorEnv:
+    if kind == "atari vector":  # rows of 100 KB, episodes of 20 to 35 steps ending at different steps
+        return gym.vector.SyncVectorEnv([lambda n=n: _pong(n) for n in (20, 25, 30, 35)])
     return gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
+
+
+def _pong(steps: int) -> gym.Env:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return gym.make("ALE/Pong-v5", max_episode_steps=steps)
 
 
 def _parallel() -> Any:
@@ -66,6 +72,8 @@ def _actions(kind: str) -> Any:
         return rng.integers(0, 6, 75).tolist()  # three episodes of 25 steps
     if kind == "vector":
         return rng.integers(0, 2, (150, 8))
+    if kind == "atari vector":
+        return rng.integers(0, 6, (105, 4))
     if kind == "parallel":
         return rng.integers(0, 5, (4, 10, 3))  # 4 episodes of 10 steps, 3 agents
     from flexibuff_envs.testing.pz_reference import play_aec
@@ -76,7 +84,7 @@ def _actions(kind: str) -> Any:
 def ends(kind: str, env: Any, actions: Any) -> Iterator[int]:
     """Play cycle after cycle of ``kind`` on the recorded ``env``; yield, after each call that
     ends episodes, how many it ended."""
-    running = np.zeros(8, dtype=bool)  # vector: sub-envs whose episode has a transition
+    running = np.zeros(getattr(env, "num_envs", 1), dtype=bool)  # vector: sub-envs whose episode has a transition
     while True:
         if kind in ("gym", "atari"):
             env.reset(seed=0)
@@ -85,12 +93,14 @@ def ends(kind: str, env: Any, actions: Any) -> Iterator[int]:
                 if terminated or truncated:
                     yield 1
                     env.reset()
-        elif kind == "vector":
+        elif kind.endswith("vector"):
             env.reset(seed=0)
             if running.any():  # the reset ended these, as truncated
                 yield int(running.sum())
             running[:] = False
-            reset_next = np.zeros(8, dtype=bool)  # gymnasium's next-step autoreset: that step is no transition
+            reset_next = np.zeros(
+                len(running), dtype=bool
+            )  # gymnasium's next-step autoreset: that step is no transition
             for action in actions:
                 _, _, terminated, truncated, _ = env.step(action)
                 done = terminated | truncated
@@ -126,15 +136,15 @@ def reference(kind: str) -> dict[bytes, np.ndarray]:
         log = play(_single(kind), seed=0, steps=len(actions), actions=actions)
         for a, b in log.episodes:
             episodes[np.array(log.obs[a:b]).tobytes()] = np.array(log.reward[a:b], dtype=np.float32)
-    elif kind == "vector":
-        env = _vector()
+    elif kind.endswith("vector"):
+        env = _vector(kind)
         obs, _ = env.reset(seed=0)
-        rows: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(8)]
-        reset_next = np.zeros(8, dtype=bool)  # gymnasium's next-step autoreset: that step is no transition
+        rows: list[list[tuple[np.ndarray, float]]] = [[] for _ in range(env.num_envs)]
+        reset_next = np.zeros(env.num_envs, dtype=bool)  # gymnasium's next-step autoreset: that step is no transition
         for action in actions:
             nxt, reward, terminated, truncated, _ = env.step(action)
             for i in np.flatnonzero(~reset_next):
-                rows[i].append((obs[i].astype(np.float32), float(reward[i])))
+                rows[i].append((np.array(obs[i]), float(reward[i])))
                 if terminated[i] or truncated[i]:
                     _keep(episodes, rows[i])
                     rows[i] = []
@@ -171,7 +181,8 @@ def recorded(kind: str, directory: str) -> Any:
     make = {
         "gym": lambda: _single(kind),
         "atari": lambda: _single(kind),
-        "vector": _vector,
+        "vector": lambda: _vector(kind),
+        "atari vector": lambda: _vector(kind),
         "parallel": _parallel,
         "aec": _aec,
     }[kind]

@@ -316,7 +316,22 @@ def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.
 def _kinds_recorded(kind: str, directory: Path, num_steps: int = 5000) -> fe.FlexibleBuffer:
     """A recording of ``kind`` logged to ``directory`` by a buffer of ``num_steps``; returns its
     buffer (the recorder closed)."""
-    if kind == "gym":
+    if kind == "atari":  # rows of 100 KB: a fold takes a few episodes a commit
+        env = fe.record(_pong(25), num_steps=min(num_steps, 400), log=directory)
+        env.reset(seed=0)
+        for t in range(300):
+            if any(env.step(t * 7 % 6)[2:4]):
+                env.reset()
+    elif kind == "atari vector":  # episodes of 20 to 35 rows of 100 KB, ending at different steps
+        env = fe.record(
+            gym.vector.SyncVectorEnv([lambda n=n: _pong(n) for n in (20, 25, 30, 35)]),
+            num_steps=min(num_steps, 800),
+            log=directory,
+        )
+        env.reset(seed=0)
+        for t in range(150):
+            env.step(np.array([t % 6, t % 5, t % 4, t % 3]))
+    elif kind == "gym":
         env = fe.record(gym.make("CartPole-v1"), num_steps=num_steps, log=directory)
         env.reset(seed=0)
         for t in range(500):
@@ -353,11 +368,27 @@ def _kinds_recorded(kind: str, directory: Path, num_steps: int = 5000) -> fe.Fle
     return env.buffer
 
 
-@pytest.mark.parametrize("kind", ["gym", "vector", "parallel", "aec"])
-def test_every_recorder_kind_logs_each_episode_as_the_buffer_holds_it(tmp_path: Path, kind: str) -> None:
+def _pong(steps: int) -> gym.Env:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    return gym.make("ALE/Pong-v5", max_episode_steps=steps)
+
+
+_KINDS = ["gym", "vector", "parallel", "aec", "atari", "atari vector"]
+
+
+def _needs(kind: str) -> None:
     if kind in ("parallel", "aec"):
         pytest.importorskip("pettingzoo")
         pytest.importorskip("mpe2")
+    if kind.startswith("atari"):
+        pytest.importorskip("ale_py")
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_every_recorder_kind_logs_each_episode_as_the_buffer_holds_it(tmp_path: Path, kind: str) -> None:
+    _needs(kind)
     buffer = _kinds_recorded(kind, tmp_path)
     assert not buffer.logging  # closed with the recorder that opened it
     logged, held = read_back(tmp_path), list(buffer.episodes())
@@ -371,12 +402,11 @@ def _key(batch: fe.FlexiBatch) -> bytes:
     return batch.obs.tobytes() + batch.discrete_actions.tobytes()
 
 
-@pytest.mark.parametrize("kind", ["gym", "vector", "parallel", "aec"])
+@pytest.mark.parametrize("kind", _KINDS)
 def test_a_ring_that_wraps_logs_every_episode_as_one_that_does_not(tmp_path: Path, kind: str) -> None:
-    if kind in ("parallel", "aec"):
-        pytest.importorskip("pettingzoo")
-        pytest.importorskip("mpe2")
-    rows = {"gym": 160, "vector": 160, "parallel": 32, "aec": 48}[kind]  # a few episodes, folded as it wraps
+    _needs(kind)
+    # a few episodes, folded as it wraps
+    rows = {"gym": 160, "vector": 160, "parallel": 32, "aec": 48, "atari": 110, "atari vector": 60}[kind]
     small = _kinds_recorded(kind, tmp_path / "small", rows)
     _kinds_recorded(kind, tmp_path / "large")
     assert len(list(small.episodes())) < len(read_back(tmp_path / "large")) > 5
@@ -423,7 +453,7 @@ def test_a_recording_killed_at_any_moment_keeps_every_ended_episode(tmp_path: Pa
     the env had reported ended when the kill landed (the recording prints each end after the
     call returns), each equal to an episode of a plain loop with the same seeds and actions,
     and no part of any other; resuming the log appends after them."""
-    pytest.importorskip({"atari": "ale_py", "parallel": "mpe2", "aec": "pettingzoo"}.get(kind, "gymnasium"))
+    _needs(kind)
     reference = killed.reference(kind)
     rng = np.random.default_rng(0)
     for kill in range(int(os.environ.get("FLEXIBUFF_KILLS", "3"))):

@@ -73,10 +73,11 @@ class Marks:
     def runs(self, most: int) -> Iterator[tuple[Segments | np.ndarray, np.ndarray, int]]:
         """The pending episodes in order, those back to back in one range of the ring together
         (at most ``most`` rows a run, but for one longer episode), each run with how many
-        pending entries it holds (`done` drops them once folded)."""
+        pending entries it holds (`done` drops them once folded, while this goes on: it reads
+        the pending entries as they were when it began)."""
         lo = hi = -1
         lengths: list[np.ndarray] = []
-        for rows, these in self.pending:
+        for rows, these in tuple(self.pending):
             single = not isinstance(rows, np.ndarray) and len(rows) == 1
             if single and rows[0][0] == hi and rows[0][1] - lo <= most:
                 hi = rows[0][1]
