@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 import zlib
 from pathlib import Path
 from typing import Any
@@ -782,6 +783,47 @@ def test_a_vector_recorder_leaves_out_an_episode_longer_than_the_ring_and_says_s
 
     for mine, want in zip(sorted(logged, key=key), sorted(held, key=key)):
         assert_same_batches(mine, want)
+
+
+@pytest.mark.parametrize("mode", ["NEXT_STEP", "SAME_STEP"])
+def test_a_vector_recorder_keeps_every_episode_that_fits_its_ring(tmp_path: Path, mode: str) -> None:
+    """Episodes nearly as long as the ring (95 rows of 100) are kept whole in the buffer and the
+    log, however a block of steps falls across them: only an episode longer than the ring is
+    left out. A plain loop over the same vector env with the same seed and actions is the
+    reference."""
+    actions = np.random.default_rng(0).integers(0, 2, (4189, 8))
+
+    def venv() -> gym.vector.VectorEnv:
+        autoreset = getattr(gym.vector.AutoresetMode, mode)
+        return gym.make_vec(
+            "CartPole-v1", num_envs=8, vectorization_mode="sync", vector_kwargs={"autoreset_mode": autoreset}
+        )
+
+    plain, lengths = venv(), [[] for _ in range(8)]
+    plain.reset(seed=0)
+    running, skip = np.zeros(8, dtype=np.int64), np.zeros(8, dtype=bool)
+    for action in actions:
+        _, _, terminated, truncated, _ = plain.step(action)
+        running += ~skip
+        done = terminated | truncated
+        for lane in np.flatnonzero(done).tolist():
+            lengths[lane].append(int(running[lane]))
+        running[done] = 0
+        skip = done & (mode == "NEXT_STEP")
+    fits = sorted(n for lane in lengths for n in lane if n <= 100)
+    assert any(88 < n <= 100 for n in fits)  # longer than the ring less a block (of 12 steps here)
+    env = fe.record(venv(), num_steps=100, log=tmp_path)
+    env.reset(seed=0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for action in actions:
+            env.step(action)
+        env.close()
+    outgrown = [w for w in said if "outgrew" in str(w.message)]
+    assert len(outgrown) == (len(fits) < sum(map(len, lengths)))  # said once, only when one was left out
+    assert sorted(len(batch.obs) for batch in read_back(tmp_path)) == fits
+    if mode == "NEXT_STEP":  # lane 2's last episode, 95 rows, ends in the last step: the ring holds it
+        assert lengths[2][-1] == 95 and 95 in [len(batch.obs) for batch in env.buffer.episodes()]
 
 
 def test_an_append_the_disk_refused_goes_out_with_the_next_episode(

@@ -181,10 +181,20 @@ class BatchRecorder:
             raise
         self._k = k + 1
         self._stage.staged(k + 1)
-        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files
+        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files;
+        # one near the ring's size is written before the block's next rows overwrite its first
         stage = self._stage
-        if self._k == self.block or (stage.flags[:, k].any() and self.writer.logging_each_step and not stage.durable):
+        if self._k == self.block:
             self._drain()
+        elif stage.flags[:, k].any() and (
+            (self.writer.logging_each_step and not stage.durable) or self._filling(stage.flags[:, k].any(axis=0))
+        ):
+            self._drain()
+
+    def _filling(self, ended: np.ndarray) -> bool:
+        """Whether an episode that ``ended`` (per lane) in the step just staged began before the
+        block, so long ago that the block's later steps in its lane could overwrite its first rows."""
+        return bool((ended & self.running & (self.pos - self.start + self.block > self._capacity)).any())
 
     # ----------------------------------------------------------------- writing a block
 
@@ -270,8 +280,10 @@ class BatchRecorder:
         self._push()  # what was written before this block
         ring = self.writer.lanes(self.lane_ids)
         # room for an eighth of the ring at once (a block is at most that), in every lane that
-        # would need it within that many rows: the lanes then make room together, seldom
-        ahead = np.maximum(counts, self._capacity // 8)
+        # would need it within that many rows: the lanes then make room together, seldom; never
+        # more than the running episode leaves, so none that fits the ring loses its first rows
+        room = self._capacity - np.where(self.running, self.pos - self.start, 0)
+        ahead = np.maximum(counts, np.minimum(self._capacity // 8, room))
         lanes = np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened))
         bounds = [ring[i].make_room(int(ahead[i]), defer=True) for i in lanes.tolist()]
         lo, hi = np.array(bounds, dtype=np.int64).reshape(-1, 2).T
