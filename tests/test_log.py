@@ -506,7 +506,8 @@ def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--out DIR`` logs what ``--out FILE.fbuf`` saves, episode for episode; a log is continued
-    only with --resume; ``inspect DIR`` reports it as it reports a file."""
+    only with --resume, which repeats none of its episodes; ``inspect DIR`` reports it as it
+    reports a file."""
     from flexibuff_envs.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -517,10 +518,13 @@ def test_the_cli_records_to_a_log_resumes_it_and_inspects_it(
         assert_same_batches(mine, want)
     assert main(["record", "CartPole-v1", "--episodes", "5", "--out", "run.log"]) == 2
     assert "pass --resume to continue it" in capsys.readouterr().err
-    assert main(["record", "CartPole-v1", "--episodes", "5", "--seed", "4", "--out", "run.log", "--resume"]) == 0
-    capsys.readouterr()
+    # the same command resumed: it goes on with another seed, and says which
+    assert main(["record", "CartPole-v1", "--episodes", "5", "--seed", "3", "--out", "run.log", "--resume"]) == 0
+    assert "holds 40 episodes; this run goes on with seed " in capsys.readouterr().err
     assert main(["inspect", "run.log"]) == 0
     assert "45 whole episodes" in capsys.readouterr().out
+    episodes = read_back(tmp_path / "run.log")
+    assert len({batch.obs.tobytes() for batch in episodes}) == len(episodes) == 45  # none played twice
     assert main(["record", "CartPole-v1", "--episodes", "5", "--out", "run.fbuf", "--resume"]) == 2
 
 

@@ -97,8 +97,9 @@ def cmd_record(args: argparse.Namespace) -> int:
             f"Pass --capacity {longest} to keep them",
             file=sys.stderr,
         )
+    seed = _resumed_seed(out, args.seed) if args.resume else args.seed
     try:  # seeded, so that the same command writes the same file
-        buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity, gamma=args.gamma, seed=args.seed)
+        buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity, gamma=args.gamma, seed=seed)
     except MemoryError as exc:
         raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller --capacity") from exc
     if to_log:
@@ -110,7 +111,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     with _handled(dict.fromkeys((signal.SIGINT, *STOP_SIGNALS), lambda signum, frame: noted.append(signum))):
         try:
             with _handled({signal.SIGINT: signal.default_int_handler, **dict.fromkeys(STOP_SIGNALS, _stop)}):
-                rollout = play(recorder, choice.api, seed=args.seed, budget=budget, progress=progress)
+                rollout = play(recorder, choice.api, seed=seed, budget=budget, progress=progress)
         finally:
             bar.close()
             recorder.close()
@@ -133,6 +134,25 @@ def _new_log(label: str) -> str:
     one's log unless asked (``--out DIR --resume``)."""
     candidates = (f"{label}.log" if k == 1 else f"{label}-{k}.log" for k in itertools.count(1))
     return next(path for path in candidates if not os.path.exists(path))
+
+
+def _resumed_seed(out: str, seed: int) -> int:
+    """The seed of a run that continues the log ``out``: drawn from ``seed`` and the episodes the
+    log holds, so that it never replays the seeds of the runs before it (said on stderr)."""
+    from numpy.random import SeedSequence
+
+    from flexibuff_envs.log import report
+
+    episodes = report(out).episodes if os.path.isdir(out) else 0
+    if not episodes:
+        return seed
+    resumed = int(SeedSequence([seed, episodes]).generate_state(1)[0])
+    print(
+        f"flexibuff-envs record: note: {out} holds {episodes:,} episodes; this run goes on with seed "
+        f"{resumed} (drawn from --seed {seed} and that count), so it repeats none of them",
+        file=sys.stderr,
+    )
+    return resumed
 
 
 def _writable(out: str, *, log: bool, resume: bool) -> None:
