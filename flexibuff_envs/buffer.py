@@ -83,6 +83,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         path: where `save` writes when given no path (``path/name.fbuf``), with ``name``.
         agent_ids: agent names in buffer order.
         obs_dtype: dtype observations are stored in (uint8 keeps images at a byte per value).
+        state_dtype: dtype the global state is stored in (a recorder's: its ``state_space``'s).
         n_envs: independent lanes, one per sub-env of a vector env.
         gamma: discount for ``G`` and GAE.
         gae_lambda: GAE's lambda; advantages and returns are written wherever values were annotated.
@@ -118,6 +119,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         values: bool = False,
         agent_ids: list[str] | tuple[str, ...] | None = None,
         obs_dtype: str = "float32",
+        state_dtype: str = "float32",
         n_envs: int = 1,
         gamma: float = 0.99,
         gae_lambda: float = 0.95,
@@ -142,6 +144,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
             n_agents=n_agents,
             agent_ids=ids,
             state_size=None if state_size is None else positive_int("state_size", state_size),
+            state_dtype=plain_dtype("state_dtype", state_dtype).name,
             n_envs=positive_int("n_envs", n_envs),
             discrete_action_starts=(0,) * len(cards),
             obs_shape=(int(obs_size),),
@@ -219,6 +222,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
             spec.state_size,
             agent_ids=spec.agent_ids,
             obs_dtype=spec.obs_dtype,
+            state_dtype=spec.state_dtype,
             n_envs=spec.n_envs,
             obs_categories=spec.obs_categories,
             extra_fields={name: (shape, dtype) for name, shape, dtype in spec.extra_fields},

@@ -24,6 +24,7 @@ class Field:
     """How one field is laid out."""
 
     per_agent: bool
+    #: a numpy dtype name, or "obs" / "state": the spec's ``obs_dtype`` / ``state_dtype``
     dtype: str
     fill: float | bool
     #: which spec size gives the trailing dimension ("" for a scalar per row)
@@ -35,8 +36,8 @@ class Field:
 FIELDS: dict[str, Field] = {
     "obs": Field(True, "obs", 0, "obs_size"),
     "obs_": Field(True, "obs", 0, "obs_size"),
-    "state": Field(False, "float32", 0, "state_size"),
-    "state_": Field(False, "float32", 0, "state_size"),
+    "state": Field(False, "state", 0, "state_size"),
+    "state_": Field(False, "state", 0, "state_size"),
     "discrete_actions": Field(True, "int64", 0, "n_heads"),
     "continuous_actions": Field(True, "float32", 0, "continuous_action_dimension"),
     # legal-action masks as bits, eight actions a byte (`pack_mask`); 255: all legal

@@ -31,6 +31,7 @@ from flexibuff_envs.header_values import (
     keys_of,
     of_kind,
     parse_spec,
+    with_stored_state,
 )
 from flexibuff_envs.priorities import ALPHA
 from flexibuff_envs.spec import BufferSpec
@@ -259,7 +260,7 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         )
     if data["format"] != "flexibuff_envs buffer":
         raise BadHeader(f"format is {short_repr(data['format'])}, not 'flexibuff_envs buffer'")
-    spec = parse_spec(data["spec"])
+    spec = with_stored_state(parse_spec(data["spec"]), data["fields"])
     num_steps = integer(data["num_steps"], "num_steps", 1, MAX_ROWS // spec.n_envs)
     lanes = [
         _lane(v, i, version, num_steps, spec.n_agents) for i, v in enumerate(of_kind(data["lanes"], list, "lanes"))

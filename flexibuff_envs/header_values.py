@@ -158,3 +158,15 @@ def _extra_fields(value: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
         return extra_fields(given)
     except (TypeError, ValueError) as exc:
         raise BadHeader(f"spec {exc}") from None
+
+
+def with_stored_state(spec: BufferSpec, described: Any) -> BufferSpec:
+    """``spec`` as its file stores the global state: a file written before the state was kept at
+    its space's dtype (``described``: its fields' or columns' JSON) holds it as float32 whatever
+    its spec says, and reads as it was written."""
+    if spec.state_dtype == "float32" or not isinstance(described, list):
+        return spec
+    stored = [
+        d.get("dtype") for d in described if isinstance(d, dict) and d.get("name") == "state" and d.get("part") is None
+    ]
+    return dataclasses.replace(spec, state_dtype="float32") if stored == ["<f4"] else spec

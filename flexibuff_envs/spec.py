@@ -71,6 +71,7 @@ class BufferSpec:
         "action_mask",
         "n_agents",
         "state_size",
+        "state_dtype",
         "n_envs",
         "obs_categories",
         "extra_fields",

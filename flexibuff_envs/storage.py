@@ -87,6 +87,8 @@ class Storage:
     def dtype(self, name: str) -> np.dtype:
         """The dtype field ``name`` is stored in."""
         field = self.fields[name]
+        if field.dtype == "state":
+            return np.dtype(self.spec.state_dtype)
         if field.dtype != "obs":
             return np.dtype(field.dtype)
         return index_dtype(self.spec.obs_categories) if self.spec.obs_categories else np.dtype(self.spec.obs_dtype)

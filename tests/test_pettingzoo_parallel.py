@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -108,6 +109,61 @@ def test_global_state_is_the_state_before_and_after_each_step() -> None:
     np.testing.assert_array_equal(batch.state[0], before)
     np.testing.assert_array_equal(batch.state_[2], after)
     np.testing.assert_array_equal(batch.state[1:], batch.state_[:-1])
+
+
+def test_an_image_state_is_stored_at_its_space_dtype_in_the_buffer_its_file_and_its_log(tmp_path: Path) -> None:
+    """pistonball's ``state()`` is 560x880x3 uint8 by its ``state_space``: it is kept a byte a
+    value (it was float32, 4x its bytes), equal to the bare env's, through a file and a log."""
+    bare, env = (
+        pistonball_v6.parallel_env(max_cycles=4),
+        fe.record(pistonball_v6.parallel_env(max_cycles=4), num_steps=8, log=tmp_path / "log"),
+    )
+    bare.reset(seed=1)
+    env.reset(seed=1)
+    states = [bare.state()]
+    for _ in range(3):
+        actions = {a: bare.action_space(a).sample() for a in bare.agents}
+        bare.step(actions)
+        env.step(actions)
+        states.append(bare.state())
+    env.step({a: bare.action_space(a).sample() for a in bare.agents})
+    env.close()
+    assert env.buffer_spec.state_dtype == "uint8"
+    state_bytes = 560 * 880 * 3
+    assert env.buffer.nbytes_per_row < 2 * state_bytes + 20 * 457 * 120 * 3 + 4096  # a byte a value
+    loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "run.fbuf"))
+    for buffer in (env.buffer, loaded, fe.FlexibleBuffer.open(tmp_path / "log")):
+        (episode,) = buffer.episodes()
+        assert episode.state.dtype == np.uint8
+        np.testing.assert_array_equal(episode.state, np.stack(states).reshape(4, -1))
+
+
+def test_a_file_written_when_states_were_float32_reads_as_written(tmp_path: Path) -> None:
+    """A file whose spec names the state space's dtype (uint8) while it stores float32, as files
+    written before the state kept its dtype do, reads its float32 values."""
+    import json
+    import struct
+    import zlib
+
+    env = fe.record(simple_spread_v3.parallel_env(max_cycles=5), num_steps=20)
+    env.reset(seed=0)
+    while env.agents:
+        env.step({a: 1 for a in env.agents})
+    raw = Path(env.buffer.save(tmp_path / "new.fbuf")).read_bytes()
+    _, version, length = struct.unpack("<8sIQ", raw[:20])
+    header = json.loads(raw[20 : 20 + length])
+    header["spec"]["state_dtype"] = "uint8"
+    blob = json.dumps(header).encode()
+    prefix = struct.pack("<8sIQ", b"FLEXIBUF", version, len(blob)) + blob
+    prefix += b"\0" * (-len(prefix) % 64)
+    start = 20 + length + -(20 + length) % 64
+    _, data_crc, end = struct.unpack("<II8s", raw[-16:])
+    (tmp_path / "old.fbuf").write_bytes(
+        prefix + raw[start:-16] + struct.pack("<II8s", zlib.crc32(prefix), data_crc, end)
+    )
+    old = fe.FlexibleBuffer.load(tmp_path / "old.fbuf")
+    assert old.spec.state_dtype == "float32"
+    np.testing.assert_array_equal(next(old.episodes()).state, next(env.buffer.episodes()).state)
 
 
 def test_heterogeneous_agents_share_one_buffer_with_padding_masked_out() -> None:

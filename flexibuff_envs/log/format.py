@@ -16,6 +16,7 @@ import numpy as np
 from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.header import BadHeader, parse_spec
+from flexibuff_envs.header_values import with_stored_state
 from flexibuff_envs.parts import Part
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
@@ -193,7 +194,7 @@ def read_header(directory: str) -> tuple[LogHeader, list[Column]]:
         gamma, lam = data["gamma"], data["gae_lambda"]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in (gamma, lam)):
             raise BadHeader(f"gamma and gae_lambda must be numbers in [0, 1], got {short_repr((gamma, lam))}")
-        header = LogHeader(parse_spec(data["spec"]), float(gamma), float(lam))
+        header = LogHeader(with_stored_state(parse_spec(data["spec"]), data["columns"]), float(gamma), float(lam))
         return header, columns_of(header.spec, data["columns"])
     except (ValueError, RecursionError, BadHeader) as exc:  # JSON errors are ValueErrors
         raise fail(path, f"corrupt header: {exc}") from None
