@@ -579,9 +579,9 @@ def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path, monkeypatc
         assert_same_batches(mine, want)
 
 
-def _cli(directory: Path, *args: str, **options: Any) -> subprocess.Popen[str]:
+def _cli(directory: Path, *args: str, env: str = "CartPole-v1", **options: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "flexibuff_envs", "record", "CartPole-v1", "--out", str(directory), *args],
+        [sys.executable, "-m", "flexibuff_envs", "record", env, "--out", str(directory), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -596,25 +596,90 @@ def _wait_for_commits(directory: Path, child: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("kind", ["gym", "vector", "parallel", "aec"])
+def test_truncate_ends_the_running_episodes_where_they_stand_and_logs_them(tmp_path: Path, kind: str) -> None:
+    """A run stopped mid-episode (the CLI at Ctrl-C) keeps its running episodes: `truncate` ends
+    each at its last recorded step, truncated there, with its G, and the log holds it whole."""
+    _needs(kind)
+    if kind == "gym":
+        env = fe.record(gym.make("CartPole-v1"), num_steps=100, log=tmp_path)
+        env.reset(seed=0)
+        for t in range(6):
+            env.step(t % 2)
+    elif kind == "vector":
+        env = fe.record(gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync"), num_steps=100, log=tmp_path)
+        env.reset(seed=0)
+        for t in range(6):
+            env.step(np.array([t % 2] * 3))
+    elif kind == "parallel":
+        from mpe2 import simple_spread_v3
+
+        env = fe.record(simple_spread_v3.parallel_env(max_cycles=25), num_steps=100, log=tmp_path)
+        env.reset(seed=0)
+        for t in range(6):
+            env.step({agent: t % 5 for agent in env.agents})
+    else:
+        from pettingzoo.classic import connect_four_v3
+
+        env = fe.record(connect_four_v3.env(), num_steps=100, log=tmp_path)
+        env.reset(seed=0)
+        for t in range(12):  # six moves each, no four in a row
+            env.step([0, 1, 2, 3, 4, 5][t % 6] if t % 12 < 6 else [1, 0, 3, 2, 5, 4][t % 6])
+    assert env.buffer.n_episodes == 0
+    env.truncate()
+    env.truncate()  # nothing left running: nothing more
+    env.close()
+    logged = read_back(tmp_path)
+    assert len(logged) == (3 if kind == "vector" else 1) == env.buffer.n_episodes
+    for episode in logged:
+        if kind == "aec":  # a move is a row once its player's next turn shows what it led to
+            assert [int(np.flatnonzero(a)[-1]) for a in episode.active] == [4, 4]
+            assert episode.truncated[:, 4].all() and not episode.terminated.any()
+            continue
+        assert len(episode.obs if kind in ("gym", "vector") else episode.obs[0]) == 6
+        assert episode.truncated.reshape(-1, 6)[:, -1].all() and not episode.terminated.any()
+        assert np.isfinite(episode.G).all()
+
+
+def _count(text: str, before: str) -> int:
+    """The number printed just before ``before`` in ``text``."""
+    return int(text.split(before)[0].rsplit(" ", 1)[1].replace(",", ""))
+
+
 @pytest.mark.parametrize(
-    ("signum", "code", "says"), [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "stopped by Ctrl-C")]
+    ("env", "signum", "code", "says"),
+    [
+        ("CartPole-v1", signal.SIGTERM, 143, "stopped by SIGTERM"),
+        ("CartPole-v1", signal.SIGINT, 130, "stopped by Ctrl-C"),
+        ("mpe2.simple_spread_v3", signal.SIGTERM, 143, "stopped by SIGTERM"),
+    ],
 )
 def test_the_cli_streams_a_long_recording_and_closes_its_log_on_a_signal(
-    tmp_path: Path, signum: int, code: int, says: str
+    tmp_path: Path, env: str, signum: int, code: int, says: str
 ) -> None:
     """``record ENV --steps 100000000 --out DIR``: a signal from another process ends the run
     with 128 + its number, the report says so, and the log is whole: every episode the report
-    counts as appended, no torn tail."""
+    counts as appended, no torn tail, the running episode cut and appended as truncated (a row
+    for every env step taken)."""
+    if env.startswith("mpe2"):
+        pytest.importorskip("mpe2")
     directory = tmp_path / "run.log"
-    child = _cli(directory, "--steps", "100000000")
+    child = _cli(directory, "--steps", "100000000", env=env)
     _wait_for_commits(directory, child)
     child.send_signal(signum)
     out, err = child.communicate(timeout=120)
     assert child.returncode == code, err
     assert says in out
-    appended = int(out.split(" whole episodes and")[0].rsplit(": ", 1)[1].replace(",", ""))
+    ended, appended = _count(out, " ended, "), _count(out, " whole episodes and")
     report = log.verify(directory)
-    assert report.torn == () and report.episodes == appended >= 10  # the 10 seen, and a running one if it had a step
+    assert report.torn == () and report.episodes == appended >= 10
+    # a row for every step call that returned, and for one the signal interrupted just after its
+    # recording (the recorder holds signals while it records; the call did not return to be counted)
+    steps = _count(out, " env steps in")
+    assert report.rows == _count(out, " rows appended") and report.rows - steps in (0, 1)
+    assert appended in (ended, ended + 1)  # and the running one, if it had a step
+    last = list(fe.FlexibleBuffer.open(directory).episodes())[-1]
+    assert last.terminated.any() or last.truncated.any()
 
 
 def test_a_full_disk_ends_the_cli_recording_with_one_line_and_a_whole_log(tmp_path: Path) -> None:

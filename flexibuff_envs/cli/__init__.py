@@ -112,6 +112,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         try:
             with _handled({signal.SIGINT: signal.default_int_handler, **dict.fromkeys(STOP_SIGNALS, _stop)}):
                 rollout = play(recorder, choice.api, seed=seed, budget=budget, progress=progress)
+            if rollout.interrupted:  # the running episodes are kept, cut where they stand
+                recorder.truncate()
         finally:
             bar.close()
             recorder.close()

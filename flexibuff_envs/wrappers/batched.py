@@ -184,10 +184,9 @@ class BatchRecorder:
         # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files;
         # one near the ring's size is written before the block's next rows overwrite its first
         stage = self._stage
-        if self._k == self.block:
-            self._drain()
-        elif stage.flags[:, k].any() and (
-            (self.writer.logging_each_step and not stage.durable) or self._filling(stage.flags[:, k].any(axis=0))
+        ended = stage.flags[:, k].any(axis=0)
+        if self._k == self.block or (
+            ended.any() and ((self.writer.logging_each_step and not stage.durable) or self._filling(ended))
         ):
             self._drain()
 
@@ -376,16 +375,22 @@ class BatchRecorder:
         self.running[lanes] = self._clipped[lanes] = False
         self.writer.uncommitted()
 
-    def abandon(self, error: BaseException) -> None:
-        """The step being staged failed with ``error``: the steps before it are written, every
-        running episode ends there as truncated (no bootstrap), and ``error`` says so."""
+    @holding
+    def truncate(self, *, bootstrap: bool = True) -> None:
+        """The staged steps are written and every running episode ends there, as truncated; each
+        lane records again from its sub-env's next reset."""
         self._drain()
         self._sync()
         cut = np.flatnonzero(self.running & (self.pos > self.start))
         if cut.size:
-            self._cut(cut, bootstrap=False)
+            self._cut(cut, bootstrap=bootstrap)
         self.running[:] = self._resetting[:] = False
         self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
+
+    def abandon(self, error: BaseException) -> None:
+        """The step being staged failed with ``error``: the steps before it are written, every
+        running episode ends there as truncated (no bootstrap), and ``error`` says so."""
+        self.truncate(bootstrap=False)
         add_note = getattr(error, "add_note", None)  # Python 3.11+
         if add_note is not None:
             add_note(

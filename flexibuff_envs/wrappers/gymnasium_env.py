@@ -105,6 +105,12 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
             recorder.step_single(action, *result)
         return result
 
+    def truncate(self) -> None:
+        """End the running episode at its last recorded step, as truncated (``G`` written,
+        bootstrapped by ``bootstrap_fn`` where given), so the buffer and its log hold it whole
+        (a run stopped early: the CLI calls it at Ctrl-C). Recording resumes at the next reset."""
+        self._recorder.cut()
+
     def close(self) -> None:
         """Close the env; the buffer's lane is free for another recorder; the log
         it opened (``log=``) is closed, a log the buffer keeps otherwise synced."""

@@ -117,6 +117,11 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         self._recorder.step(actions, obs, rewards, terminations, truncations, final=final, masks=masks, masks_=masks_)
         return result
 
+    def truncate(self) -> None:
+        """End every sub-env's running episode at its last recorded step, as truncated (see
+        `GymRecorder.truncate`). Each sub-env's recording resumes at its next reset."""
+        self._recorder.truncate()
+
     def close(self, **kwargs: Any) -> None:
         """Close the envs; the buffer's lanes are free for another recorder; the log
         it opened (``log=``) is closed, a log the buffer keeps otherwise synced."""

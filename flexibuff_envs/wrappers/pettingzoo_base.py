@@ -102,6 +102,12 @@ class PettingZooRecorderMixin(Unpicklable):
                 )
             return None
 
+    def truncate(self) -> None:
+        """End the running episode at its last recorded step, every agent still in it truncated
+        there (see `GymRecorder.truncate`). Recording resumes at the next reset."""
+        if self._recorder.running:
+            self._recorder.cut()
+
     def close(self) -> None:
         """Close the env; the buffer's lane is free for another recorder; the log
         it opened (``log=``) is closed, a log the buffer keeps otherwise synced."""
