@@ -74,11 +74,11 @@ def learn(
 ) -> None:
     """One DQN step on ``agent``'s rows of a batch keyed by agent (`FlexiBatch.by_agent`, as
     AgileRL's learners read theirs); rows where that player did not move are skipped."""
-    active = batch.active[agent].bool()
+    active = batch.active[agent][:, 0].bool()  # a value a row comes as a column [batch, 1]
     obs, obs_ = batch.obs[agent][active].view(-1, 18), batch.obs_[agent][active].view(-1, 18)
     action = batch.discrete_actions[agent][active][:, 0]
-    reward = batch.individual_rewards[agent][active]
-    ended = batch.terminated[agent][active] + batch.truncated[agent][active]
+    reward = batch.individual_rewards[agent][active][:, 0]
+    ended = batch.terminated[agent][active][:, 0] + batch.truncated[agent][active][:, 0]
     legal_next = batch.action_mask_[agent][0][active].bool()
     with torch.no_grad():
         next_value = target(obs_).masked_fill(~legal_next, -torch.inf).max(dim=1).values

@@ -15,20 +15,20 @@ from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, Unkno
 
 class ByAgent(Mapping[str, Any]):
     """One field of a batch by agent name (`FlexiBatch.by_agent`): ``field[name]`` is that
-    agent's slice of the agent axis, a view made on access (a list of heads for a mask)."""
+    agent's slice of the agent axis, a view made on access (a list of heads for a mask); a
+    ``column`` field (a scalar a row) gets a trailing axis of 1."""
 
-    __slots__ = ("_index", "_single", "_value")
+    __slots__ = ("_column", "_index", "_single", "_value")
 
-    def __init__(self, value: Any, index: dict[str, int], single: bool) -> None:
-        self._value, self._index, self._single = value, index, single
+    def __init__(self, value: Any, index: dict[str, int], single: bool, *, column: bool = False) -> None:
+        self._value, self._index, self._single, self._column = value, index, single, column
 
     def __getitem__(self, name: str) -> Any:
         k = self._index[name]
-        if self._single:
-            return self._value
         if isinstance(self._value, list):  # a mask's heads
-            return [head[k] for head in self._value]
-        return self._value[k]
+            return self._value if self._single else [head[k] for head in self._value]
+        value = self._value if self._single else self._value[k]
+        return value[..., None] if self._column else value
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._index)
@@ -105,8 +105,10 @@ class FlexiBatch:
     def by_agent(self) -> FlexiBatch:
         """This batch keyed by agent, as AgileRL's ``MultiAgentReplayBuffer.sample`` gives it and
         its learners index it (``batch.obs[agent_id]``): every per-agent field a mapping `ByAgent`
-        ``{agent name: that agent's [batch, ...] rows}`` in the env's agent order, masks a mapping
-        of their heads, fields of your own likewise; the fields held once per row (``state``,
+        ``{agent name: that agent's [batch, ...] rows}`` in the env's agent order (a field of one
+        value a row, rewards, dones, ``active``, ``G``, values, ... as a column ``[batch, 1]``, as
+        AgileRL's are), masks a mapping of their heads, fields of your own likewise; the fields
+        held once per row (``state``,
         ``global_rewards``, ``idx``, ``weights``, ``valid``, ...) as they are. An agent's value is
         a view of this batch's (numpy or torch, on its device), made when it is asked for:
         nothing is copied.
@@ -122,7 +124,7 @@ class FlexiBatch:
         for name in PER_AGENT:
             value = out[name]
             if value is not None:
-                out[name] = ByAgent(value, index, single)
+                out[name] = ByAgent(value, index, single, column=name in COLUMNS)
         out["extra"] = {key: ByAgent(value, index, single) for key, value in self.extra.items()}
         return FlexiBatch(**out)
 
@@ -249,6 +251,24 @@ ONCE_PER_ROW = frozenset(
 )
 #: fields with a value per agent (`FlexiBatch.by_agent` keys them; fields of your own too)
 PER_AGENT = tuple(f.name for f in dataclasses.fields(FlexiBatch) if f.name not in {*ONCE_PER_ROW, "agents", "extra"})
+#: the per-agent fields of one value a row: `FlexiBatch.by_agent` gives each agent's as a column
+#: ``[batch, 1]``, as AgileRL's buffers give rewards and dones (a critic's ``[batch, 1]`` output
+#: then meets ``r + (1 - d) * gamma * Q'`` without broadcasting to ``[batch, batch]``)
+COLUMNS = frozenset(
+    {
+        "individual_rewards",
+        "individual_auxiliary_rewards",
+        "terminated",
+        "truncated",
+        "active",
+        "G",
+        "values",
+        "advantages",
+        "returns",
+        "discounts",
+        "n_steps",
+    }
+)
 
 
 def torch_converter(device: Any = None) -> Callable[[str, Any], Any]:

@@ -429,6 +429,30 @@ def test_claim_rows_hands_out_the_rows_claim_row_does_one_by_one() -> None:
         assert at_once._index.read()[1].live_start == one_by_one._index.read()[1].live_start
 
 
+def test_a_maddpg_target_from_a_batch_by_agent_is_one_value_per_row() -> None:
+    """MADDPG's critic target ``r + (1 - d) * gamma * Q'(s', a')`` (AgileRL's ``learn``) over a
+    batch by agent: the critic gives ``[batch, 1]``, and so do the rewards and dones, so the
+    target and the loss are per row (with ``[batch]`` rewards it broadcast to ``[batch, batch]``
+    and the loss came out silently wrong)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("mpe2")
+    from tests.envs import recorded
+
+    batch = recorded("spread").sample_transitions(64, as_torch=True).by_agent()
+    torch.manual_seed(0)
+    names = list(batch.obs)
+    critic = torch.nn.Linear(sum(batch.obs[a].shape[1] + 1 for a in names), 1)
+    joint = torch.cat([torch.cat([batch.obs_[a], batch.discrete_actions[a].float()], dim=1) for a in names], dim=1)
+    now = torch.cat([torch.cat([batch.obs[a], batch.discrete_actions[a].float()], dim=1) for a in names], dim=1)
+    for agent in names:
+        reward, done = batch.individual_rewards[agent], batch.terminated[agent]
+        target = reward + (1 - done) * 0.95 * critic(joint).detach()
+        assert target.shape == (64, 1)
+        loss = torch.nn.functional.mse_loss(critic(now), target)
+        by_hand = ((critic(now)[:, 0] - (reward[:, 0] + (1 - done[:, 0]) * 0.95 * critic(joint)[:, 0])) ** 2).mean()
+        assert torch.isclose(loss, by_hand)
+
+
 def test_a_batch_by_agent_is_the_agent_axis_keyed_by_the_envs_names_without_copies() -> None:
     """AgileRL's layout (``batch.obs[agent_id]``): each per-agent field a dict in the env's agent
     order, each value that agent's slice of the batch (a view, numpy or torch); per-row fields as
@@ -446,17 +470,19 @@ def test_a_batch_by_agent_is_the_agent_axis_keyed_by_the_envs_names_without_copi
     for k, name in enumerate(names):
         for field in ("obs", "obs_", "discrete_actions", "individual_rewards", "terminated", "active", "G"):
             mine, whole = getattr(view, field)[name], getattr(batch, field)
-            np.testing.assert_array_equal(mine, whole[k], err_msg=field)
+            column = field not in ("obs", "obs_", "discrete_actions")  # a value a row: [batch, 1], as AgileRL's
+            np.testing.assert_array_equal(mine, whole[k][:, None] if column else whole[k], err_msg=field)
             assert np.shares_memory(mine, whole), field
+    assert view.individual_rewards[names[0]].shape == view.terminated[names[0]].shape == (64, 1)
     assert view.state is batch.state and view.global_rewards is batch.global_rewards and view.idx is batch.idx
     tensors = buffer.sample_transitions(64, as_torch=True, device="cpu")
     by_name = tensors.by_agent()
     assert all(by_name.obs[name].data_ptr() == tensors.obs[k].data_ptr() for k, name in enumerate(names))
     sequences, episode = buffer.sample_sequences(4, 5), next(iter(buffer.episodes()))  # every mode carries names
     np.testing.assert_array_equal(sequences.by_agent().obs[names[1]], sequences.obs[1])
-    np.testing.assert_array_equal(episode.by_agent().G[names[2]], episode.G[2])
+    np.testing.assert_array_equal(episode.by_agent().G[names[2]], episode.G[2][:, None])
     n_step = buffer.sample_transitions(8, n_step=3)
-    np.testing.assert_array_equal(n_step.by_agent().discounts[names[0]], n_step.discounts[0])
+    np.testing.assert_array_equal(n_step.by_agent().discounts[names[0]], n_step.discounts[0][:, None])
     masks = recorded("connect_four").sample_transitions(16)
     turns = masks.by_agent()
     for k, name in enumerate(masks.agents):
