@@ -184,7 +184,7 @@ class BatchRecorder:
         # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files;
         # one near the ring's size is written before the block's next rows overwrite its first
         stage = self._stage
-        ended: np.ndarray = stage.flags[:, k].any(axis=0)
+        ended = stage.flags[0, k] | stage.flags[1, k]
         if self._k == self.block or (
             ended.any() and ((self.writer.logging_each_step and not stage.durable) or self._filling(ended))
         ):
