@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -17,6 +18,7 @@ pytest.importorskip("pettingzoo")
 warnings.filterwarnings("ignore", module="pettingzoo")
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 import flexibuff_envs as fe
@@ -128,6 +130,50 @@ def test_what_is_not_a_dataset_is_one_error_naming_it(tmp_path: Path) -> None:
     table = pq.read_table(path / "agents" / "part-00000.parquet")
     pq.write_table(table.slice(0, len(table) - 1), path / "agents" / "part-00000.parquet")
     with pytest.raises(fe.BufferFileError, match="no whole number of steps of 3 agents"):
+        from_parquet(path)
+
+
+@pytest.mark.parametrize("kind", ["spread", "spawning"])
+def test_rows_another_tool_reordered_read_back_in_their_episodes_order(tmp_path: Path, kind: str) -> None:
+    """An SQL engine writes ``agents`` ordered by episode, agent, step (or in any order): the
+    rows are put back by the columns written for it, and the buffer equals the one exported."""
+    buffer = recorded(kind)
+    path = Path(to_parquet(buffer, tmp_path / "data"))
+    agents, steps = path / "agents" / "part-00000.parquet", path / "steps" / "part-00000.parquet"
+    table = pq.read_table(agents)
+    rank = pc.index_in(table.column("agent"), value_set=pa.array(buffer.spec.agent_ids))
+    by_agent = table.append_column("rank", rank).sort_by(
+        [("episode", "ascending"), ("rank", "ascending"), ("step", "ascending")]
+    )
+    pq.write_table(by_agent.drop_columns(["rank"]).replace_schema_metadata(table.schema.metadata), agents)
+    shuffled = np.random.default_rng(0).permutation(pq.read_table(steps).num_rows)
+    pq.write_table(pq.read_table(steps).take(shuffled), steps)
+    for mine, want in zip(from_parquet(path).episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
+
+
+def test_rows_that_are_not_whole_steps_or_episodes_are_one_error_naming_the_file(tmp_path: Path) -> None:
+    buffer = recorded("spread")
+    path = Path(to_parquet(buffer, tmp_path / "data"))
+    agents, steps = path / "agents" / "part-00000.parquet", path / "steps" / "part-00000.parquet"
+    table = pq.read_table(agents)
+    for broken, says in [
+        (table.drop_columns(["episode"]), "no column 'episode'"),
+        (
+            table.set_column(table.column_names.index("agent"), "agent", pa.array(["agent_9"] * len(table))),
+            "not one of",
+        ),
+        (table.slice(3), "every agent at every step"),  # the first step gone
+    ]:
+        pq.write_table(broken.replace_schema_metadata(table.schema.metadata), agents)
+        with pytest.raises(fe.BufferFileError, match=f"{agents}: .*{says}"):
+            from_parquet(path)
+    pq.write_table(table, agents)
+    pq.write_table(pq.read_table(steps).slice(1), steps)
+    with pytest.raises(fe.BufferFileError, match="every agent at every step"):
+        from_parquet(path)
+    shutil.rmtree(path / "steps")
+    with pytest.raises(fe.BufferFileError, match="no steps/ table"):
         from_parquet(path)
 
 

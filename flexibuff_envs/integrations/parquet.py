@@ -3,7 +3,9 @@
 them back into an equal buffer. Needs ``pip install 'flexibuff_envs[parquet]'`` (pyarrow).
 
 A dataset is a directory of two tables, each split into part files that hold whole episodes
-(``part-00000.parquet``, ...; a part never splits an episode, and rows are ordered by episode):
+(``part-00000.parquet``, ...; a part never splits an episode, and rows are ordered by episode,
+step and agent; `from_parquet` puts back in that order the rows another tool wrote in another,
+by those columns, and refuses rows that are not every agent at every step):
 
 - ``agents/``: one row per episode, step and agent (``episode``, ``step``, ``agent`` by name),
   every per-agent field (``obs``, ``obs_``, ``discrete_actions``, ``individual_rewards``,
@@ -50,12 +52,15 @@ from flexibuff_envs.spec import BufferSpec
 
 try:
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 except ImportError as error:  # pragma: no cover - the test extra installs it
     raise MissingExtraError(
         "flexibuff_envs.integrations.parquet needs pyarrow: pip install 'flexibuff_envs[parquet]'"
     ) from error
 
+#: each step's episode and step number, as a table's rows give them
+Keys = tuple[np.ndarray, np.ndarray]
 #: the schema metadata key holding the buffer's layout
 KEY = b"flexibuff_envs"
 #: steps of episodes per part file
@@ -209,6 +214,7 @@ def _read_layout(file: str) -> dict[str, Any]:
 
 def _blocks(parts: list[tuple[str, str | None]], spec: BufferSpec, fields: dict[str, Any]) -> Iterator[Block]:
     n = spec.n_agents
+    seen = np.zeros(0, dtype=np.int64)  # the episodes of the parts before
     for agents_file, steps_file in parts:
         try:
             tables = {"agents": pq.read_table(agents_file)}
@@ -216,10 +222,20 @@ def _blocks(parts: list[tuple[str, str | None]], spec: BufferSpec, fields: dict[
                 tables["steps"] = pq.read_table(steps_file)
         except (OSError, pa.ArrowException) as exc:
             raise BufferFileError(f"{agents_file}: cannot be read ({exc})") from None
+        if steps_file is None and any(name in GLOBAL for name in fields):
+            raise BufferFileError(f"{os.path.dirname(os.path.dirname(agents_file))}: no steps/ table for {agents_file}")
         rows = tables["agents"].num_rows
         if rows % n:
             raise BufferFileError(f"{agents_file}: {rows:,} rows is no whole number of steps of {n} agents")
-        episode = tables["agents"].column("episode").to_numpy()[::n]
+        tables["agents"], keys = _in_order(tables["agents"], agents_file, spec.agent_ids)
+        if "steps" in tables:
+            tables["steps"] = _in_order(tables["steps"], str(steps_file), None, keys)[0]
+        episode = keys[0]
+        if np.isin(episode, seen).any():
+            raise BufferFileError(
+                f"{agents_file}: holds rows of an episode an earlier part holds; a part holds whole episodes"
+            )
+        seen = np.concatenate([seen, np.unique(episode)])
         cut = np.flatnonzero(np.diff(episode)) + 1
         lengths = np.diff(np.concatenate([[0], cut, [len(episode)]]))
         arrays = {}
@@ -231,6 +247,50 @@ def _blocks(parts: list[tuple[str, str | None]], spec: BufferSpec, fields: dict[
             values = _values(table.column(name), field, where)
             arrays[name] = values if name in GLOBAL else np.moveaxis(values.reshape(-1, n, *values.shape[1:]), 1, 0)
         yield lengths, arrays
+
+
+def _in_order(
+    table: pa.Table, file: str, agents: tuple[str, ...] | None, keys_of: Keys | None = None
+) -> tuple[pa.Table, Keys]:
+    """``table``'s rows ordered by episode, step and (``agents`` given) agent in the env's order,
+    as `to_parquet` writes them, whatever order another tool wrote them in, and each step's
+    ``(episode, step)``; a ``steps`` table must hold the steps ``keys_of`` (its ``agents``
+    table's), no more, no fewer.
+
+    Raises:
+        BufferFileError: a key column is missing or not integers, an agent is not the
+            layout's, or the rows are not every agent at every step of each episode from 0 on.
+    """
+    names = ("episode", "step") if agents is None else ("episode", "step", "agent")
+    missing = [name for name in names if name not in table.column_names]
+    if missing:
+        raise BufferFileError(f"{file}: no column {missing[0]!r}, which orders its rows")
+    try:
+        keys = [table.column(name).to_numpy().astype(np.int64, casting="safe") for name in names[:2]]
+        if agents is not None:
+            index = pc.index_in(table.column("agent"), value_set=pa.array(agents, pa.string()))
+            if index.null_count:
+                raise BufferFileError(f"{file}: an agent is not one of the layout's {list(agents)}")
+            keys.append(index.to_numpy().astype(np.int64))
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise BufferFileError(f"{file}: its {', '.join(names)} columns are not integers and names ({exc})") from None
+    order = np.lexsort(keys[::-1])
+    if (order != np.arange(len(order))).any():
+        table, keys = table.take(order), [key[order] for key in keys]
+    n = 1 if agents is None else len(agents)
+    by_step = [key.reshape(-1, n) for key in keys]
+    episode, step = by_step[0][:, 0], by_step[1][:, 0]
+    first = np.flatnonzero(np.diff(episode, prepend=episode[:1] - 1))  # each episode's first step
+    since = np.arange(len(episode)) - np.repeat(first, np.diff(np.append(first, len(episode))))
+    whole = (
+        all((key == key[:, :1]).all() for key in by_step[:2])
+        and (agents is None or (by_step[2] == np.arange(n)).all())
+        and np.array_equal(step, since)
+        and (keys_of is None or (np.array_equal(episode, keys_of[0]) and np.array_equal(step, keys_of[1])))
+    )
+    if not whole:
+        raise BufferFileError(f"{file}: its rows are not every agent at every step of each episode, from step 0 on")
+    return table, (episode, step)
 
 
 def _values(column: pa.ChunkedArray, field: dict[str, Any], where: str) -> np.ndarray:
