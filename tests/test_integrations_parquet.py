@@ -194,6 +194,12 @@ def test_a_crafted_layout_is_one_error_naming_the_file_before_memory_is_reserved
     pq.write_table(table.replace_schema_metadata({KEY: json.dumps(layout).encode()}), part)
     with pytest.raises(fe.BufferFileError, match="individual_rewards"):
         from_parquet(path)
+    for key, value in (("dtype", "nonsense"), ("dtype", "O"), ("shape", [-3])):
+        layout = json.loads(table.schema.metadata[KEY])
+        layout["fields"]["obs"][key] = value
+        pq.write_table(table.replace_schema_metadata({KEY: json.dumps(layout).encode()}), part)
+        with pytest.raises(fe.BufferFileError, match=f"{part}: not a part of a flexibuff_envs Parquet dataset.*'obs'"):
+            from_parquet(path)
 
 
 def test_an_empty_buffer_writes_no_dataset(tmp_path: Path) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -140,10 +143,17 @@ def test_a_log_and_a_file_export_as_their_buffer_does(tmp_path: Path) -> None:
             assert_same_batches(mine, want)
 
 
-def _og_marl_vault(directory: Path, lengths: list[int], truncated: list[bool], tail: int) -> dict[str, np.ndarray]:
+def _og_marl_vault(
+    directory: Path,
+    lengths: list[int],
+    truncated: list[bool],
+    tail: int,
+    change: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, np.ndarray]:
     """A vault flashbax writes in OG-MARL's layout: 3 agents, episodes of ``lengths`` packed along
     T (terminals, or truncations, set for every agent at each end), then ``tail`` steps of an
-    episode cut off. Returns the arrays written, ``[T, ...]``."""
+    episode cut off (``change``, given, alters the arrays first). Returns the arrays written,
+    ``[T, ...]``."""
     rng = np.random.default_rng(0)
     steps, n = sum(lengths) + tail, 3
     team = rng.normal(size=steps).astype(np.float32)
@@ -162,6 +172,8 @@ def _og_marl_vault(directory: Path, lengths: list[int], truncated: list[bool], t
         "truncations": truncations,
         "infos": {"legals": legals, "state": rng.normal(size=(steps, 6)).astype(np.float32)},
     }
+    if change is not None:
+        change(data)
     buffer = fbx.make_flat_buffer(
         max_length=steps + 8, min_length=1, sample_batch_size=1, add_sequences=True, add_batch_size=None
     )
@@ -252,6 +264,65 @@ def test_a_crafted_layout_is_one_error_naming_the_vault(tmp_path: Path) -> None:
     (path / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(fe.BufferFileError, match=f"{path}: its layout gives obs 1,000,000,000,000 values a row"):
         from_vault(path)
+
+
+def _set(data: dict[str, Any], key: str, value: np.ndarray) -> None:
+    data[key] = value
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda d: d["actions"].__setitem__((2, 1), 7), "discrete_actions holds 7 for head 0, outside its 5 actions"),
+        (lambda d: d["actions"].__setitem__((0, 0), -1), "discrete_actions holds -1 for head 0"),
+        (lambda d: _set(d, "rewards", d["rewards"][:, :2]), "leaf 'rewards' is"),
+    ],
+    ids=["action beyond the legal ones", "negative action", "rewards of 2 agents of 3"],
+)
+def test_an_og_marl_vault_whose_leaves_disagree_is_one_error_naming_the_vault(
+    tmp_path: Path, change: Callable[[dict[str, Any]], None], says: str
+) -> None:
+    """An action outside the legal actions' width (or negative), a leaf of other agents: each a
+    `BufferFileError` naming the vault and what is wrong, never a buffer of wrong data."""
+    _og_marl_vault(tmp_path, [4, 7, 2], [False, True, False], tail=3, change=change)
+    with pytest.raises(fe.BufferFileError, match=f"{tmp_path}.*{says}"):
+        from_vault(tmp_path, vault_name="smac_3m.vlt")
+
+
+def test_a_vault_that_lacks_what_its_layout_says_is_one_error_naming_the_leaf(tmp_path: Path) -> None:
+    """A leaf the layout names but the vault lacks, a layout of more action heads than the
+    actions leaf holds, an index claiming steps never written: each a `BufferFileError`, where
+    they read as zeros, copies of one head, or gigabytes of fill."""
+    from flexibuff_envs.integrations.vault_format import store_spec
+
+    buffer = recorded("spread")
+    original = Path(to_vault(buffer, tmp_path / "v", vault_uid="u"))
+    meta = json.loads((original / "metadata.json").read_text())
+
+    def crafted(name: str, change: Callable[[dict[str, Any]], None]) -> Path:
+        path = tmp_path / name
+        shutil.copytree(original, path)
+        altered = json.loads(json.dumps(meta))
+        change(altered)
+        (path / "metadata.json").write_text(json.dumps(altered))
+        return path
+
+    def no_observations(m: dict[str, Any]) -> None:
+        del m["structure_shape"]["observations"], m["structure_dtype"]["observations"]
+
+    def two_heads(m: dict[str, Any]) -> None:
+        m["flexibuff_envs"]["spec"].update(discrete_action_cardinalities=[5, 5], discrete_action_starts=[0, 0])
+
+    with pytest.raises(fe.BufferFileError, match="names leaf 'observations', which the vault does not hold"):
+        from_vault(crafted("no_obs", no_observations))
+    with pytest.raises(
+        fe.BufferFileError, match=r"discrete_actions is \(3, \d+, 1\); the layout stores it as \(3, \d+, 2\)"
+    ):
+        from_vault(crafted("two_heads", two_heads))
+    claims = crafted("claims", lambda m: None)
+    ts.open(store_spec(str(claims), "vault_index")).result().write(np.array([20_000_000], np.int32)).result()
+    with pytest.raises(fe.BufferFileError, match="says the vault holds 20,000,000 steps, but leaf"):
+        from_vault(claims)
 
 
 def test_an_empty_buffer_writes_no_vault(tmp_path: Path) -> None:

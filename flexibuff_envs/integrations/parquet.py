@@ -38,6 +38,7 @@ from flexibuff_envs.errors import (
     EmptyBufferError,
     InvalidArgumentError,
     MissingExtraError,
+    plain_dtype,
 )
 from flexibuff_envs.integrations.tables import (
     GLOBAL,
@@ -207,6 +208,10 @@ def _read_layout(file: str) -> dict[str, Any]:
         BufferSpec.from_dict(layout["spec"])
         if layout["format"] != 1:
             raise InvalidArgumentError(f"format {layout['format']}; this reads 1")
+        for name, field in layout["fields"].items():
+            plain_dtype(f"field {name!r} dtype", field["dtype"])
+            if not all(isinstance(n, int) and 0 < n < 1 << 31 for n in field["shape"]):
+                raise InvalidArgumentError(f"field {name!r} has shape {field['shape']!r}")
         return layout  # type: ignore[no-any-return]
     except (OSError, KeyError, TypeError, ValueError, pa.ArrowException) as exc:
         raise BufferFileError(f"{file}: not a part of a flexibuff_envs Parquet dataset ({exc!r})") from None

@@ -155,8 +155,11 @@ def _fill(
         for name in [*names, *(name for name in COMPUTED if name in fields)]
     }
     following = [name for name in NEXT if name in fields]
+    shapes = {name: target.shape[2 if name not in GLOBAL else 1 :] for name, target in targets.items()}
+    shapes.update({name: buffer.field(NEXT[name]).shape[2 if name not in GLOBAL else 1 :] for name in following})
     for lengths, arrays in source:
         stored = {name: encode(spec, name, arrays[name]) for name in [*targets, *following]}
+        _check(spec, stored, shapes, int(lengths.sum()))
         # next values a block at a time, unless the ring is smaller than the block (it keeps the
         # newest) or a log takes each episode whole as it ends
         whole = int(lengths.sum()) <= buffer.num_steps and not buffer.logging
@@ -177,6 +180,24 @@ def _fill(
         for name in following if whole else []:  # each stored once where it is the next row's
             buffer.write_next(name, np.concatenate(written), stored[name], np.cumsum(lengths) - 1)
     return buffer
+
+
+def _check(spec: BufferSpec, stored: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], steps: int) -> None:
+    """ValueError naming the first of a block's ``stored`` fields (``steps`` rows) that is not
+    of the shape the buffer stores it in (nothing is broadcast), or discrete actions outside
+    their heads' cardinalities."""
+    for name, values in stored.items():
+        lead = (steps,) if name in GLOBAL else (spec.n_agents, steps)
+        if values.shape != (*lead, *shapes[name]):
+            raise ValueError(f"{name} is {values.shape}; the layout stores it as {(*lead, *shapes[name])}")
+    actions = stored.get("discrete_actions")
+    if actions is not None and actions.size:
+        cards = np.array(spec.discrete_action_cardinalities)
+        wrong = (actions < 0) | (actions >= cards)
+        if wrong.any():
+            head = int(np.flatnonzero(wrong.reshape(-1, len(cards)).any(axis=0))[0])
+            value = int(actions[..., head][wrong[..., head]][0])
+            raise ValueError(f"discrete_actions holds {value} for head {head}, outside its {int(cards[head])} actions")
 
 
 def _put(target: np.ndarray, name: str, at: np.ndarray, values: np.ndarray, span: slice) -> None:

@@ -264,7 +264,10 @@ def from_vault(
         spec = BufferSpec.from_dict(ours["spec"])
         buffer_options.setdefault("gamma", ours["gamma"])
         buffer_options.setdefault("gae_lambda", ours["gae_lambda"])
-        fields = {name: leaves[leaf] for name, leaf in ours["fields"].items() if leaf in leaves}
+        missing = [leaf for leaf in ours["fields"].values() if leaf not in leaves]
+        if missing:
+            raise BufferFileError(f"{path}: its layout names leaf {missing[0]!r}, which the vault does not hold")
+        fields = {name: leaves[leaf] for name, leaf in ours["fields"].items()}
         last = leaves[EPISODE_ENDS].read() != 0 if EPISODE_ENDS in leaves else None
     else:
         spec, fields = foreign(path, leaves)

@@ -85,11 +85,17 @@ def open_leaves(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) ->
         stores = {leaf: ts.open(store_spec(path, leaf)).result() for leaf in leaves}
     except (ValueError, RuntimeError, OSError) as exc:
         raise BufferFileError(f"{path}: a vault's arrays cannot be opened ({exc})") from None
+    written = _written(path)
     for leaf, store in stores.items():
         if store.rank < 2 or filled < 0 or filled > store.shape[1]:
             raise BufferFileError(
                 f"{path}: leaf {leaf!r} of shape {tuple(store.shape)} cannot hold the "
                 f"{filled:,} steps vault_index says it holds"
+            )
+        held = written.get(leaf, 0) * store.schema.chunk_layout.read_chunk.shape[1]
+        if filled > held:  # the rest would read as zeros, costing memory for steps never written
+            raise BufferFileError(
+                f"{path}: vault_index says the vault holds {filled:,} steps, but leaf {leaf!r} has {held:,} written"
             )
     claimed = (
         sum(
@@ -106,6 +112,22 @@ def open_leaves(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) ->
     return {leaf: Leaf(store, filled) for leaf, store in stores.items()}
 
 
+def _written(path: str) -> dict[str, int]:
+    """Per leaf of the vault ``path``, how many chunks along the time axis it has written (one
+    past the latest), from the names of the chunks the vault's store lists."""
+    try:
+        keys = ts.KvStore.open({"driver": "ocdbt", "base": f"file://{os.path.abspath(path)}"}).result().list().result()
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise BufferFileError(f"{path}: a vault's store cannot be listed ({exc})") from None
+    written: dict[str, int] = {}
+    for key in keys:
+        leaf, _, chunk = key.decode(errors="replace").rpartition("./")
+        index = chunk.split(".")
+        if len(index) > 1 and all(part.isdigit() for part in index):
+            written[leaf] = max(written.get(leaf, 0), int(index[1]) + 1)
+    return written
+
+
 def foreign(path: str, leaves: Mapping[str, Leaf]) -> tuple[BufferSpec, dict[str, Values]]:
     """The layout and fields of a vault another program wrote (OG-MARL's leaves): observations
     and state read as they go, the rest whole."""
@@ -115,7 +137,15 @@ def foreign(path: str, leaves: Mapping[str, Leaf]) -> tuple[BufferSpec, dict[str
             f"{path}: the vault has no {', '.join(missing)} (OG-MARL's leaves); it holds {sorted(leaves)}"
         )
     obs = leaves["observations"]
+    if len(obs.shape) < 3:
+        raise BufferFileError(f"{path}: leaf 'observations' is {obs.shape}, not [steps, batch, agents, ...]")
     steps, streams, agents = obs.shape[:3]
+    for leaf in ("actions", "rewards", "terminals", "truncations", "infos.alive", "infos.legals"):
+        if leaf in leaves and tuple(leaves[leaf].shape[:3]) != (steps, streams, agents)[: len(leaves[leaf].shape)]:
+            raise BufferFileError(
+                f"{path}: leaf {leaf!r} is {leaves[leaf].shape}, where 'observations' has {agents} agents "
+                f"in {streams} rows of {steps:,} steps"
+            )
     fields: dict[str, Values] = {"obs": _flattened(obs, 3)}
     actions = leaves["actions"].read()
     legals = leaves["infos.legals"].read() if "infos.legals" in leaves else None

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 
 from flexibuff_envs.chunk import check_layout
-from flexibuff_envs.errors import BufferFileError, InvalidArgumentError
+from flexibuff_envs.errors import BufferFileError, InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.log.format import LogReport
 from flexibuff_envs.log.journal import scan, writing
 from flexibuff_envs.log.read import report, state_of
@@ -66,7 +66,10 @@ def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]
     headers = [state_of(path).header for path in paths]
     for path, header in zip(paths, headers):
         if header != headers[0]:
-            check_layout(headers[0].spec, header.spec, f"the episode log {path}")
+            try:
+                check_layout(headers[0].spec, header.spec, f"the episode log {path}")
+            except SpecMismatchError as exc:
+                raise BufferFileError(f"{path}: {exc}") from None
             raise BufferFileError(
                 f"{path}: its discounts (gamma {header.gamma}, gae_lambda {header.gae_lambda}) differ from {paths[0]}'s"
             )
