@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.abc
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -387,3 +388,14 @@ def test_sigint_sigterm_and_sighup_stop_a_recording_which_is_saved(tmp_path: Pat
 def test_an_out_that_cannot_be_written_is_refused_before_recording(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["record", "CartPole-v1", "--steps", "200000", "--out", "/proc/x.fbuf"]) == 2
     assert capsys.readouterr().err.startswith("flexibuff-envs record: --out /proc/x.fbuf: cannot write in /proc (")
+
+
+def test_a_directory_named_like_a_buffer_file_is_refused_before_recording(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out d.fbuf`` where ``d.fbuf`` is a directory: refused at once (it recorded, then lost
+    the whole run when the save met the directory)."""
+    (in_tmp / "d.fbuf").mkdir()
+    assert run(["record", "CartPole-v1", "--steps", "200000", "--out", "d.fbuf"]) == 2
+    assert "--out d.fbuf is a directory" in capsys.readouterr().err
+    assert os.listdir(in_tmp / "d.fbuf") == []

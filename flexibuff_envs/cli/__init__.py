@@ -175,6 +175,8 @@ def _writable(out: str, *, log: bool, resume: bool) -> None:
             )
     elif resume:
         raise UsageError("--resume continues an episode log: give --out a directory")
+    elif os.path.isdir(out):
+        raise UsageError(f"--out {out} is a directory; a buffer file (.fbuf) is written as a file: give a file name")
     target = os.path.abspath(out) if log else os.path.dirname(os.path.abspath(out))
     parent = target
     while not os.path.isdir(parent):  # the directories still to make are made when recording starts
