@@ -87,11 +87,9 @@ class Storage:
     def dtype(self, name: str) -> np.dtype:
         """The dtype field ``name`` is stored in."""
         field = self.fields[name]
-        if field.dtype == "state":
-            return np.dtype(self.spec.state_dtype)
-        if field.dtype != "obs":
-            return np.dtype(field.dtype)
-        return index_dtype(self.spec.obs_categories) if self.spec.obs_categories else np.dtype(self.spec.obs_dtype)
+        if field.dtype == "obs":
+            return index_dtype(self.spec.obs_categories) if self.spec.obs_categories else np.dtype(self.spec.obs_dtype)
+        return np.dtype(self.spec.state_dtype if field.dtype == "state" else field.dtype)
 
     def _fill(self, array: np.ndarray, name: str, lo: int, hi: int) -> None:
         if self.fields[name].per_agent:

@@ -579,6 +579,37 @@ def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path, monkeypatc
         assert_same_batches(mine, want)
 
 
+def test_a_log_on_a_full_disk_reads_without_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A killed recording's journal on a disk with no room (the file size limit stands for it):
+    `open` and `inspect` read the folded episodes, grow no file (they cut the blocks the killed
+    writer reserved past its commits, which frees room), and say once why the rest are left
+    out; once there is room, the next open folds them."""
+    import resource
+
+    from flexibuff_envs.cli import main
+
+    directory = tmp_path / "run.log"
+    ended = killed.kill_after("gym", directory, 1.0)
+    assert ended > 0 and log.report(directory).unfolded > 0
+    sizes = {path: path.stat().st_size for path in directory.rglob("*") if path.is_file()}
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limits[1]))
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            partial = fe.FlexibleBuffer.open(directory).n_episodes
+            assert main(["inspect", str(directory)]) == 0
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, previous)
+    assert ["cannot be folded" in str(w.message) for w in said] == [True, True]  # once per open
+    assert "episode log" in capsys.readouterr().out
+    assert all(path.stat().st_size <= size for path, size in sizes.items())  # nothing grew
+    assert fe.FlexibleBuffer.open(directory).n_episodes >= max(partial, ended)
+    assert log.verify(directory).torn == ()
+
+
 def _cli(directory: Path, *args: str, env: str = "CartPole-v1", **options: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "flexibuff_envs", "record", env, "--out", str(directory), *args],

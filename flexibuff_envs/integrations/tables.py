@@ -138,7 +138,7 @@ def into_buffer(
     if log is not None:
         buffer.log_to(log)
     try:
-        return _fill(buffer, spec, fields, itertools.chain([first] if first else [], source), log_prob_width)
+        return _fill(buffer, spec, fields, itertools.chain([first] if first else [], source), log_prob_width, where)
     except (ValueError, MemoryError) as exc:  # a field wider than its values, or too wide to allocate
         raise BufferFileError(f"{where}: its arrays do not fit the layout it declares ({exc})") from None
     finally:
@@ -147,7 +147,12 @@ def into_buffer(
 
 
 def _fill(
-    buffer: FlexibleBuffer, spec: BufferSpec, fields: Collection[str], source: Iterable[Block], log_prob_width: int
+    buffer: FlexibleBuffer,
+    spec: BufferSpec,
+    fields: Collection[str],
+    source: Iterable[Block],
+    log_prob_width: int,
+    where: str,
 ) -> FlexibleBuffer:
     names = [name for name in fields if name not in COMPUTED and name not in NEXT]
     targets = {
@@ -159,7 +164,7 @@ def _fill(
     shapes.update({name: buffer.field(NEXT[name]).shape[2 if name not in GLOBAL else 1 :] for name in following})
     for lengths, arrays in source:
         stored = {name: encode(spec, name, arrays[name]) for name in [*targets, *following]}
-        _check(spec, stored, shapes, int(lengths.sum()))
+        _check(spec, stored, shapes, int(lengths.sum()), where)
         # next values a block at a time, unless the ring is smaller than the block (it keeps the
         # newest) or a log takes each episode whole as it ends
         whole = int(lengths.sum()) <= buffer.num_steps and not buffer.logging
@@ -182,14 +187,18 @@ def _fill(
     return buffer
 
 
-def _check(spec: BufferSpec, stored: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], steps: int) -> None:
-    """ValueError naming the first of a block's ``stored`` fields (``steps`` rows) that is not
-    of the shape the buffer stores it in (nothing is broadcast), or discrete actions outside
-    their heads' cardinalities."""
+def _check(
+    spec: BufferSpec, stored: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]], steps: int, where: str
+) -> None:
+    """`BufferFileError` naming ``where`` and the first of a block's ``stored`` fields (``steps``
+    rows) that is not of the shape the buffer stores it in (nothing is broadcast), or discrete
+    actions outside their heads' cardinalities."""
     for name, values in stored.items():
         lead = (steps,) if name in GLOBAL else (spec.n_agents, steps)
         if values.shape != (*lead, *shapes[name]):
-            raise ValueError(f"{name} is {values.shape}; the layout stores it as {(*lead, *shapes[name])}")
+            raise BufferFileError(
+                f"{where}: {name} is {values.shape}; the layout stores it as {(*lead, *shapes[name])}"
+            )
     actions = stored.get("discrete_actions")
     if actions is not None and actions.size:
         cards = np.array(spec.discrete_action_cardinalities)
@@ -197,7 +206,9 @@ def _check(spec: BufferSpec, stored: dict[str, np.ndarray], shapes: dict[str, tu
         if wrong.any():
             head = int(np.flatnonzero(wrong.reshape(-1, len(cards)).any(axis=0))[0])
             value = int(actions[..., head][wrong[..., head]][0])
-            raise ValueError(f"discrete_actions holds {value} for head {head}, outside its {int(cards[head])} actions")
+            raise BufferFileError(
+                f"{where}: discrete_actions holds {value} for head {head}, outside its {int(cards[head])} actions"
+            )
 
 
 def _put(target: np.ndarray, name: str, at: np.ndarray, values: np.ndarray, span: slice) -> None:

@@ -92,7 +92,8 @@ def open_leaves(path: str, leaves: Mapping[str, tuple[tuple[int, ...], str]]) ->
                 f"{path}: leaf {leaf!r} of shape {tuple(store.shape)} cannot hold the "
                 f"{filled:,} steps vault_index says it holds"
             )
-        held = written.get(leaf, 0) * store.schema.chunk_layout.read_chunk.shape[1]
+        chunk = store.schema.chunk_layout.read_chunk.shape  # steps a chunk holds: its second axis
+        held = written.get(leaf, 0) * (int(chunk[1] or 1) if chunk else 1)
         if filled > held:  # the rest would read as zeros, costing memory for steps never written
             raise BufferFileError(
                 f"{path}: vault_index says the vault holds {filled:,} steps, but leaf {leaf!r} has {held:,} written"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Sequence
 
 from flexibuff_envs.chunk import check_layout
-from flexibuff_envs.errors import BufferFileError, InvalidArgumentError, SpecMismatchError
+from flexibuff_envs.errors import BufferFileError, BufferSaveError, InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.log.format import LogReport
 from flexibuff_envs.log.journal import scan, writing
 from flexibuff_envs.log.read import report, state_of
@@ -34,11 +35,21 @@ def repair(directory: str | os.PathLike[str]) -> LogReport:
 def settle(directory: str) -> None:
     """Fold the episodes a recording killed before it folded them left in the journal of the log
     ``directory``, unless a writer has the log open (its records are its own to fold) or the
-    directory cannot be written (readers then see the folded episodes only)."""
+    directory cannot be written (readers then see the folded episodes only); so they do when
+    the disk is full (a `RuntimeWarning` says so: the episodes stay in the journal, folded by
+    the next to open the log once there is room)."""
     state = state_of(directory)
     left = scan(directory, state.columns, state.commit)[0] or staged(os.path.join(directory, RING))
     if left and os.access(directory, os.W_OK) and not writing(directory):
-        LogWriter(directory, state.header).close()
+        try:
+            LogWriter(directory, state.header).close()
+        except BufferSaveError as exc:
+            warnings.warn(
+                f"{directory}: the episodes a killed recording left in its journal are left out: they "
+                f"cannot be folded ({exc}); free space and open the log again",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def merge(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> LogReport:

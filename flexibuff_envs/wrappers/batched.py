@@ -7,8 +7,7 @@ step beyond the copies.
 
 The buffer's `Lane` objects are brought up to date (`commit`) only when something reads the
 buffer, which commits first: a batch always sees every step recorded so far. ``G`` (and GAE) of
-the episodes that ended is written in one pass then, or as their block is written when an
-episode log takes them.
+ended episodes is written in one pass then, or with their block when an episode log takes them.
 """
 
 from __future__ import annotations
@@ -181,19 +180,19 @@ class BatchRecorder:
             raise
         self._k = k + 1
         self._stage.staged(k + 1)
-        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in its files;
-        # one near the ring's size is written before the block's next rows overwrite its first
+        # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in
+        # its files; one that began before the block, nearly a ring ago, is written before the
+        # block's later steps in its lane overwrite its first rows
         stage = self._stage
         ended = stage.flags[0, k] | stage.flags[1, k]
         if self._k == self.block or (
-            ended.any() and ((self.writer.logging_each_step and not stage.durable) or self._filling(ended))
+            ended.any()
+            and (
+                (self.writer.logging_each_step and not stage.durable)
+                or (ended & self.running & (self.pos - self.start > self._capacity - self.block)).any()
+            )
         ):
             self._drain()
-
-    def _filling(self, ended: np.ndarray) -> bool:
-        """Whether an episode that ``ended`` (per lane) in the step just staged began before the
-        block, so long ago that the block's later steps in its lane could overwrite its first rows."""
-        return bool((ended & self.running & (self.pos - self.start + self.block > self._capacity)).any())
 
     # ----------------------------------------------------------------- writing a block
 
@@ -239,29 +238,15 @@ class BatchRecorder:
             touched = stepped | reset
             finished = flat[ended]  # in the transitions' order
             end_obs = ends_of(stage.obs, stage.final, stage.has_final, finished)
-            self.obs.write(
-                rows,
-                lanes,
-                stage.obs[:k].reshape(k * self.n, -1).take(flat, axis=0),
-                ended,
-                end_obs,
-                newest,
-                chained,
-                touched,
-                stage.obs[k],
-            )
+
+            def held(holder: HeldBatch, staged: np.ndarray, at_ends: np.ndarray) -> None:
+                """``holder``'s rows from the block's ``staged`` values; ``at_ends``: the ended episodes' last."""
+                taken = staged[:k].reshape(k * self.n, -1).take(flat, axis=0)
+                holder.write(rows, lanes, taken, ended, at_ends, newest, chained, touched, staged[k])
+
+            held(self.obs, stage.obs, end_obs)
             if self.mask is not None:
-                self.mask.write(
-                    rows,
-                    lanes,
-                    stage.masks[:k].reshape(k * self.n, -1).take(flat, axis=0),
-                    ended,
-                    ends_of(stage.masks, stage.final_masks, stage.has_final, finished),
-                    newest,
-                    chained,
-                    touched,
-                    stage.masks[k],
-                )
+                held(self.mask, stage.masks, ends_of(stage.masks, stage.final_masks, stage.has_final, finished))
             starts = np.maximum.accumulate(np.where(resets, positions, -1), axis=0)  # latest episode start
             if finished.size:
                 self._end_block(finished, starts, positions, end_obs, truncated & ~terminated)
@@ -278,9 +263,8 @@ class BatchRecorder:
         """Lanes whose next ``counts`` rows hold their oldest episodes, or were never used: `Lane.make_room`."""
         self._push()  # what was written before this block
         ring = self.writer.lanes(self.lane_ids)
-        # room for an eighth of the ring at once (a block is at most that), in every lane that
-        # would need it within that many rows: the lanes then make room together, seldom; never
-        # more than the running episode leaves, so none that fits the ring loses its first rows
+        # room for an eighth of the ring (a block's most) in each lane that needs it within that many
+        # rows, so lanes make room together, seldom; no more than the running episode leaves
         room = self._capacity - np.where(self.running, self.pos - self.start, 0)
         ahead = np.maximum(counts, np.minimum(self._capacity // 8, room))
         lanes = np.flatnonzero(self.pos + ahead > np.minimum(self._live_end, self._opened))
