@@ -318,3 +318,112 @@ def test_record_of_an_sb3_vec_env_names_the_recorder_to_use() -> None:
     venv = DummyVecEnv([lambda: gym.make("CartPole-v1")])
     with pytest.raises(fe.NotAnEnvError, match=r"Stable-Baselines3 VecEnv.*RecordingVecEnv\(venv\)"):
         fe.record(venv)
+
+
+def _rollouts(make: Any, n_envs: int, steps: int, rollouts: int, seed: int = 0) -> list[list[tuple[Any, ...]]]:
+    """What PPO hands a rollout buffer over ``rollouts`` rollouts of ``steps`` steps of ``n_envs``
+    copies of ``make()``, with random actions, values and log probs: each rollout's adds
+    ``(obs, action, reward, episode_start, value, log_prob)``, then ``(last_values, dones)``."""
+    import torch as th
+
+    venv = DummyVecEnv([make] * n_envs)
+    venv.seed(seed)
+    venv.action_space.seed(seed)
+    rng = np.random.default_rng(seed)
+    obs, starts, out = venv.reset(), np.ones(n_envs, dtype=bool), []
+    for _ in range(rollouts):
+        adds: list[tuple[Any, ...]] = []
+        for _ in range(steps):
+            action = np.array([venv.action_space.sample() for _ in range(n_envs)])
+            value, log_prob = th.tensor(rng.normal(size=(n_envs, 1))), th.tensor(rng.normal(size=n_envs))
+            new_obs, rewards, dones, _ = venv.step(action)
+            adds.append((obs, action, rewards, starts, value, log_prob))
+            obs, starts = new_obs, dones
+        adds.append((th.tensor(rng.normal(size=(n_envs, 1))), starts))
+        out.append(adds)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("env_id", "lam"), [("CartPole-v1", 0.95), ("Pendulum-v1", 0.9), ("CartPole-v1", 1.0)], ids=str
+)
+def test_the_rollout_buffer_serves_what_sb3_s_own_serves(env_id: str, lam: float) -> None:
+    """The same adds into SB3's ``RolloutBuffer`` and ours: our GAE gives SB3's advantages and
+    returns, and ``get`` the same minibatches for the same seed, over rollouts that cut episodes
+    (an episode running on from one rollout into the next)."""
+    from stable_baselines3.common.buffers import RolloutBuffer as Theirs
+
+    from flexibuff_envs.integrations.sb3 import RolloutBuffer
+
+    env = gym.make(env_id)
+    spaces = (env.observation_space, env.action_space)
+    theirs, ours = (cls(64, *spaces, gamma=0.9, gae_lambda=lam, n_envs=3) for cls in (Theirs, RolloutBuffer))
+    for adds in _rollouts(lambda: gym.make(env_id), 3, 64, rollouts=3):
+        for buffer in (theirs, ours):
+            buffer.reset()
+            for add in adds[:-1]:
+                buffer.add(*add)
+            buffer.compute_returns_and_advantage(*adds[-1])
+        for name in ("observations", "actions", "values", "log_probs"):
+            np.testing.assert_array_equal(getattr(ours, name), getattr(theirs, name), err_msg=name)
+        for name in ("advantages", "returns"):
+            np.testing.assert_allclose(getattr(ours, name), getattr(theirs, name), rtol=1e-5, atol=1e-5, err_msg=name)
+        for seed in (0, 1):
+            np.random.seed(seed)
+            mine = list(ours.get(50))
+            np.random.seed(seed)
+            for a, b in zip(mine, theirs.get(50), strict=True):
+                for x, y in zip(a, b):
+                    np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-5, atol=1e-5)
+    if env_id == "CartPole-v1":  # whole episodes recorded, G and GAE written at their end
+        assert ours.buffer.n_episodes > 0
+
+
+@pytest.mark.parametrize("algorithm", ["PPO", "A2C"])
+def test_ppo_and_a2c_train_on_the_rollout_buffer_as_on_sb3_s_own(algorithm: str) -> None:
+    import stable_baselines3
+    import torch as th
+
+    from flexibuff_envs.integrations.sb3 import RolloutBuffer
+
+    trained = []
+    for buffer_class in (None, RolloutBuffer):
+        cls = getattr(stable_baselines3, algorithm)
+        options = {"n_steps": 64, "batch_size": 64} if algorithm == "PPO" else {"n_steps": 16}
+        model = cls("MlpPolicy", make_vec_env("CartPole-v1", n_envs=2, seed=0), seed=0, device="cpu", **options)
+        if buffer_class is not None:  # the class SB3 made its own of, with the same arguments
+            model = cls(
+                "MlpPolicy",
+                make_vec_env("CartPole-v1", n_envs=2, seed=0),
+                seed=0,
+                device="cpu",
+                rollout_buffer_class=buffer_class,
+                **options,
+            )
+        model.learn(total_timesteps=256)
+        trained.append(th.nn.utils.parameters_to_vector(model.policy.parameters()).detach())
+    assert (
+        isinstance(model.rollout_buffer, RolloutBuffer) and len(model.rollout_buffer.buffer) == 2 * options["n_steps"]
+    )
+    assert th.allclose(trained[0], trained[1], atol=1e-4)  # the same updates, to float rounding
+
+
+def test_the_replay_buffer_takes_a_gymnasium_vector_env_s_dict_infos_as_cleanrl_passes_them() -> None:
+    """CleanRL's DQN passes Gymnasium's dict ``infos`` to ``ReplayBuffer.add`` (SB3's accepts
+    them): the transitions are kept as with SB3's list of dicts."""
+    from flexibuff_envs.integrations.sb3 import ReplayBuffer
+
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2)
+    rb = ReplayBuffer(
+        1000, envs.single_observation_space, envs.single_action_space, "cpu", n_envs=2, handle_timeout_termination=False
+    )
+    obs, _ = envs.reset(seed=0)
+    for t in range(60):
+        actions = np.array([t % 2, (t // 3) % 2])
+        next_obs, rewards, terminations, _, infos = envs.step(actions)
+        real_next = next_obs.copy()
+        rb.add(obs, real_next, actions, rewards, terminations, infos)
+        obs = next_obs
+    assert rb.size() == 60 and len(rb.buffer) == 120
+    sample = rb.sample(8)
+    assert sample.observations.shape == (8, 4) and sample.actions.shape == (8, 1)

@@ -1,6 +1,8 @@
 """Stable-Baselines3: `RecordingVecEnv` records any SB3 ``VecEnv`` (``DummyVecEnv``,
 ``SubprocVecEnv``, SuperSuit's conversions) into one buffer, one lane per sub-env; `ReplayBuffer`
-is SB3's replay buffer kept in a `FlexibleBuffer` (``DQN(..., replay_buffer_class=ReplayBuffer)``).
+is SB3's replay buffer kept in a `FlexibleBuffer` (``DQN(..., replay_buffer_class=ReplayBuffer)``),
+`RolloutBuffer` its rollout buffer, GAE computed by ours (``PPO(...,
+rollout_buffer_class=RolloutBuffer)``, A2C).
 
 SB3 resets a finished sub-env within its step: the observation it returns is the reset one, the
 last one is ``infos[i]["terminal_observation"]``, and ``infos[i]["TimeLimit.truncated"]`` says a
@@ -11,6 +13,8 @@ operation. Needs ``pip install 'flexibuff_envs[sb3]'``.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -42,6 +46,21 @@ except ImportError as error:  # pragma: no cover - the test extra installs it
 def _timeouts(dones: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:
     """The sub-envs whose episode a time limit ended (SB3's ``TimeLimit.truncated``)."""
     return dones & np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
+
+
+def _per_env(infos: list[dict[str, Any]] | Mapping[str, Any], n: int) -> list[dict[str, Any]]:
+    """``infos`` as SB3 gives them, one dict per sub-env; a Gymnasium vector env's dict of arrays
+    (``key``, and ``_key`` saying which sub-envs have it: what CleanRL passes) cut into those."""
+    if not isinstance(infos, Mapping):
+        return list(infos)
+    out: list[dict[str, Any]] = [{} for _ in range(n)]
+    for key, values in infos.items():
+        if key.startswith("_"):
+            continue
+        given = infos.get(f"_{key}", np.ones(n, dtype=bool))
+        for i in np.flatnonzero(given).tolist():
+            out[i][key] = values[i]
+    return out
 
 
 class RecordingVecEnv(Unpicklable, VecEnvWrapper):
@@ -178,10 +197,12 @@ class ReplayBuffer(buffers.ReplayBuffer):
         action: np.ndarray,
         reward: np.ndarray,
         done: np.ndarray,
-        infos: list[dict[str, Any]],
+        infos: list[dict[str, Any]] | Mapping[str, Any],
     ) -> None:
-        """One transition per sub-env: ``next_obs`` is the final observation where ``done``."""
+        """One transition per sub-env: ``next_obs`` is the final observation where ``done``.
+        ``infos``: SB3's list of dicts, or a Gymnasium vector env's dict (as CleanRL passes it)."""
         done = np.asarray(done, dtype=bool)
+        infos = _per_env(infos, self.n_envs)
         truncated = _timeouts(done, infos) if self.handle_timeout_termination else np.zeros_like(done)
         actions = np.reshape(action, self._action_shape)
         for i, (lane, ended, timeout) in enumerate(zip(self._lanes, done.tolist(), truncated.tolist())):
@@ -227,3 +248,120 @@ class ReplayBuffer(buffers.ReplayBuffer):
             self._normalize_reward(batch.individual_rewards.reshape(-1, 1), env),
         )
         return ReplayBufferSamples(*(data if as_torch else map(self.to_torch, data)))
+
+
+class RolloutBuffer(buffers.RolloutBuffer):
+    """SB3's ``RolloutBuffer`` recorded into a `FlexibleBuffer` (``self.buffer``, a lane per
+    sub-env, ``values`` and SB3's joint ``log_prob`` annotated on each step), its advantages and
+    returns our GAE (`FlexibleBuffer.finish_path` at the rollout's end), served as SB3 serves
+    them: ``PPO(..., rollout_buffer_class=RolloutBuffer)``, or A2C.
+
+    SB3 tells an episode's end by the next step's ``episode_start`` (or the rollout's ``dones``),
+    so each step is recorded when the next comes. It hands a rollout buffer no final observation
+    and no truncation (PPO folds a time limit's ``gamma * V`` into the reward): an episode's last
+    ``obs_`` is unknown (NaN; 0 for integer observations), and every end is recorded as
+    terminated, which gives SB3's advantages. Observations must be a ``Box``.
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        device: th.device | str = "auto",
+        gae_lambda: float = 1,
+        gamma: float = 0.99,
+        n_envs: int = 1,
+    ) -> None:
+        if not isinstance(observation_space, spaces.Box):
+            raise ArgumentTypeError(f"RolloutBuffer keeps Box observations; got {observation_space!r}")
+        obs, action = obs_codec(observation_space), action_codec(action_space)
+        spec = spec_from_codecs(obs, action, n_envs=n_envs)
+        self.buffer = FlexibleBuffer.from_spec(
+            dataclasses.replace(spec, extra_fields=(("log_prob", (1,), "float32"),)),  # SB3's joint log prob
+            num_steps=buffer_size,
+            gamma=gamma,
+            gae_lambda=gae_lambda,
+            global_reward=False,
+            values=True,
+        )
+        writer = Writer(self.buffer, self)
+        self._lane_ids = writer.claim_lanes(n_envs)
+        self._lanes = [SingleLaneRecorder(writer, obs, action, lane=i, global_reward="none") for i in self._lane_ids]
+        self._writer = writer
+        unknown = np.nan if np.dtype(observation_space.dtype).kind == "f" else 0
+        self._unknown = np.full(observation_space.shape, unknown, dtype=observation_space.dtype)
+        # the last add (obs, action, reward, value, log prob), recorded when the next says if it ended
+        self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._action = "continuous_actions" if isinstance(action_space, spaces.Box) else "discrete_actions"
+        super().__init__(buffer_size, observation_space, action_space, device, gae_lambda, gamma, n_envs)
+
+    def reset(self) -> None:
+        """Forget the rollout (an episode still running goes on in the next)."""
+        self.buffer.clear()
+        self._pending = None
+        self.generator_ready = False
+        buffers.BaseBuffer.reset(self)
+
+    @holding
+    def add(
+        self,
+        obs: np.ndarray,
+        action: np.ndarray,
+        reward: np.ndarray,
+        episode_start: np.ndarray,
+        value: th.Tensor,
+        log_prob: th.Tensor,
+    ) -> None:
+        """One step per sub-env; the step before it is recorded, ended where ``episode_start``."""
+        if self._pending is not None:
+            self._record(*self._pending, np.asarray(episode_start, dtype=bool), obs)
+        self._pending = (
+            np.array(obs),
+            np.reshape(action, (self.n_envs, *(self.action_space.shape or ()))),
+            np.array(reward),
+            value.detach().cpu().numpy().reshape(self.n_envs),
+            log_prob.detach().cpu().numpy().reshape(self.n_envs),
+        )
+        self.pos += 1
+        self.full = self.full or self.pos == self.buffer_size
+
+    def _record(
+        self, obs: Any, action: Any, reward: Any, value: Any, log_prob: Any, ended: np.ndarray, after: Any
+    ) -> None:
+        for i, lane in enumerate(self._lanes):
+            if not lane.running:
+                lane.begin([(0, obs[i], {})])
+            else:  # stored once where it is the step before's next observation
+                lane.observe(0, obs[i])
+            lane.annotations.add(0, "agent_0", {"values": value[i], "log_prob": log_prob[i : i + 1]})
+            ends = bool(ended[i])
+            lane.step_single(
+                action[i], self._unknown if ends or after is None else after[i], reward[i], ends, False, {}
+            )
+
+    @holding
+    def compute_returns_and_advantage(self, last_values: th.Tensor, dones: np.ndarray) -> None:
+        """Record the last step (ended where ``dones``), write ``G`` and GAE of the episodes still
+        running from ``last_values`` (`FlexibleBuffer.finish_path`), and gather the rollout as
+        SB3's arrays ``[buffer_size, n_envs, ...]`` for `get`."""
+        if self._pending is not None:
+            self._record(*self._pending, np.asarray(dones, dtype=bool), None)
+            self._pending = None
+        self.buffer.finish_path(last_values.detach().cpu().numpy().reshape(self.n_envs))
+        n, steps = self.n_envs, self.buffer_size
+        written = np.array([self._writer.lane(i).written for i in self._lane_ids])[:, None]
+        rows = (np.array(self._lane_ids)[:, None] * steps + (written - steps + np.arange(steps)) % steps).reshape(-1)
+        fields = ("obs", self._action, "values", "log_prob", "advantages", "returns")
+        batch = self.buffer.sample_transitions(idx=rows, fields=fields)
+
+        def by_step(values: np.ndarray, *shape: int) -> np.ndarray:  # env-major rows -> [steps, n, ...]
+            return np.swapaxes(values.reshape(n, steps, *shape), 0, 1)
+
+        self.observations = by_step(batch.obs, *self.obs_shape)
+        self.actions = by_step(getattr(batch, self._action), self.action_dim).astype(self.action_space.dtype)
+        self.values, self.advantages, self.returns = (
+            by_step(v) for v in (batch.values, batch.advantages, batch.returns)
+        )
+        self.log_probs = by_step(batch.log_prob)
+        self.generator_ready = False
