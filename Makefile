@@ -13,8 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,torch]'
 	touch $@
 
+# into runs/ (ignored by git): each run a new log there, runs/connect_four_v3.log, -2.log, ...
 demo: $(VENV)/.installed
-	$(VENV)/bin/flexibuff-envs record
+	mkdir -p runs && cd runs && $(abspath $(VENV))/bin/flexibuff-envs record
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, UnknownNameError, require_torch
+from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, UnknownNameError, needs, require_torch
 
 
 class ByAgent(Mapping[str, Any]):
@@ -157,9 +157,7 @@ class FlexiBatch:
             import torch
             from tensordict import TensorDict
         except ImportError as exc:
-            raise MissingExtraError(
-                "to_tensordict needs TorchRL's tensordict: pip install 'flexibuff-envs[torchrl]'"
-            ) from exc
+            raise MissingExtraError(needs("to_tensordict", "torchrl", "torchrl")) from exc
         dims = tuple(self.idx.shape)
         multi = np.ndim(self.obs) == len(dims) + 2  # per-agent fields lead with the agent axis
 

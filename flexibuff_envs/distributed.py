@@ -35,6 +35,7 @@ from flexibuff_envs.errors import (
     MissingExtraError,
     WorkerError,
     WorkerTimeoutError,
+    needs,
     positive_int,
 )
 from flexibuff_envs.kinds import env_kind
@@ -51,7 +52,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise MissingExtraError("flexibuff_envs.distributed needs Ray: pip install 'flexibuff-envs[ray]'") from exc
+        raise MissingExtraError(needs("flexibuff_envs.distributed", "ray", "ray")) from exc
     return ray
 
 

@@ -48,6 +48,13 @@ class MissingExtraError(FlexibuffError, ImportError):
     """An optional dependency (torch, pettingzoo) is needed but not installed."""
 
 
+def needs(what: str, requirement: str, extra: str) -> str:
+    """The message of a `MissingExtraError`: ``what`` needs ``requirement`` (a pip requirement),
+    and how to install it: the package's ``extra`` from a clone (it is on no index yet), or the
+    requirement itself."""
+    return f"{what} needs {requirement}: pip install -e '.[{extra}]' in a clone of flexibuff_envs, or pip install '{requirement}'"
+
+
 class InvalidArgumentError(FlexibuffError, ValueError):
     """An argument out of its range or at odds with the buffer (a size that is not positive, a
     field the buffer does not hold, an option that does not apply); the message names it."""
@@ -115,5 +122,5 @@ def require_torch():
     try:
         import torch
     except ImportError as exc:
-        raise MissingExtraError("as_torch=True needs PyTorch: pip install 'flexibuff-envs[torch]'") from exc
+        raise MissingExtraError(needs("as_torch=True", "torch", "torch")) from exc
     return torch

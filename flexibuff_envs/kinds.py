@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import gymnasium as gym
 
-from flexibuff_envs.errors import MissingExtraError
+from flexibuff_envs.errors import MissingExtraError, needs
 
 Kind = Literal["gymnasium", "vector", "parallel", "aec"]
 
@@ -20,7 +20,7 @@ def pettingzoo_env_module() -> Any:
     try:
         from pettingzoo.utils import env
     except ImportError as exc:
-        raise MissingExtraError("PettingZoo envs need pettingzoo: pip install 'flexibuff-envs[pettingzoo]'") from exc
+        raise MissingExtraError(needs("PettingZoo envs", "pettingzoo", "pettingzoo")) from exc
     return env
 
 

@@ -231,6 +231,8 @@ def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str]) -> None:
         (["inspect", "missing.fbuf"], "missing.fbuf: no such buffer file"),
         (["plot", "missing.fbuf"], "missing.fbuf: no such buffer file"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["record", "pistonball_v6"], "pettingzoo.butterfly.pistonball_v6 or its registry id butterfly/pistonball-v6"),
+        (["record", "simple_spread_v3"], "PettingZoo's is named by its module, mpe2.simple_spread_v3"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(
@@ -281,7 +283,7 @@ def test_without_pettingzoo_the_default_names_the_extra(
     assert capsys.readouterr().err == (
         "flexibuff-envs record: importing pettingzoo.classic.connect_four_v3 needs "
         "the module pettingzoo, which is not installed "
-        "(pip install 'flexibuff-envs[pettingzoo]')\n"
+        "(pip install -e '.[pettingzoo]' in a clone of flexibuff_envs, or pip install pettingzoo mpe2)\n"
     )
 
 
@@ -399,3 +401,10 @@ def test_a_directory_named_like_a_buffer_file_is_refused_before_recording(
     assert run(["record", "CartPole-v1", "--steps", "200000", "--out", "d.fbuf"]) == 2
     assert "--out d.fbuf is a directory" in capsys.readouterr().err
     assert os.listdir(in_tmp / "d.fbuf") == []
+
+
+def test_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--help"]) == 0
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    for command in ("record", "inspect", "plot", "export", "verify", "repair", "merge"):
+        assert command in usage, command

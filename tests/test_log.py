@@ -281,7 +281,8 @@ def test_a_writer_refuses_a_log_of_another_layout(tmp_path: Path) -> None:
     writer.append(chunks[0])
     writer.close()
     pendulum = fe.infer_spec(gym.make("Pendulum-v1"))
-    with pytest.raises(fe.SpecMismatchError, match="obs_size"):
+    # the log's size (CartPole's 4) there, the recording's (Pendulum's 3) in the buffer
+    with pytest.raises(fe.SpecMismatchError, match="obs_size is 4 there but 3 in the buffer"):
         log.LogWriter(tmp_path, log.LogHeader(pendulum, 0.9, 0.95))
     with pytest.raises(fe.BufferFileError, match="discounts"):
         log.LogWriter(tmp_path, log.LogHeader(chunks[0].spec, 0.5, 0.95))
@@ -303,7 +304,9 @@ def test_verify_and_repair_from_the_command_line(tmp_path: Path, capsys: pytest.
     with open(tmp_path / log.COMMITS, "ab") as out:
         out.write(b"FBCOMMIT" + bytes(10))  # an entry cut short
     assert main(["verify", str(tmp_path)]) == 1
-    assert "torn tail: 18 bytes" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "torn tail: 18 bytes past the last whole append, left by a writer that was killed" in said
+    assert said.count("torn tail") == 1
     assert main(["repair", str(tmp_path)]) == 0
     assert (
         "3 whole episodes kept, every one in its columns; cut 18 torn bytes from commits.fblog"
@@ -588,9 +591,14 @@ def test_a_log_on_a_full_disk_reads_without_writing(tmp_path: Path, capsys: pyte
 
     from flexibuff_envs.cli import main
 
-    directory = tmp_path / "run.log"
-    ended = killed.kill_after("gym", directory, 1.0)
+    for attempt in range(10):  # killed with episodes in its journal (not just after a fold)
+        directory = tmp_path / f"run{attempt}.log"
+        ended = killed.kill_after("gym", directory, 0.6 + 0.1 * attempt)
+        if log.report(directory).unfolded:
+            break
     assert ended > 0 and log.report(directory).unfolded > 0
+    assert main(["verify", str(directory)]) == 1  # a killed writer's tails, in many files: said once
+    assert [line.startswith("torn tail: ") for line in capsys.readouterr().out.splitlines()].count(True) == 1
     sizes = {path: path.stat().st_size for path in directory.rglob("*") if path.is_file()}
     limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -1,8 +1,10 @@
 """flexibuff-envs: record any Gymnasium or PettingZoo env, then inspect or plot what was kept.
 
-"flexibuff-envs record [ENV]" plays ENV with random legal actions through its recorder and saves
-the buffer; "inspect FILE" describes a saved buffer; "plot FILE" draws its episodes. Bad input
-is one line on stderr and a non-zero exit.
+"flexibuff-envs record [ENV]" plays ENV with random legal actions through its recorder into an
+episode log (or a buffer file); "inspect PATH" describes a log, a buffer file, a vault or a
+Parquet dataset; "plot PATH" draws its episodes; "export PATH" writes it as Minari, a vault or
+Parquet; "verify DIR" and "repair DIR" check a log and cut a torn tail; "merge DIR... --out DIR"
+appends logs to one. Bad input is one line on stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -241,9 +243,7 @@ def _json_object(text: str) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flexibuff-envs", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {fe.__version__}")
-    commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{record,inspect,plot,export,verify,repair}"
-    )
+    commands = parser.add_subparsers(dest="command", required=True)
 
     rec = commands.add_parser("record", help="record an env with random legal actions and save the buffer")
     rec.add_argument(
@@ -309,18 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument(
         "--minari",
         metavar="DATASET_ID",
-        help="the dataset id, like cartpole/recorded-v0 (pip install 'flexibuff_envs[minari]')",
+        help="the dataset id, like cartpole/recorded-v0 (pip install -e '.[minari]')",
     )
     target.add_argument(
         "--vault",
         metavar="DIR",
-        help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's "
-        "rel_dir; pip install 'flexibuff_envs[vault]')",
+        help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's rel_dir; pip install -e '.[vault]')",
     )
     target.add_argument(
         "--parquet",
         metavar="DIR",
-        help="Parquet tables in the new directory DIR (pip install 'flexibuff_envs[parquet]')",
+        help="Parquet tables in the new directory DIR (pip install -e '.[parquet]')",
     )
     export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
     export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import pkgutil
 import re
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import gymnasium as gym
 from flexibuff_envs.errors import FlexibuffError
 
 DEFAULT_ENV = "pettingzoo.classic.connect_four_v3"
-PETTINGZOO_EXTRA = "pip install 'flexibuff-envs[pettingzoo]'"
+PETTINGZOO_EXTRA = "pip install -e '.[pettingzoo]' in a clone of flexibuff_envs, or pip install pettingzoo mpe2"
 _MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
@@ -45,6 +46,8 @@ def resolve(name: str, *, api: str | None, num_envs: int) -> EnvChoice:
     API when they have one (all agents act at once), else through AEC; ``api`` overrides.
     """
     in_gymnasium = name in gym.registry
+    if not in_gymnasium and re.fullmatch(r"\w+_v\d+", name):  # a PettingZoo module's own name
+        raise UsageError(f"unknown env {name}: not a Gymnasium id{_pettingzoo_module(name)}")
     registered = None if in_gymnasium else _pettingzoo_id(name)
     if registered is None and (in_gymnasium or not _MODULE_PATH.fullmatch(name)):
         if api is not None:
@@ -95,6 +98,25 @@ def _pettingzoo_id(name: str) -> str | None:
             return None  # another library's namespace: Gymnasium will say what it knows
         close = difflib.get_close_matches(name, ids, n=1)
         raise UsageError(f"unknown PettingZoo env {name}" + (f"; did you mean {close[0]}?" if close else ""))
+
+
+#: the packages that hold PettingZoo envs as modules named ``<env>_v<N>``
+_FAMILIES = ("pettingzoo.classic", "pettingzoo.butterfly", "pettingzoo.sisl", "pettingzoo.atari", "mpe2")
+
+
+def _pettingzoo_module(name: str) -> str:
+    """The hint for a PettingZoo env given by its module's own name (``pistonball_v6``): its
+    module path and registry id, where one of `_FAMILIES` holds it."""
+    for family in _FAMILIES:
+        try:
+            found = importlib.util.find_spec(f"{family}.{name}") is not None
+        except ImportError:  # the family is not installed
+            found = False
+        if found:
+            registry = f"{family.rpartition('.')[2]}/{name.replace('_v', '-v')}" if "." in family else ""
+            also = f" or its registry id {registry}" if registry else ""
+            return f"; PettingZoo's is named by its module, {family}.{name}{also}"
+    return ""
 
 
 def _creators(name: str, registered: bool) -> set[str]:

@@ -186,10 +186,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "a writer has it open: what lies past its newest commit and record is the writer's own (its "
             "reserved blocks, or an append under way), checked here once it closes"
         )
-    for torn in report.torn:
+    if report.torn:
+        files = ", ".join(os.path.basename(torn.path) for torn in report.torn)
         print(
-            f"torn tail: {torn.size:,} bytes from byte {torn.offset:,} of {torn.path} "
-            f"(an append a crash cut short; readers leave it out; `flexibuff-envs repair {args.log}` cuts it)"
+            f"torn tail: {sum(torn.size for torn in report.torn):,} bytes past the last whole append, left by a "
+            f"writer that was killed or a crash ({files}); readers leave them out, and opening or resuming the "
+            f"log, or `flexibuff-envs repair {args.log}`, cuts them"
         )
     return 1 if report.torn else 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.errors import EmptyBufferError, MissingExtraError
+from flexibuff_envs.errors import EmptyBufferError, MissingExtraError, needs
 
 
 def moving_mean(values: np.ndarray, window: int) -> np.ndarray:
@@ -22,7 +22,7 @@ def plot_buffer(buffer: FlexibleBuffer, out: str, *, title: str) -> None:
         matplotlib.use("Agg")  # files only: never open a window, work on machines without a display
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise MissingExtraError("plot needs matplotlib: pip install 'flexibuff-envs[plot]'") from exc
+        raise MissingExtraError(needs("plot", "matplotlib", "plot")) from exc
     stats = buffer.episode_stats()
     lengths, returns = stats["lengths"], stats["returns"]
     if not len(lengths):

@@ -1,2 +1,2 @@
 """Bridges to the libraries people train with, each imported only when its module is
-(``flexibuff_envs.integrations.sb3`` needs ``pip install 'flexibuff_envs[sb3]'``)."""
+(``flexibuff_envs.integrations.sb3`` needs ``pip install -e '.[sb3]'``)."""

@@ -5,7 +5,7 @@ Minari datasets are single-agent (its issue #190): a multi-agent buffer goes out
 per agent (``agent=``, or `to_minari_agents` for all under one namespace), that agent's own
 transitions making its episodes and the other agents' actions and the global state riding in
 its infos. Observations and actions go out in the env's own spaces (given ``env``, or rebuilt
-from the buffer's layout). Needs ``pip install 'flexibuff_envs[minari]'``.
+from the buffer's layout). Needs ``pip install -e '.[minari]'``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.batch import ONCE_PER_ROW, PER_AGENT, FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
-from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError
+from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError, needs
 from flexibuff_envs.fields import stored_obs
 from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
@@ -32,9 +32,7 @@ try:
     from minari.data_collector.episode_buffer import EpisodeBuffer
     from minari.namespace import create_namespace, list_local_namespaces
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError(
-        "flexibuff_envs.integrations.minari needs Minari: pip install 'flexibuff_envs[minari]'"
-    ) from error
+    raise MissingExtraError(needs("flexibuff_envs.integrations.minari", "minari[hdf5]", "minari")) from error
 
 
 def _spaces(spec: BufferSpec) -> tuple[spaces.Space, spaces.Space]:

@@ -1,6 +1,6 @@
 """Parquet, the columnar form pandas, polars, Hugging Face ``datasets``, Spark and DuckDB read:
 `to_parquet` writes a buffer, buffer file or episode log as long tables, `from_parquet` reads
-them back into an equal buffer. Needs ``pip install 'flexibuff_envs[parquet]'`` (pyarrow).
+them back into an equal buffer. Needs ``pip install -e '.[parquet]'`` (pyarrow).
 
 A dataset is a directory of two tables, each split into part files that hold whole episodes
 (``part-00000.parquet``, ...; a part never splits an episode, and rows are ordered by episode,
@@ -38,6 +38,7 @@ from flexibuff_envs.errors import (
     EmptyBufferError,
     InvalidArgumentError,
     MissingExtraError,
+    needs,
     plain_dtype,
 )
 from flexibuff_envs.integrations.tables import (
@@ -56,9 +57,7 @@ try:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError(
-        "flexibuff_envs.integrations.parquet needs pyarrow: pip install 'flexibuff_envs[parquet]'"
-    ) from error
+    raise MissingExtraError(needs("flexibuff_envs.integrations.parquet", "pyarrow", "parquet")) from error
 
 #: each step's episode and step number, as a table's rows give them
 Keys = tuple[np.ndarray, np.ndarray]

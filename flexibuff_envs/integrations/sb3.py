@@ -8,7 +8,7 @@ SB3 resets a finished sub-env within its step: the observation it returns is the
 last one is ``infos[i]["terminal_observation"]``, and ``infos[i]["TimeLimit.truncated"]`` says a
 time limit ended it. That is Gymnasium's SAME_STEP autoreset, so `BatchRecorder` records it as
 it records a Gymnasium vector env: a block of steps at a time, every field in one numpy
-operation. Needs ``pip install 'flexibuff_envs[sb3]'``.
+operation. Needs ``pip install -e '.[sb3]'``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode
 from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.codecs import obs_codec
-from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError
+from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError, needs
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
 from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
@@ -38,9 +38,7 @@ try:
     from stable_baselines3.common.type_aliases import ReplayBufferSamples
     from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper, VecNormalize
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError(
-        "flexibuff_envs.integrations.sb3 needs Stable-Baselines3: pip install 'flexibuff_envs[sb3]'"
-    ) from error
+    raise MissingExtraError(needs("flexibuff_envs.integrations.sb3", "stable-baselines3", "sb3")) from error
 
 
 def _timeouts(dones: np.ndarray, infos: list[dict[str, Any]]) -> np.ndarray:

@@ -1,6 +1,6 @@
 """flashbax Vaults, the form OG-MARL publishes its offline multi-agent datasets in: `to_vault`
 writes a buffer, buffer file or episode log as one, `from_vault` reads any such vault into a
-buffer, with TensorStore alone (no JAX). Needs ``pip install 'flexibuff_envs[vault]'``.
+buffer, with TensorStore alone (no JAX). Needs ``pip install -e '.[vault]'``.
 
 A vault is a directory ``<vault_name>/<vault_uid>/`` holding ``metadata.json`` (the tree of
 arrays: their shapes and dtypes) and one zarr array per leaf in an OCDBT store, each laid out

@@ -6,15 +6,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flexibuff_envs.errors import MissingExtraError
+from flexibuff_envs.errors import MissingExtraError, needs
 from flexibuff_envs.spec import BufferSpec
 
 try:
     import tensorstore as ts  # noqa: F401 - the one import of TensorStore, for vault and vault_read
 except ImportError as error:  # pragma: no cover - the test extra installs it
-    raise MissingExtraError(
-        "flexibuff_envs.integrations.vault needs TensorStore: pip install 'flexibuff_envs[vault]'"
-    ) from error
+    raise MissingExtraError(needs("flexibuff_envs.integrations.vault", "tensorstore", "vault")) from error
 
 #: flashbax's vault format version we write (and the major version we read)
 VERSION = 1.2

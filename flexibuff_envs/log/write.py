@@ -155,7 +155,7 @@ class LogWriter(Journaling):
         if is_log(self.directory):
             state = repaired(self.directory)
             if state.header != header:
-                check_layout(state.header.spec, header.spec, f"the episode log {self.directory}")
+                check_layout(header.spec, state.header.spec, f"the episode log {self.directory}")
                 raise BufferFileError(
                     f"{self.directory}: the log's discounts (gamma {state.header.gamma}, "
                     f"gae_lambda {state.header.gae_lambda}) differ from the recording's "
