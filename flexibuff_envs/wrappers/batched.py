@@ -38,14 +38,13 @@ _STAGE_BYTES = 64 << 20
 
 
 class BatchRecorder:
-    """Records ``len(lanes)`` single-agent lanes of ``writer``'s buffer: sub-env ``i`` into ``lanes[i]``.
+    """Records ``len(lanes)`` single-agent lanes of ``writer``'s buffer: sub-env ``i`` into
+    ``lanes[i]``, its transitions those the vector env's autoreset ``mode`` says. A step that
+    cannot be recorded ends every running episode at its last whole step, as truncated; each
+    sub-env records again from its next reset. ``bootstrap_fn`` is called for truncated
+    episodes when their block is written (at the latest when the buffer is next read)."""
 
-    ``mode`` is the vector env's autoreset mode: it says which sub-env steps are transitions.
-    A step that cannot be recorded (a value its space does not allow) ends every
-    running episode at its last whole step, as truncated; each sub-env records again from its
-    next reset. ``bootstrap_fn`` is called for truncated episodes when their block is written
-    (at the latest when the buffer is next read).
-    """
+    _near: np.ndarray | None  # per lane: `_ends_near`'s, None until worked out
 
     def __init__(
         self,
@@ -72,8 +71,7 @@ class BatchRecorder:
         step_bytes = n * (
             codec.size * codec.dtype.itemsize + 8 * len(action.cardinalities) + 4 * action.continuous_dim + 8
         )
-        # lanes make room for blocks an eighth of their ring at a time: at most that much of a lane
-        # (and the episode it cuts into) is forgotten before the single-env recorder would
+        # at most an eighth of a lane's ring, which lanes make room for at once (`_make_room`)
         self.block = max(1, min(max(64, min(256, _BLOCK // n)), writer.capacity // 8, _STAGE_BYTES // step_bytes))
         self._k = 0  # steps staged
         # in a file of the buffer's log, replayed after a kill, when no bootstrap must be called
@@ -87,9 +85,8 @@ class BatchRecorder:
         # running?, and NEXT_STEP's "next step resets"
         self.pos, self.start = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self.running, self._resetting = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        # per lane: the position from which rows hold its oldest episode, and from which they were
-        # never used; steps running that this recorder did not begin; the running episode's first
-        # rows forgotten
+        # per lane: where rows hold its oldest episode, and from where they were never used; steps
+        # running that this recorder did not begin; the running episode's first rows forgotten
         self._live_end, self._opened = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self._foreign, self._clipped = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         self._ended: list[tuple[np.ndarray, ...]] = []  # not committed: lanes, starts, ends, bootstraps, whole
@@ -104,6 +101,7 @@ class BatchRecorder:
 
     def _reload(self) -> None:
         """Read the lanes again: the buffer was read (and maybe changed) since the last block."""
+        self._near = None
         lanes = self.writer.lanes(self.lane_ids)
         self.pos = np.array([lane.written for lane in lanes], dtype=np.int64)
         started = np.array([-1 if lane.running is None else lane.running.start for lane in lanes], dtype=np.int64)
@@ -164,10 +162,9 @@ class BatchRecorder:
         masks: np.ndarray | None = None,
         masks_: np.ndarray | None = None,
     ) -> None:
-        """Stage one vector step: ``obs`` is what each sub-env returned (and holds next);
-        ``final`` (SAME_STEP), the sub-envs whose transition ends elsewhere and their final
-        observations; ``masks``/``masks_``, the legal actions of ``obs`` and of the transitions'
-        next observations."""
+        """Stage one vector step: ``obs``, what each sub-env returned (and holds next); ``final``
+        (SAME_STEP), the sub-envs whose transition ends elsewhere and their final observations;
+        ``masks``/``masks_``, the legal actions of ``obs`` and of the transitions' next ones."""
         k = self._k
         try:
             self.writer.uncommitted()
@@ -183,16 +180,18 @@ class BatchRecorder:
         # a logged episode goes to the log in the step it ends (`FlexibleBuffer.log_to`), or is in
         # its files; one that began before the block, nearly a ring ago, is written before the
         # block's later steps in its lane overwrite its first rows
-        stage = self._stage
-        ended = stage.flags[0, k] | stage.flags[1, k]
+        stage, ends = self._stage, self._stage.flags[:, k]
         if self._k == self.block or (
-            ended.any()
-            and (
-                (self.writer.logging_each_step and not stage.durable)
-                or (ended & self.running & (self.pos - self.start > self._capacity - self.block)).any()
-            )
+            ends.any() and ((self.writer.logging_each_step and not stage.durable) or self._ends_near(ends))
         ):
             self._drain()
+
+    def _ends_near(self, ends: np.ndarray) -> bool:
+        """Whether ``ends`` (``[2, n]``) end an episode that began nearly a ring before the block
+        (per lane, worked out once after the lanes change)."""
+        if self._near is None:
+            self._near = self.running & (self.pos - self.start > self._capacity - self.block)
+        return bool(self._near.any() and (ends & self._near).any())
 
     # ----------------------------------------------------------------- writing a block
 
@@ -331,6 +330,7 @@ class BatchRecorder:
     def _settle(self, *, log: bool, written: int = 0) -> None:
         """The lanes as they stand to the stage's file, then the episodes ended since to the log
         (``log``); the stage's first ``written`` steps are written."""
+        self._near = None  # the lanes changed
         self._stage.snapshot(self.pos, self.start, self.running, self._resetting, self._clipped)
         try:
             if log:
