@@ -44,7 +44,7 @@ class BatchRecorder:
     sub-env records again from its next reset. ``bootstrap_fn`` is called for truncated
     episodes when their block is written (at the latest when the buffer is next read)."""
 
-    _near: np.ndarray | None  # per lane: `_ends_near`'s, None until worked out
+    _near: np.ndarray | bool | None  # per lane: `_ends_near`'s (False: none), None until worked out
 
     def __init__(
         self,
@@ -187,11 +187,11 @@ class BatchRecorder:
             self._drain()
 
     def _ends_near(self, ends: np.ndarray) -> bool:
-        """Whether ``ends`` (``[2, n]``) end an episode that began nearly a ring before the block
-        (per lane, worked out once after the lanes change)."""
+        """Whether ``ends`` (``[2, n]``) end an episode begun nearly a ring before the block."""
         if self._near is None:
-            self._near = self.running & (self.pos - self.start > self._capacity - self.block)
-        return bool(self._near.any() and (ends & self._near).any())
+            near = self.running & (self.pos - self.start > self._capacity - self.block)
+            self._near = near if near.any() else False  # False: no lane is near (most often)
+        return self._near is not False and bool((ends & self._near).any())
 
     # ----------------------------------------------------------------- writing a block
 
