@@ -408,3 +408,19 @@ def test_help_names_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     usage = capsys.readouterr().out.split("\n\n")[0]
     for command in ("record", "inspect", "plot", "export", "verify", "repair", "merge"):
         assert command in usage, command
+
+
+def test_a_run_that_would_not_fit_the_disk_stops_after_its_first_episode(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A quadrillion CartPole steps (some 40 PB) fit no disk: the run stops once its first
+    episode ends, saying the projected size; what it wrote is kept. A run that fits says what
+    it took a step."""
+    steps = str(10**15)
+    assert run(["record", "CartPole-v1", "--steps", steps, "--out", "big.log"]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "the run would write about" in said and "PB more" in said
+    assert "stopped after the first episode (kept in big.log); pass --force" in said
+    assert 1 <= fe.FlexibleBuffer.open("big.log").n_episodes <= 2
+    assert run(["record", "CartPole-v1", "--episodes", "5", "--out", "small.log"]) == 0
+    assert " B a step): 5 whole episodes" in capsys.readouterr().out

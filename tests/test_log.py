@@ -721,6 +721,17 @@ def test_the_cli_streams_a_long_recording_and_closes_its_log_on_a_signal(
     assert last.terminated.any() or last.truncated.any()
 
 
+def test_force_records_a_run_projected_past_the_free_space(tmp_path: Path) -> None:
+    """``--force`` goes on with a run projected not to fit (a quadrillion steps), until stopped."""
+    directory = tmp_path / "run.log"
+    child = _cli(directory, "--steps", str(10**15), "--force")
+    _wait_for_commits(directory, child)
+    child.send_signal(signal.SIGTERM)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 143 and "would write" not in err
+    assert log.verify(directory).episodes > 10
+
+
 def test_a_full_disk_ends_the_cli_recording_with_one_line_and_a_whole_log(tmp_path: Path) -> None:
     """The file size limit stands for a full disk: the run ends with exit 1 and one line naming
     the file that could not grow; every episode appended before reads back."""

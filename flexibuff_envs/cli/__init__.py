@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
+from flexibuff_envs.cli.disk import guarded
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
 from flexibuff_envs.cli.files import cmd_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
 from flexibuff_envs.cli.report import record_report
@@ -108,6 +109,10 @@ def cmd_record(args: argparse.Namespace) -> int:
         buffer.log_to(out)
     recorder = fe.record(env, buffer)
     bar, progress = progress_bar(budget, choice.label)
+    if not args.force:  # does the run fit the disk? said once the first episode has ended
+        where = out if to_log else os.path.dirname(os.path.abspath(out))
+        kept = None if to_log else capacity * spec.n_envs
+        progress = guarded(progress, budget, step_bytes=buffer.nbytes_per_row, where=where, kept=kept, out=out)
     noted: list[int] = []
     # once the run stops a signal is noted, not obeyed, so the save of what was recorded finishes
     with _handled(dict.fromkeys((signal.SIGINT, *STOP_SIGNALS), lambda signum, frame: noted.append(signum))):
@@ -264,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
         "directories are created",
     )
     rec.add_argument("--resume", action="store_true", help="continue the episode log --out names")
+    rec.add_argument(
+        "--force",
+        action="store_true",
+        help="record even when the run, projected from its first episode, would not fit the free disk space",
+    )
     rec.add_argument("--seed", type=int, default=0, help="seed of the env and of the random actions (default 0)")
     rec.add_argument(
         "--num-envs",

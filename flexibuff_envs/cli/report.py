@@ -23,9 +23,9 @@ API_NAMES = {
 
 
 def size(n: float) -> str:
-    """``n`` bytes for a person: ``912 B``, ``17.2 kB``, ``1.4 MB``, ``2.1 GB``."""
-    k = min(int(math.log10(max(n, 1)) // 3), 3)
-    return f"{n:.0f} B" if k == 0 else f"{n / 1000**k:.1f} {('kB', 'MB', 'GB')[k - 1]}"
+    """``n`` bytes for a person: ``912 B``, ``17.2 kB``, ``1.4 MB``, ``2.1 GB``, ... ``43.0 EB``."""
+    k = min(int(math.log10(max(n, 1)) // 3), 6)
+    return f"{n:.0f} B" if k == 0 else f"{n / 1000**k:.1f} {('kB', 'MB', 'GB', 'TB', 'PB', 'EB')[k - 1]}"
 
 
 def _line(key: str, text: str) -> str:
@@ -74,13 +74,15 @@ def record_report(
         )
     )
     if logged is None:
-        lines.append(_line("file", f"{os.path.abspath(path)} ({size(os.path.getsize(path))})"))
+        held = os.path.getsize(path)
+        lines.append(_line("file", f"{os.path.abspath(path)} ({size(held)}, {_per_row(held, len(buffer))})"))
     else:
+        held = _log_bytes(path)
         lines.append(
             _line(
                 "log",
-                f"{os.path.abspath(path)} ({size(_log_bytes(path))}): {logged[0]:,} whole "
-                f"episodes and {logged[1]:,} rows appended",
+                f"{os.path.abspath(path)} ({size(held)}, {_per_row(held, _logged_rows(path))}): {logged[0]:,} "
+                f"whole episodes and {logged[1]:,} rows appended",
             )
         )
     return "\n".join(lines)
@@ -92,13 +94,24 @@ def _log_bytes(directory: str) -> int:
     return report(directory).nbytes
 
 
+def _logged_rows(directory: str) -> int:
+    from flexibuff_envs.log import report
+
+    return report(directory).rows
+
+
+def _per_row(nbytes: int, rows: int) -> str:
+    """What a file of ``nbytes`` holding ``rows`` rows takes a step (a row: every agent's step)."""
+    return f"{size(nbytes / max(rows, 1))} a step"
+
+
 def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     """Everything a buffer file holds, without reading its rows into memory."""
     spec = buffer.spec
     lines = [
         (
-            f"{path}: {size(os.path.getsize(path))}, {_agents(spec)}, "
-            f"{spec.n_envs} lane{'s' if spec.n_envs > 1 else ''} x {buffer.num_steps:,} rows"
+            f"{path}: {size(os.path.getsize(path))} ({_per_row(os.path.getsize(path), len(buffer))}), "
+            f"{_agents(spec)}, {spec.n_envs} lane{'s' if spec.n_envs > 1 else ''} x {buffer.num_steps:,} rows"
         )
     ]
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
@@ -124,7 +137,7 @@ def inspect_log_report(path: str) -> str:
     buffer = FlexibleBuffer.open(path)  # first: it folds what a killed recording left in the journal
     logged = report(path)
     spec = buffer.spec
-    lines = [f"{path}: episode log, {size(logged.nbytes)}, {_agents(spec)}"]
+    lines = [f"{path}: episode log, {size(logged.nbytes)} ({_per_row(logged.nbytes, logged.rows)}), {_agents(spec)}"]
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("layout", _layout(spec)))
     lines += _held_lines(buffer)
