@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs import io
+from flexibuff_envs.compression import Compress
 from flexibuff_envs.errors import (
     BufferMemoryError,
     InvalidArgumentError,
@@ -324,8 +325,13 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         sums = np.add.reduceat(rewards, last - episodes.lengths + 1, axis=1) if rows.size else rewards[:, :0]
         return {"lengths": episodes.lengths, "returns": sums.T.reshape(len(episodes), self.spec.n_agents)}
 
-    def save(self, path: str | os.PathLike[str] | None = None) -> str:
+    def save(self, path: str | os.PathLike[str] | None = None, *, compress: Compress = "auto") -> str:
         """Write the buffer to one file (no pickle, atomic); returns the path written.
+
+        ``compress``: which parts are stored compressed (zstd; lossless, bit-exact): "auto"
+        those of image observations and states (integers, a kilobyte a row or more), a mapping
+        ``{"obs": "zstd"}`` by field, or None. A file holding a compressed part is read (and
+        decoded) into memory when loaded, also with ``mmap=True``.
 
         Raises:
             BufferSaveError: an ``OSError`` naming ``path`` (a directory, no permission, a full
@@ -344,7 +350,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         }
         lanes = self._index.read()
         priorities = None if self._priorities is None else self._priorities.saved(lanes, self._store.rows)
-        io.save(target, settings, self._store, lanes, priorities)
+        io.save(target, settings, self._store, lanes, priorities, compress)
         return target
 
     @classmethod
@@ -355,7 +361,8 @@ class FlexibleBuffer(Filling, Logged, Sampling):
             mmap: map the file instead of reading it: opening takes the same time for any size,
                 rows are read from disk when sampled, and changes stay in memory (copy-on-write),
                 never in the file. Only the header's checksum is checked, not the data's. A file
-                whose lanes are partly empty is read instead (its rows keep their numbers).
+                whose lanes are partly empty, or holding a compressed part, is read instead (its
+                rows keep their numbers).
         """
         with io.BufferFile(os.fspath(path)) as file:
             header = file.header

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from flexibuff_envs.compression import CODECS, MAX_RATIO, chunks
 from flexibuff_envs.errors import short_repr
 from flexibuff_envs.fields import MASKS, NEXT, field_table
 from flexibuff_envs.header_values import (
@@ -172,7 +173,8 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
 
 
 def _field_meta(value: Any, k: int, version: int, known: Collection[str]) -> dict[str, Any]:
-    meta = keys_of(value, f"field {k}", {"name", "dtype", "shape", "offset"}, frozenset({"width", "part"}))
+    optional = frozenset({"width", "part", "codec", "stored"} if version >= 5 else {"width", "part"})
+    meta = keys_of(value, f"field {k}", {"name", "dtype", "shape", "offset"}, optional)
     name = meta["name"]
     if not isinstance(name, str) or name not in known:
         raise BadHeader(f"field {k} has an unknown name {short_repr(name)}")
@@ -228,10 +230,26 @@ def _fields(value: Any, spec: BufferSpec, rows: int, version: int, data_bytes: i
         if given != shape:
             raise BadHeader(f"{what} has shape {list(given)}; {rows} stored rows of this layout need {list(shape)}")
         offset = integer(meta["offset"], f"{what} offset", end, data_bytes)
-        end = offset + math.prod(shape) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
+        if "codec" in meta or "stored" in meta:
+            nbytes = _stored(meta, what, nbytes, data_bytes)
+        end = offset + nbytes
         if end > data_bytes:
             raise BadHeader(f"{what} runs to byte {end} of the data, which has {data_bytes}")
     return metas, width
+
+
+def _stored(meta: dict[str, Any], what: str, nbytes: int, data_bytes: int) -> int:
+    """The bytes a compressed part (of ``nbytes`` decoded) takes in the file, checked: a codec
+    this reads, room for each chunk's size, and a ratio no file legitimately reaches."""
+    if meta.get("codec") not in CODECS:
+        raise BadHeader(f"{what} has codec {short_repr(meta.get('codec'))}; this reads {list(CODECS)}")
+    stored = integer(meta.get("stored"), f"{what} stored bytes", 8 * chunks(nbytes), data_bytes)
+    if nbytes > MAX_RATIO * stored:
+        raise BadHeader(
+            f"{what} claims {nbytes:,} bytes from {stored:,} stored, more than {MAX_RATIO:,}x: a decompression bomb"
+        )
+    return stored
 
 
 # ----------------------------------------------------------------------------- whole

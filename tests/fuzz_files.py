@@ -39,8 +39,8 @@ USE_ERRORS = (fe.EmptyBufferError,)
 
 
 def seed_files(directory: Path) -> list[bytes]:
-    """Real files of several layouts: CartPole (Box), FrozenLake (categories, via a vector env),
-    Taxi with masks, and the format 1-3 fixtures."""
+    """Real files of several layouts: CartPole (Box; raw, and its observations compressed),
+    FrozenLake (categories, via a vector env), Taxi with masks, and the format 1-3 fixtures."""
     out = []
     for make, steps in (
         (lambda: gym.make("CartPole-v1"), 60),
@@ -57,6 +57,9 @@ def seed_files(directory: Path) -> list[bytes]:
         path = directory / f"seed{len(out)}.fbuf"
         env.buffer.save(path)
         out.append(path.read_bytes())
+        if len(out) == 1:  # and compressed (format 5): zstd frames, their sizes
+            env.buffer.save(path, compress={"obs": "zstd"})
+            out.append(path.read_bytes())
     own = fe.record(gym.make("CartPole-v1"), num_steps=40, seed=0, extra_fields={"hidden": (3,), "tick": ((), "int8")})
     own.reset(seed=0)
     for t in range(50):  # fields of its own and prioritized replay's priorities
@@ -75,7 +78,7 @@ def _split(raw: bytes) -> tuple[int, bytes, bytes] | None:
         return None
     _, version, length = struct.unpack("<8sIQ", raw[:20])
     start = 20 + length + -(20 + length) % 64
-    if start > len(raw) - 16 or version not in (2, 3, 4):
+    if start > len(raw) - 16 or version not in (2, 3, 4, 5):
         return None
     return version, raw[20 : 20 + length], raw[start:-16]
 
@@ -95,14 +98,15 @@ def _random_json(rng: random.Random, depth: int = 0) -> Any:
     if kind == 2:
         return rng.random() * 10 ** rng.randrange(-3, 30)
     if kind == 3:
-        return rng.choice(["", "|O", "<f8", "object", "x" * 100, "index", "tail", "obs", "PCG64"])
+        return rng.choice(["", "|O", "<f8", "object", "x" * 100, "index", "tail", "obs", "PCG64", "zstd"])
     if kind == 4:
         return float(rng.choice(["nan", "inf", "-inf"]))
     if kind == 5:
         return [rng.randrange(-5, 10 ** rng.randrange(1, 12)) for _ in range(rng.randrange(1, 4))]
     if kind == 6:
         return [_random_json(rng, depth + 1) for _ in range(rng.randrange(4))]
-    return {rng.choice(["name", "dtype", "shape", "offset", "part", "start", "x"]): _random_json(rng, depth + 1)}
+    keys = ["name", "dtype", "shape", "offset", "part", "start", "codec", "stored", "x"]
+    return {rng.choice(keys): _random_json(rng, depth + 1)}
 
 
 def _mutate_json(value: Any, rng: random.Random) -> Any:
@@ -114,7 +118,7 @@ def _mutate_json(value: Any, rng: random.Random) -> Any:
         if roll < 0.1:
             del value[key]
         elif roll < 0.15 and isinstance(value, dict):
-            value[rng.choice(["extra", "rows", "written", "part", "width"])] = _random_json(rng)
+            value[rng.choice(["extra", "rows", "written", "part", "width", "codec", "stored"])] = _random_json(rng)
         elif roll < 0.2 and isinstance(value, list):
             value.append(_random_json(rng) if rng.random() < 0.5 else value[key])
         else:

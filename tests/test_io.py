@@ -6,6 +6,7 @@ import errno
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -148,7 +149,7 @@ def test_a_mapped_load_maps_the_file_it_read_and_a_save_never_changes_a_mapped_f
     """A save landing at the path while a load maps it: the load maps the file whose header it
     read, not the new one. And saving over a mapped file (ours write a new file and rename it)
     leaves the mapped buffer's rows as they were."""
-    import flexibuff_envs.io as fio
+    import flexibuff_envs.fileformat as fio
 
     runs = []
     for seed in (0, 1):
@@ -476,3 +477,103 @@ def test_rows_a_file_did_not_hold_record_on_as_in_the_saved_buffer(tmp_path: Pat
     assert_same_batches(
         loaded.sample_transitions(idx=mine.idx, n_step=3), saved.sample_transitions(idx=mine.idx, n_step=3)
     )
+
+
+def _pong(steps: int = 600) -> fe.FlexibleBuffer:
+    """Pong's raw 210x160x3 frames (100 KB a row), episodes of 150 steps, a ring that wraps."""
+    import gymnasium as gym
+
+    ale_py = pytest.importorskip("ale_py")
+    gym.register_envs(ale_py)
+    env = fe.record(gym.make("ALE/Pong-v5", max_episode_steps=150), num_steps=400)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for _ in range(steps):
+        if any(env.step(env.action_space.sample())[2:4]):
+            env.reset()
+    return env.buffer
+
+
+def test_a_compressed_file_loads_bit_for_bit_as_the_raw_one_at_a_small_part_of_its_size(tmp_path: Path) -> None:
+    """``compress="auto"`` (the default) stores image observations compressed (zstd): the file
+    loads, read or mapped, into a buffer equal field by field to the raw file's, every sampled
+    batch the same, at a hundredth of its bytes or less."""
+    buffer = _pong()
+    raw = fe.FlexibleBuffer.load(buffer.save(tmp_path / "raw.fbuf", compress=None))
+    packed_path = buffer.save(tmp_path / "packed.fbuf")
+    assert os.path.getsize(packed_path) * 100 < os.path.getsize(tmp_path / "raw.fbuf")
+    for packed in (fe.FlexibleBuffer.load(packed_path), fe.FlexibleBuffer.load(packed_path, mmap=True)):
+        packed.save(tmp_path / "again.fbuf")  # saved again, it is the same file
+        assert (tmp_path / "again.fbuf").read_bytes() == Path(packed_path).read_bytes()
+        for mine, want in zip(packed.episodes(), raw.episodes(), strict=True):
+            assert_same_batches(mine, want)
+        for loaded in (packed, raw):
+            loaded.rng = np.random.default_rng(3)
+        assert_same_batches(packed.sample_transitions(64), raw.sample_transitions(64))
+
+
+def test_compress_names_fields_and_refuses_what_is_no_codec(tmp_path: Path) -> None:
+    buffer = recorder().buffer
+    play(buffer_env := recorder(), seed=0, steps=30)
+    buffer = buffer_env.buffer
+    path = buffer.save(tmp_path / "obs.fbuf", compress={"obs": "zstd"})  # float observations too
+    for mine, want in zip(fe.FlexibleBuffer.load(path).episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
+    header = json.loads(Path(path).read_bytes()[20:].split(b"\0", 1)[0].rsplit(b"}", 1)[0] + b"}")
+    assert {f["name"]: f.get("codec") for f in header["fields"]}["obs"] == "zstd"
+    with pytest.raises(fe.InvalidArgumentError, match="compress: 'obs' asks for codec 'lz5'"):
+        buffer.save(tmp_path / "x.fbuf", compress={"obs": "lz5"})
+    with pytest.raises(fe.InvalidArgumentError, match="compress must be 'auto', None or"):
+        buffer.save(tmp_path / "x.fbuf", compress="best")
+    assert not (tmp_path / "x.fbuf").exists()
+
+
+def _rewritten(path: Path, change: Any) -> Path:
+    """``path`` with its header changed by ``change`` (or its arrays, when it returns bytes), its
+    checksums made right again: what a hostile file can do."""
+    import struct
+    import zlib
+
+    raw = path.read_bytes()
+    _, version, length = struct.unpack("<8sIQ", raw[:20])
+    header = json.loads(raw[20 : 20 + length])
+    start = 20 + length + -(20 + length) % 64
+    data = raw[start:-16]
+    result = change(header, data)
+    data = result if isinstance(result, bytes) else data
+    blob = json.dumps(header).encode()
+    prefix = struct.pack("<8sIQ", b"FLEXIBUF", version, len(blob)) + blob
+    prefix += b"\0" * (-len(prefix) % 64)
+    out = path.with_name("crafted.fbuf")
+    out.write_bytes(prefix + data + struct.pack("<II8s", zlib.crc32(prefix), zlib.crc32(data), b"FBUF-END"))
+    return out
+
+
+def test_a_crafted_compressed_part_is_one_buffer_file_error_before_memory_is_reserved(tmp_path: Path) -> None:
+    """A codec this does not read, a stored size too small for its chunks, a ratio no real file
+    reaches (a decompression bomb), a frame damaged behind a right checksum: each a
+    `BufferFileError` naming the file and the part (and the chunk)."""
+    buffer = _pong(300)
+    path = Path(buffer.save(tmp_path / "packed.fbuf"))
+
+    def obs(header: dict[str, Any]) -> dict[str, Any]:
+        return next(f for f in header["fields"] if f["name"] == "obs")
+
+    def damaged(header: dict[str, Any], data: bytes) -> bytes:
+        at = obs(header)["offset"] + 100  # inside the first frame
+        return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+    def bomb(header: dict[str, Any], data: bytes) -> None:  # 3 GB of observations from its 28 KB
+        header["spec"].update(obs_size=10**7, obs_shape=[10**7])
+        obs(header)["shape"][-1] = 10**7
+
+    cases = [
+        (bomb, "field 'obs' claims 3,000,000,000 bytes from .* stored, more than 65,536x: a decompression bomb"),
+        (lambda h, d: obs(h).update(codec="lz5"), "field 'obs' has codec 'lz5'"),
+        (lambda h, d: obs(h).update(stored=1), "field 'obs' stored bytes"),
+        (lambda h, d: obs(h).update(shape=[1, 10**9, obs(h)["shape"][-1]]), "shape"),
+        (damaged, r"field 'obs'.*chunk 0 .*corrupt"),
+    ]
+    for change, says in cases:
+        with pytest.raises(fe.BufferFileError, match=f"crafted.fbuf: .*{says}"):
+            fe.FlexibleBuffer.load(_rewritten(path, change))

@@ -120,6 +120,7 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     lines.append(_line("masks", _masks(spec)))
     lines.append(_line("state", _state(spec)))
     lines += _held_lines(buffer)
+    lines.append(_line("stored", _stored(path)))
     if spec.extra_fields:
         lines.append(
             _line("yours", ", ".join(f"{name} {list(shape)} {dtype}" for name, shape, dtype in spec.extra_fields))
@@ -127,6 +128,23 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
     if buffer.max_priority is not None:
         lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
     return "\n".join(lines)
+
+
+def _stored(path: str) -> str:
+    """How the buffer file ``path`` stores its parts: each compressed one's bytes and ratio."""
+    from flexibuff_envs.io import BufferFile
+
+    with BufferFile(path) as file:
+        metas = file.header.fields
+    packed = []
+    for meta in metas:
+        if "codec" in meta:
+            nbytes = int(np.prod(meta["shape"], dtype=np.int64)) * np.dtype(meta["dtype"]).itemsize
+            name = meta["name"] + (f".{meta['part']}" if meta.get("part") else "")
+            packed.append(
+                f"{name} {size(meta['stored'])} of {size(nbytes)} ({nbytes / meta['stored']:,.0f}x, {meta['codec']})"
+            )
+    return ("; ".join(packed) + "; the rest raw") if packed else "every part raw"
 
 
 def inspect_log_report(path: str) -> str:
