@@ -360,3 +360,20 @@ def test_the_cli_exports_a_recording_as_a_vault_and_inspects_it(
     ).result()
     assert store.spec().to_json()["metadata"]["compressor"]["cname"] == "zstd"
     assert Vault("c4.vlt", rel_dir="small", vault_uid="Zstd").read().experience["observations"].shape[1] > 0
+    assert main(["export", "c4.log", "--vault", "small", "--vault-uid", "Sparse", "--next-values", "sparse"]) == 0
+    for mine, want in zip(
+        from_vault(tmp_path / "small" / "c4.vlt" / "Sparse").episodes(), fe.FlexibleBuffer.open("c4.log").episodes()
+    ):
+        assert_same_batches(mine, want)
+
+
+@pytest.mark.parametrize("kind", ["pistonball", "spread", "connect_four"])
+def test_a_vault_with_sparse_next_values_comes_back_as_it_went_out(tmp_path: Path, kind: str) -> None:
+    """``next_values="sparse"`` writes a next value only where the next step does not hold it (an
+    episode's end, a player's next turn): the vault reads back equal to the buffer."""
+    buffer = recorded(kind)
+    sparse = to_vault(buffer, tmp_path, vault_uid="sparse", next_values="sparse")
+    for mine, want in zip(from_vault(sparse).episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
+    with pytest.raises(fe.InvalidArgumentError, match="next_values must be 'all' or 'sparse'"):
+        to_vault(buffer, tmp_path, vault_uid="x", next_values="some")

@@ -332,6 +332,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Parquet tables in the new directory DIR (pip install -e '.[parquet]')",
     )
     export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
+    export.add_argument(
+        "--next-values",
+        choices=["all", "sparse"],
+        default="all",
+        help="the vault's next observations at every step (default), or only where the next step's differ (sparse)",
+    )
     export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
     export.add_argument(
         "--compression",

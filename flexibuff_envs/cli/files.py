@@ -95,6 +95,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             vault_name=name,
             vault_uid=args.vault_uid,
             compression=args.compression,
+            next_values=args.next_values,
         )
         print(
             f"wrote vault {path}: flashbax reads it as Vault({name!r}, rel_dir={args.vault!r}, "

@@ -81,10 +81,13 @@ from flexibuff_envs.integrations.vault_format import (
 from flexibuff_envs.integrations.vault_read import Values, flat, foreign, open_leaves, streams, vault_path, whole
 from flexibuff_envs.spec import BufferSpec
 
+#: the leaf saying where a sparse next-value field is given (`to_vault`'s ``next_values="sparse"``)
+GIVEN = "{}_given"
+
 
 def _laid_out(name: str, values: np.ndarray, spec: BufferSpec) -> np.ndarray:
     """A field's rows as its leaf holds them: time first, then agents."""
-    if name not in GLOBAL:
+    if name.removesuffix(GIVEN.format("")) not in GLOBAL:  # where a next value is given: as that value
         values = np.moveaxis(values, 0, 1)
     if name == "discrete_actions":
         values = values.astype(np.int32)  # JAX reads 32-bit integers
@@ -103,6 +106,7 @@ def to_vault(
     vault_uid: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     compression: str = "lz4",
+    next_values: str = "all",
 ) -> str:
     """Write the whole episodes of ``source`` (a buffer, or a buffer file or episode log's path,
     read episode by episode) as the vault ``directory/vault_name/vault_uid`` and return its path.
@@ -111,8 +115,12 @@ def to_vault(
     ``vault_uid`` defaults to the time, as flashbax's does; ``metadata`` is saved beside the
     layout (JSON values). ``compression`` is one of `COMPRESSION`: ``"lz4"`` (blosc's, the
     default) writes at disk speed; ``"gzip"`` (flashbax's own default) writes a few percent
-    smaller at a tenth of the speed. The vault is written under a temporary name and renamed
-    when whole.
+    smaller at a tenth of the speed. ``next_values="sparse"`` writes the next-value leaves
+    (``infos.next_observations``, ...) only where the next step does not hold them (an episode's
+    last step, an agent's next turn in a turn-based game), zeros elsewhere, which compress to
+    nothing, and ``infos.next_observations_given`` (...; 1 where written): a vault of image observations about
+    half the size, read back exactly; flashbax then reads zeros where the next step's value is
+    meant. The vault is written under a temporary name and renamed when whole.
 
     Raises:
         BufferSaveError: the vault exists already, or cannot be written (its path named).
@@ -120,6 +128,8 @@ def to_vault(
     """
     if compression not in COMPRESSION:
         raise InvalidArgumentError(f"to_vault: compression {compression!r} is none of {list(COMPRESSION)}")
+    if next_values not in ("all", "sparse"):
+        raise InvalidArgumentError(f"to_vault: next_values must be 'all' or 'sparse', got {next_values!r}")
     buffer = open_source(source)
     spec = buffer.spec
     uid = vault_uid or time.strftime("%Y%m%d%H%M%S")
@@ -130,7 +140,11 @@ def to_vault(
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
     try:
-        rows = _write(partial, blocks(buffer, BLOCK_ROWS), spec, buffer, dict(metadata or {}), COMPRESSION[compression])
+        source_blocks = blocks(buffer, BLOCK_ROWS)
+        if next_values == "sparse":
+            source_blocks = map(_sparse, source_blocks)
+        options = dict(metadata or {}), COMPRESSION[compression], next_values
+        rows = _write(partial, source_blocks, spec, buffer, *options)
         os.rename(partial, path)
     except (ValueError, RuntimeError) as exc:  # TensorStore's, a full disk among them
         shutil.rmtree(partial, ignore_errors=True)
@@ -154,6 +168,7 @@ def _write(
     buffer: FlexibleBuffer,
     metadata: dict[str, Any],
     compressor: dict[str, Any] | None,
+    next_values: str,
 ) -> int:
     """Every block of ``source`` appended along T; then ``vault_index`` and ``metadata.json``."""
     stores: dict[str, Any] = {}
@@ -196,6 +211,7 @@ def _write(
         "gamma": buffer.gamma,
         "gae_lambda": buffer.gae_lambda,
         "fields": leaves,
+        "next_values": next_values,
     }
     with open(os.path.join(base, "metadata.json"), "w") as out:
         json.dump(
@@ -209,6 +225,28 @@ def _write(
             out,
         )
     return filled
+
+
+def _sparse(block: Block) -> Block:
+    """``block`` with each next value zero where the next step holds it (`to_vault`'s "sparse"),
+    and where it is given beside it."""
+    lengths, arrays = block
+    inside = np.ones(int(lengths.sum()), dtype=bool)
+    inside[np.cumsum(lengths) - 1] = False  # an episode's last step: its next value is its own
+    out = dict(arrays)
+    for name, base in NEXTS:
+        if name not in arrays or base not in arrays:
+            continue
+        axis = 0 if name in GLOBAL else 1
+        nxt, now = np.moveaxis(arrays[name], axis, 0), np.moveaxis(arrays[base], axis, 0)
+        same = np.zeros(nxt.shape[:2] if axis else nxt.shape[:1], dtype=bool)  # [T] or [T, n_agents]
+        flat_next, flat_now = nxt.reshape(*same.shape, -1), now.reshape(*same.shape, -1)
+        same[:-1] = (flat_next[:-1] == flat_now[1:]).all(axis=-1) & (inside[:-1, None] if axis else inside[:-1])
+        values = nxt.copy()
+        values[same] = 0
+        out[name] = np.moveaxis(values, 0, axis)
+        out[GIVEN.format(name)] = np.moveaxis(~same, 0, axis).astype(np.uint8)
+    return lengths, out
 
 
 def _nest(tree: dict[str, Any], leaf: str, value: Any) -> None:
@@ -269,9 +307,10 @@ def from_vault(
             raise BufferFileError(f"{path}: its layout names leaf {missing[0]!r}, which the vault does not hold")
         fields = {name: leaves[leaf] for name, leaf in ours["fields"].items()}
         last = leaves[EPISODE_ENDS].read() != 0 if EPISODE_ENDS in leaves else None
+        given = {name: fields.pop(GIVEN.format(name)) for name, _ in NEXTS if GIVEN.format(name) in fields}
     else:
         spec, fields = foreign(path, leaves)
-        last = None
+        last, given = None, {}
     if last is None:
         last = ((whole(fields["terminated"]) != 0) | (whole(fields["truncated"]) != 0)).all(axis=-1)  # [T, B]
     ends = [np.flatnonzero(last[:, b]) for b in range(last.shape[1])]
@@ -282,7 +321,7 @@ def from_vault(
     return into_buffer(
         spec,
         names,
-        streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1))),
+        streams(spec, fields, ends, max(1, BLOCK_BYTES // max(step_bytes, 1)), given=given),
         rows=rows,
         where=path,
         log_prob_width=width,

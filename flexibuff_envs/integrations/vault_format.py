@@ -54,6 +54,8 @@ NEXTS = (("obs_", "obs"), ("state_", "state"), ("action_mask_", "action_mask"))
 
 
 def leaf_of(name: str, spec: BufferSpec) -> str:
+    if name.endswith("__given"):  # where a sparse next value is given: beside it
+        return leaf_of(name[: -len("_given")], spec) + "_given"
     if name == "discrete_actions" or (name == "continuous_actions" and not spec.discrete_action_cardinalities):
         return "actions"
     return LEAVES.get(name, f"infos.{name}")

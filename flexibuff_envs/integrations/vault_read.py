@@ -202,9 +202,19 @@ def _flattened(leaf: Leaf, keep: int) -> Leaf:
     )
 
 
-def streams(spec: BufferSpec, fields: Mapping[str, Values], ends: list[np.ndarray], steps: int) -> Iterator[Block]:
+def streams(
+    spec: BufferSpec,
+    fields: Mapping[str, Values],
+    ends: list[np.ndarray],
+    steps: int,
+    *,
+    given: Mapping[str, Values] | None = None,
+) -> Iterator[Block]:
     """Each stream's whole episodes (``ends``: each stream's episodes' last steps) in blocks of
-    about ``steps`` steps, read a block at a time, in the module layout of `tables`."""
+    about ``steps`` steps, read a block at a time, in the module layout of `tables`; ``given``:
+    per next-value field, where its leaf holds it (elsewhere it is the next step's: `to_vault`'s
+    ``next_values="sparse"``)."""
+    given = given or {}
     for b, where in enumerate(ends):
         first = 0
         while first < len(where):
@@ -219,6 +229,14 @@ def streams(spec: BufferSpec, fields: Mapping[str, Values], ends: list[np.ndarra
             for name, base in NEXTS:
                 if base in out and name not in out:  # the next step's, within the episode
                     out[name] = _shifted(out[base], last, name in GLOBAL)
+                elif name in given:  # the next step's where the leaf does not give it
+                    mask = given[name]
+                    held = (mask.read(span, b) if isinstance(mask, Leaf) else mask[span, b]) != 0
+                    held = held if name in GLOBAL else np.moveaxis(held, 1, 0)
+                    shifted = _shifted(out[base], last, name in GLOBAL)
+                    out[name] = np.where(
+                        held.reshape(*held.shape, *(1,) * (out[name].ndim - held.ndim)), out[name], shifted
+                    )
             yield np.diff(last, prepend=-1), {name: _cast(name, values, spec) for name, values in out.items()}
             first = stop
 
