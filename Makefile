@@ -52,6 +52,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/run.py bench_gae.py
 	$(PY) benchmarks/run.py bench_io.py
 	$(PY) benchmarks/run.py bench_io.py --episodes 200000
+	$(PY) benchmarks/run.py bench_compress.py
 	$(PY) benchmarks/run.py bench_memory.py
 	$(PY) benchmarks/run.py bench_per.py
 	$(PY) benchmarks/run.py bench_sb3.py
