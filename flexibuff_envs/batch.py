@@ -50,8 +50,8 @@ class FlexiBatch:
     Sequences (`FlexibleBuffer.sample_sequences`) put ``seq_len`` after ``batch``.
 
     numpy batches keep the stored dtypes (bool flags and masks, int64 actions, uint8 images).
-    torch batches follow FlexiBuff: discrete actions int64, uint8 observations stay uint8 (scale
-    them in the network), everything else float32.
+    torch batches follow FlexiBuff: discrete actions int64, uint8 observations and states stay
+    uint8 (scale them in the network), everything else float32.
     """
 
     obs: Any = None
@@ -242,7 +242,7 @@ class FlexiBatch:
 
 
 #: fields kept as uint8 in torch batches: images stay a byte per value (normalise in the network)
-IMAGES = frozenset({"obs", "obs_"})
+IMAGES = frozenset({"obs", "obs_", "state", "state_"})
 #: fields with one value per row, not per agent
 ONCE_PER_ROW = frozenset(
     {"state", "state_", "global_rewards", "global_auxiliary_rewards", "memory_weights", "idx", "valid", "weights"}

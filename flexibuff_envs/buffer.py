@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs import io
-from flexibuff_envs.compression import Compress
+from flexibuff_envs.compression import Compress, available_memory
 from flexibuff_envs.errors import (
     BufferMemoryError,
     InvalidArgumentError,
@@ -41,18 +41,6 @@ def _allocate(storage: Storage, wanted: Mapping[str, bool]) -> None:
     for next_field, base in NEXT.items():
         if base in storage.arrays:
             storage.chain(next_field)
-
-
-def available_memory() -> int:
-    """Bytes of memory this machine can still give (Linux's MemAvailable; else all of it)."""
-    try:
-        with open("/proc/meminfo") as info:
-            for line in info:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def rows_that_fit(row_bytes: int, budget: int) -> int:
@@ -330,13 +318,18 @@ class FlexibleBuffer(Filling, Logged, Sampling):
 
         ``compress``: which parts are stored compressed (zstd; lossless, bit-exact): "auto"
         those of image observations and states (integers, a kilobyte a row or more), a mapping
-        ``{"obs": "zstd"}`` by field, or None. A file holding a compressed part is read (and
-        decoded) into memory when loaded, also with ``mmap=True``.
+        ``{"obs": "zstd"}`` by field, or None. "auto" stores raw a part that does not compress to
+        80% of its bytes. A compressed part is decoded into memory when the file is loaded
+        (``mmap=True`` maps the others).
 
         Raises:
             BufferSaveError: an ``OSError`` naming ``path`` (a directory, no permission, a full
                 disk); a file already at ``path`` is intact.
         """
+        if isinstance(compress, Mapping):
+            unknown = sorted(set(compress) - set(self._store.fields))
+            if unknown:
+                raise InvalidArgumentError(f"save: compress names {unknown[0]!r}, which is no field of this buffer")
         target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
         settings = {
             "spec": self.spec.to_dict(),
@@ -360,9 +353,9 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         Args:
             mmap: map the file instead of reading it: opening takes the same time for any size,
                 rows are read from disk when sampled, and changes stay in memory (copy-on-write),
-                never in the file. Only the header's checksum is checked, not the data's. A file
-                whose lanes are partly empty, or holding a compressed part, is read instead (its
-                rows keep their numbers).
+                never in the file. Only the header's checksum is checked, not the data's; its
+                compressed parts are decoded into memory. A file whose lanes are partly empty is
+                read instead (its rows keep their numbers).
         """
         with io.BufferFile(os.fspath(path)) as file:
             header = file.header

@@ -3,13 +3,16 @@
 A part is compressed as a stream of its bytes cut into chunks of `CHUNK` bytes (the last
 shorter), each a zstd frame of its own, followed by each frame's size (u64): it is written and
 read a chunk at a time, two chunks at once (zstd releases the GIL), and each chunk decodes to
-exactly the bytes its place in the layout holds, never more. `plan` says which parts a
+exactly the bytes its place in the layout holds, never more. A part ``"auto"`` picks that does
+not compress to `WORTH` of its bytes is stored raw (random pixels: no gain, and a raw part can
+be mapped). `plan` says which parts a
 ``compress`` choice compresses: ``"auto"`` those of images (integer values, a kilobyte a row
 or more, where zstd takes them to a fiftieth or less), a mapping by field name, or None.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from collections import deque
@@ -28,6 +31,8 @@ CODECS = ("zstd",)
 CHUNK = 1 << 22
 #: zstd's level: 3 (its default) compresses frames near its best at hundreds of MB/s
 LEVEL = 3
+#: what a compressed part must come to at most, of its raw bytes, to be stored compressed
+WORTH = 0.8
 #: the most a part may be compressed: a file claiming more is refused as a decompression bomb
 #: (4 MiB of zeros compress 28,500x)
 MAX_RATIO = 1 << 16
@@ -61,6 +66,19 @@ def plan(compress: Compress, name: str, dtype: np.dtype, row_bytes: int) -> str 
     return codec
 
 
+def available_memory() -> int:
+    """Bytes of memory this machine can still give (Linux's MemAvailable; else all of it): what
+    decoding may take at most."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def chunks(nbytes: int) -> int:
     """How many chunks a part of ``nbytes`` is cut into."""
     return -(-nbytes // CHUNK)
@@ -77,9 +95,10 @@ def encode(blocks: Iterable[memoryview], nbytes: int) -> Iterator[bytes]:
     yield np.array(sizes, dtype="<u8").tobytes()
 
 
-def decode(read: Any, stored: int, targets: Iterable[memoryview], nbytes: int, where: str) -> None:
+def decode(read: Any, sizes_of: Any, stored: int, targets: Iterable[memoryview], nbytes: int, where: str) -> None:
     """Fill ``targets`` (the part's ``nbytes`` in order, as `Part.blocks` lays them) from the
-    stored form of ``stored`` bytes that ``read(n)`` gives, in order.
+    stored form of ``stored`` bytes that ``read(n)`` gives, in order, a frame at a time;
+    ``sizes_of(n)`` gives the ``n`` bytes of its frames' sizes (at its end) first.
 
     Raises:
         BufferFileError: the stored form is not that of ``nbytes`` bytes (it names ``where`` and
@@ -88,16 +107,15 @@ def decode(read: Any, stored: int, targets: Iterable[memoryview], nbytes: int, w
     count = chunks(nbytes)
     if stored < _SIZE.size * count or nbytes > MAX_RATIO * max(stored, 1):
         raise BufferFileError(f"{where}: {stored:,} stored bytes cannot hold {nbytes:,} ({count:,} chunks)")
-    frames = read(stored - _SIZE.size * count)
-    sizes = np.frombuffer(read(_SIZE.size * count), dtype="<u8").astype(np.int64)
-    if int(sizes.sum()) != len(frames) or (sizes < 1).any():
-        raise BufferFileError(f"{where}: its chunks' sizes do not add up to the {len(frames):,} bytes stored")
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    jobs = ((frames[starts[k] : starts[k + 1]], min(CHUNK, nbytes - k * CHUNK), where, k) for k in range(count))
+    sizes = np.frombuffer(sizes_of(_SIZE.size * count), dtype="<u8")
+    if (sizes < 1).any() or int(sizes.astype(np.float64).sum()) != stored - _SIZE.size * count:
+        raise BufferFileError(f"{where}: its chunks' sizes do not add up to the {stored:,} bytes stored")
+    jobs = ((read(int(size)), min(CHUNK, nbytes - k * CHUNK), where, k) for k, size in enumerate(sizes))
     stream = _Filler(targets)
     with ThreadPoolExecutor(2, thread_name_prefix="flexibuff-zstd") as pool:
         for raw in _ordered(pool, _decompress, jobs):
             stream.put(raw)
+    read(_SIZE.size * count)  # the sizes, in their place
     stream.done(nbytes, where)
 
 

@@ -8,13 +8,14 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
 from flexibuff_envs import compression
+from flexibuff_envs.compression import available_memory
 from flexibuff_envs.episodes import Lane
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.header import PRIORITY, BadHeader, Truncated, parse
@@ -163,27 +164,50 @@ class BufferFile:
             )
         )
 
-    @property
-    def compressed(self) -> bool:
-        """Whether a part is stored compressed (it cannot be mapped)."""
-        return any("codec" in meta for meta in self.header.fields)
-
-    def _decode(self, meta: dict[str, Any], part: Part, checksum: Checksum) -> None:
-        """The compressed part ``meta`` describes, decoded into ``part``'s blocks."""
+    def _decode(self, meta: dict[str, Any], blocks: Iterable[np.ndarray], checksum: Checksum | None) -> None:
+        """The compressed part ``meta`` describes, decoded into ``blocks`` (its bytes in order),
+        read from where the handle stands (its start); ``checksum`` given, what is read adds to it."""
+        start = self.handle.tell()
 
         def read(n: int) -> bytes:
             data = self.handle.read(n)
             if len(data) != n:
                 self.fail(f"truncated inside field {meta['name']!r}")
-            checksum.add(data)
+            if checksum is not None:
+                checksum.add(data)
             return data
 
+        def sizes_of(n: int) -> bytes:
+            return os.pread(self.handle.fileno(), n, start + meta["stored"] - n)
+
         where = f"field {meta['name']!r}" + (f" ({meta['part']})" if meta.get("part") else "")
+        nbytes = int(np.prod(meta["shape"], dtype=np.int64)) * np.dtype(meta["dtype"]).itemsize
         try:
-            targets = (block.data.cast("B") for block in part.blocks() if block.size)
-            compression.decode(read, meta["stored"], targets, part.nbytes, where)
+            targets = (block.data.cast("B") for block in blocks if block.size)
+            compression.decode(read, sizes_of, meta["stored"], targets, nbytes, where)
         except BufferFileError as exc:
             self.fail(f"corrupt: {exc}")
+
+    def decoded(self, meta: dict[str, Any]) -> np.ndarray:
+        """The compressed part ``meta`` describes, decoded into memory (`mapped`'s counterpart)."""
+        out = np.empty(tuple(meta["shape"]), dtype=np.dtype(meta["dtype"]))
+        self.handle.seek(self.data_start + meta["offset"])
+        self._decode(meta, [out], None)
+        return out
+
+    def check_memory(self) -> None:
+        """`BufferFileError` unless the compressed parts decode into the memory available (a
+        file cannot make this take more than it has, however its parts compress)."""
+        decoded = sum(
+            int(np.prod(meta["shape"], dtype=np.int64)) * np.dtype(meta["dtype"]).itemsize
+            for meta in self.header.fields
+            if "codec" in meta
+        )
+        if decoded > available_memory():
+            self.fail(
+                f"its compressed parts decode to {decoded:,} bytes, more than the "
+                f"{available_memory():,} of memory available"
+            )
 
     def read_into(self, storage: Storage, segments: Segments, leaves: np.ndarray | None) -> None:
         """Read each part straight into where ``storage`` holds the ring rows ``segments`` (the
@@ -206,7 +230,7 @@ class BufferFile:
                         f"{part.dtype.str} in its spec"
                     )
                 if "codec" in meta:
-                    self._decode(meta, part, checksum)
+                    self._decode(meta, part.blocks(), checksum)
                     parts.append(part)
                     continue
                 for block in part.blocks():
@@ -238,8 +262,12 @@ def fill(file: BufferFile, storage: Storage, lanes: Sequence[Lane], *, mmap: boo
     header = file.header
     segments = [(lane.offset + info.lo, lane.offset + info.hi) for lane, info in zip(lanes, header.lanes)]
     leaves = np.zeros(storage.rows) if header.max_priority is not None else None
-    if mmap and not file.compressed and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
-        arrays = {(meta["name"], meta.get("part")): file.mapped(meta) for meta in header.fields}
+    file.check_memory()
+    if mmap and all((info.lo, info.hi) == (0, header.num_steps) for info in header.lanes):
+        arrays = {
+            (meta["name"], meta.get("part")): file.decoded(meta) if "codec" in meta else file.mapped(meta)
+            for meta in header.fields
+        }
         if leaves is not None:
             leaves[:] = arrays.pop((PRIORITY, None))
         storage.adopt(arrays)

@@ -135,7 +135,10 @@ def _save(
                 spills[k] = compressed = closing.enter_context(spill)
                 for frame in compression.encode((block.data for block in part.blocks()), part.nbytes):
                     compressed.write(frame)
-                meta.update(codec=codec, stored=compressed.tell())
+                if compress != "auto" or compressed.tell() <= compression.WORTH * part.nbytes:
+                    meta.update(codec=codec, stored=compressed.tell())
+                else:  # "auto", and it does not pay (noise): raw, as it can be mapped
+                    del spills[k]
             header["fields"].append(meta)
             offset += meta.get("stored", part.nbytes)
         header["data_bytes"] = offset

@@ -424,3 +424,10 @@ def test_a_run_that_would_not_fit_the_disk_stops_after_its_first_episode(
     assert 1 <= fe.FlexibleBuffer.open("big.log").n_episodes <= 2
     assert run(["record", "CartPole-v1", "--episodes", "5", "--out", "small.log"]) == 0
     assert " B a step): 5 whole episodes" in capsys.readouterr().out
+
+
+def test_an_atari_id_records_without_registering_ale_py_first(in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ale_py")
+    assert run(["record", "ALE/Pong-v5", "--steps", "50", "--out", "pong.fbuf"]) == 0
+    assert "recorded ALE/Pong-v5" in capsys.readouterr().out
+    assert fe.FlexibleBuffer.load("pong.fbuf").spec.obs_dtype == "uint8"

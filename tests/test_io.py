@@ -512,6 +512,37 @@ def test_a_compressed_file_loads_bit_for_bit_as_the_raw_one_at_a_small_part_of_i
         assert_same_batches(packed.sample_transitions(64), raw.sample_transitions(64))
 
 
+def test_a_part_that_does_not_compress_is_stored_raw_and_mapped(tmp_path: Path) -> None:
+    """Random pixels do not compress: "auto" stores them raw (a format-4 file), which maps."""
+    rows, width = 200, 32 * 32 * 3
+    buffer = fe.FlexibleBuffer(rows, width, [2], obs_dtype="uint8", individual_reward=True, seed=0)
+    buffer.field("obs")[0] = np.random.default_rng(0).integers(0, 256, (rows, width), dtype=np.uint8)
+    for _ in range(rows // 20):
+        buffer.begin_episode()
+        buffer.claim_rows(20)
+        buffer.end_episode()
+    path = Path(buffer.save(tmp_path / "noise.fbuf"))
+    raw = path.read_bytes()
+    header = json.loads(raw[20 : 20 + int.from_bytes(raw[12:20], "little")])
+    assert "codec" not in next(f for f in header["fields"] if f["name"] == "obs")
+    for mine, want in zip(fe.FlexibleBuffer.load(path, mmap=True).episodes(), buffer.episodes(), strict=True):
+        assert_same_batches(mine, want)
+
+
+def test_compressed_parts_that_would_not_fit_in_memory_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However well a part compresses, a file decodes only into the memory this machine has: on
+    a machine with a megabyte free, Pong's frames (200 MB decoded) are refused before decoding."""
+    from flexibuff_envs import fileformat
+
+    path = _pong(300).save(tmp_path / "packed.fbuf")
+    monkeypatch.setattr(fileformat, "available_memory", lambda: 1 << 20)
+    for mmap in (False, True):
+        with pytest.raises(fe.BufferFileError, match="compressed parts decode to .* more than the 1,048,576 of memory"):
+            fe.FlexibleBuffer.load(path, mmap=mmap)
+
+
 def test_compress_names_fields_and_refuses_what_is_no_codec(tmp_path: Path) -> None:
     buffer = recorder().buffer
     play(buffer_env := recorder(), seed=0, steps=30)
@@ -525,6 +556,8 @@ def test_compress_names_fields_and_refuses_what_is_no_codec(tmp_path: Path) -> N
         buffer.save(tmp_path / "x.fbuf", compress={"obs": "lz5"})
     with pytest.raises(fe.InvalidArgumentError, match="compress must be 'auto', None or"):
         buffer.save(tmp_path / "x.fbuf", compress="best")
+    with pytest.raises(fe.InvalidArgumentError, match="save: compress names 'bogus', which is no field"):
+        buffer.save(tmp_path / "x.fbuf", compress={"bogus": "zstd"})
     assert not (tmp_path / "x.fbuf").exists()
 
 

@@ -111,6 +111,10 @@ def test_global_state_is_the_state_before_and_after_each_step() -> None:
     np.testing.assert_array_equal(batch.state[1:], batch.state_[:-1])
 
 
+def torch_uint8() -> object:
+    return pytest.importorskip("torch").uint8
+
+
 def test_an_image_state_is_stored_at_its_space_dtype_in_the_buffer_its_file_and_its_log(tmp_path: Path) -> None:
     """pistonball's ``state()`` is 560x880x3 uint8 by its ``state_space``: it is kept a byte a
     value (it was float32, 4x its bytes), equal to the bare env's, through a file and a log."""
@@ -132,6 +136,7 @@ def test_an_image_state_is_stored_at_its_space_dtype_in_the_buffer_its_file_and_
     state_bytes = 560 * 880 * 3
     assert env.buffer.nbytes_per_row < 2 * state_bytes + 20 * 457 * 120 * 3 + 4096  # a byte a value
     loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "run.fbuf"))
+    assert env.buffer.sample_transitions(2, as_torch=True).state.dtype == torch_uint8()  # stays a byte
     for buffer in (env.buffer, loaded, fe.FlexibleBuffer.open(tmp_path / "log")):
         (episode,) = buffer.episodes()
         assert episode.state.dtype == np.uint8

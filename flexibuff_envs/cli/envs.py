@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -45,6 +46,11 @@ def resolve(name: str, *, api: str | None, num_envs: int) -> EnvChoice:
     modules with ``env()`` / ``parallel_env()``. PettingZoo envs are recorded through their parallel
     API when they have one (all agents act at once), else through AEC; ``api`` overrides.
     """
+    if name.startswith("ALE/") and name not in gym.registry:  # Atari's ids exist once ale_py registers them
+        with contextlib.suppress(ImportError):
+            import ale_py
+
+            gym.register_envs(ale_py)
     in_gymnasium = name in gym.registry
     if not in_gymnasium and re.fullmatch(r"\w+_v\d+", name):  # a PettingZoo module's own name
         raise UsageError(f"unknown env {name}: not a Gymnasium id{_pettingzoo_module(name)}")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.buffer import available_memory
+from flexibuff_envs.compression import available_memory
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.integrations.tables import GLOBAL, Block
 from flexibuff_envs.integrations.vault_format import NEXTS, store_spec, ts
