@@ -74,6 +74,17 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
         "python benchmarks/bench_log.py --rounds 5",
     ),
     (
+        'a buffer file of Atari frames (Pong, raw 210x160x3), `compress="auto"` (zstd)',
+        "bench_compress.md",
+        lambda text: (
+            find(r"raw frames \(210x160x3\)\s+raw[^\n]*\n\s+zstd\s+([\d,]+)")(text)
+            + " bytes a step, "
+            + find(r"raw frames \(210x160x3\)\s+raw[^\n]*\n\s+zstd\s+[\d,]+\s+([\d,]+x)")(text)
+            + " smaller than raw, bit-exact"
+        ),
+        "python benchmarks/bench_compress.py",
+    ),
+    (
         "a 100-million-step recording streamed to a log by the CLI",
         "bench_log_memory.md",
         lambda text: (
