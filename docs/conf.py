@@ -6,6 +6,7 @@ import importlib.metadata
 
 project = "flexibuff_envs"
 author = "the flexibuff_envs developers"
+copyright = f"2026, {author}"  # the footer's line
 release = importlib.metadata.version("flexibuff_envs")
 version = release
 
