@@ -32,4 +32,5 @@ napoleon_numpy_docstring = False
 
 html_theme = "furo"
 html_title = f"flexibuff_envs {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # long code lines wrap (docs/_static/custom.css)
