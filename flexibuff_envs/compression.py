@@ -60,7 +60,7 @@ def plan(compress: Compress, name: str, dtype: np.dtype, row_bytes: int) -> str 
         return "zstd" if name in AUTO_FIELDS and dtype.kind in "biu" and row_bytes >= AUTO_BYTES else None
     if not isinstance(compress, Mapping):
         raise InvalidArgumentError(f"compress must be 'auto', None or {{field: codec}}, got {compress!r}")
-    codec = compress.get(name, compress.get(name.rstrip("_")))  # obs_ is stored as obs is
+    codec = compress.get(name, compress.get(name.removesuffix("_")))  # obs_ is stored as obs is
     if codec is not None and codec not in CODECS:
         raise InvalidArgumentError(f"compress: {name!r} asks for codec {codec!r}; the codecs are {list(CODECS)}")
     return codec
@@ -84,12 +84,12 @@ def chunks(nbytes: int) -> int:
     return -(-nbytes // CHUNK)
 
 
-def encode(blocks: Iterable[memoryview], nbytes: int) -> Iterator[bytes]:
-    """The stored form of a part whose bytes ``blocks`` yields (``nbytes`` in all): its frames in
-    order, then their sizes."""
+def encode(blocks: Iterable[memoryview]) -> Iterator[bytes]:
+    """The stored form of a part whose bytes ``blocks`` yields: its frames in order, then their
+    sizes."""
     sizes: list[int] = []
     with ThreadPoolExecutor(2, thread_name_prefix="flexibuff-zstd") as pool:
-        for frame in _ordered(pool, _compress, _regrouped(blocks, nbytes)):
+        for frame in _ordered(pool, _compress, _regrouped(blocks)):
             sizes.append(len(frame))
             yield frame
     yield np.array(sizes, dtype="<u8").tobytes()
@@ -108,7 +108,7 @@ def decode(read: Any, sizes_of: Any, stored: int, targets: Iterable[memoryview],
     if stored < _SIZE.size * count or nbytes > MAX_RATIO * max(stored, 1):
         raise BufferFileError(f"{where}: {stored:,} stored bytes cannot hold {nbytes:,} ({count:,} chunks)")
     sizes = np.frombuffer(sizes_of(_SIZE.size * count), dtype="<u8")
-    if (sizes < 1).any() or int(sizes.astype(np.float64).sum()) != stored - _SIZE.size * count:
+    if (sizes < 1).any() or (sizes > stored).any() or int(sizes.sum()) != stored - _SIZE.size * count:
         raise BufferFileError(f"{where}: its chunks' sizes do not add up to the {stored:,} bytes stored")
     jobs = ((read(int(size)), min(CHUNK, nbytes - k * CHUNK), where, k) for k, size in enumerate(sizes))
     stream = _Filler(targets)
@@ -141,7 +141,7 @@ class _Filler:
             raise BufferFileError(f"{where}: decoded {self.filled:,} bytes, not {nbytes:,}")
 
 
-def _regrouped(blocks: Iterable[memoryview], nbytes: int) -> Iterator[bytes]:
+def _regrouped(blocks: Iterable[memoryview]) -> Iterator[bytes]:
     """``blocks``' bytes as chunks of `CHUNK` (the last: the rest)."""
     buffer = bytearray()
     for block in blocks:

@@ -133,7 +133,7 @@ def _save(
             if codec is not None and part.nbytes:
                 spill = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 - closed with the save, by `closing`
                 spills[k] = compressed = closing.enter_context(spill)
-                for frame in compression.encode((block.data for block in part.blocks()), part.nbytes):
+                for frame in compression.encode(block.data for block in part.blocks()):
                     compressed.write(frame)
                 if compress != "auto" or compressed.tell() <= compression.WORTH * part.nbytes:
                     meta.update(codec=codec, stored=compressed.tell())

@@ -77,27 +77,17 @@ def record_report(
         held = os.path.getsize(path)
         lines.append(_line("file", f"{os.path.abspath(path)} ({size(held)}, {_per_row(held, len(buffer))})"))
     else:
-        held = _log_bytes(path)
+        from flexibuff_envs.log import report
+
+        log = report(path)
         lines.append(
             _line(
                 "log",
-                f"{os.path.abspath(path)} ({size(held)}, {_per_row(held, _logged_rows(path))}): {logged[0]:,} "
+                f"{os.path.abspath(path)} ({size(log.nbytes)}, {_per_row(log.nbytes, log.rows)}): {logged[0]:,} "
                 f"whole episodes and {logged[1]:,} rows appended",
             )
         )
     return "\n".join(lines)
-
-
-def _log_bytes(directory: str) -> int:
-    from flexibuff_envs.log import report
-
-    return report(directory).nbytes
-
-
-def _logged_rows(directory: str) -> int:
-    from flexibuff_envs.log import report
-
-    return report(directory).rows
 
 
 def _per_row(nbytes: int, rows: int) -> str:
