@@ -512,6 +512,31 @@ def test_a_compressed_file_loads_bit_for_bit_as_the_raw_one_at_a_small_part_of_i
         assert_same_batches(packed.sample_transitions(64), raw.sample_transitions(64))
 
 
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_buffer_loaded_from_a_compressed_file_records_on_as_one_loaded_raw(tmp_path: Path, mmap: bool) -> None:
+    """Pong's frames saved compressed and raw, each loaded and recorded on with the same seeds and
+    actions into its wrapping ring: every episode and the ring's rows come out the same."""
+    import gymnasium as gym
+
+    buffer = _pong(500)
+    loaded = [
+        fe.FlexibleBuffer.load(buffer.save(tmp_path / f"{name}.fbuf", compress=compress), mmap=mmap)
+        for name, compress in (("packed", "auto"), ("raw", None))
+    ]
+    for going_on in loaded:
+        env = fe.record(gym.make("ALE/Pong-v5", max_episode_steps=150), going_on)
+        env.reset(seed=7)
+        env.action_space.seed(7)
+        for _ in range(300):
+            if any(env.step(env.action_space.sample())[2:4]):
+                env.reset()
+        env.close()
+    for mine, want in zip(loaded[0].episodes(), loaded[1].episodes(), strict=True):
+        assert_same_batches(mine, want)
+    rows = np.arange(len(loaded[0]))
+    assert_same_batches(loaded[0].sample_transitions(idx=rows), loaded[1].sample_transitions(idx=rows))
+
+
 def test_a_part_that_does_not_compress_is_stored_raw_and_mapped(tmp_path: Path) -> None:
     """Random pixels do not compress: "auto" stores them raw (a format-4 file), which maps."""
     rows, width = 200, 32 * 32 * 3
