@@ -945,6 +945,37 @@ def test_a_vector_recorder_keeps_every_episode_that_fits_its_ring(tmp_path: Path
         assert lengths[2][-1] == 95 and 95 in [len(batch.obs) for batch in env.buffer.episodes()]
 
 
+def test_a_vector_recorder_keeps_image_episodes_nearly_as_long_as_its_ring(tmp_path: Path) -> None:
+    """Four Pongs whose episodes last 45 to 50 steps, in a ring of 50 rows per lane (blocks of 6
+    steps): the log holds every episode a plain loop over the same envs, seed and actions plays,
+    frame for frame."""
+    pytest.importorskip("ale_py")
+
+    def venv() -> gym.vector.VectorEnv:
+        return gym.vector.SyncVectorEnv([lambda n=n: _pong(n) for n in (45, 47, 49, 50)])
+
+    actions = np.random.default_rng(0).integers(0, 6, (220, 4))
+    plain, played = venv(), set()
+    obs, _ = plain.reset(seed=0)
+    rows: list[list[np.ndarray]] = [[] for _ in range(4)]
+    skip = np.zeros(4, dtype=bool)  # next-step autoreset: that step is no transition
+    for action in actions:
+        nxt, _, terminated, truncated, _ = plain.step(action)
+        for lane in np.flatnonzero(~skip).tolist():
+            rows[lane].append(obs[lane].copy())
+            if terminated[lane] or truncated[lane]:
+                played.add(np.stack(rows[lane]).tobytes())
+                rows[lane] = []
+        skip, obs = terminated | truncated, nxt
+    env = fe.record(venv(), num_steps=50, log=tmp_path)
+    env.reset(seed=0)
+    for action in actions:
+        env.step(action)
+    env.close()
+    logged = [batch.obs.tobytes() for batch in read_back(tmp_path)]
+    assert len(played) >= 12 and sorted(logged) == sorted(played)
+
+
 def test_an_append_the_disk_refused_goes_out_with_the_next_episode(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
