@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flexibuff_envs.compression import Compress
 from flexibuff_envs.episodes import Episode, Lane
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.fields import NEXT
@@ -53,6 +54,7 @@ class Logged(Half):
         fsync: FsyncPolicy = "interval",
         every: float = 5.0,
         per_block: bool = False,
+        compress: Compress = "auto",
     ) -> None:
         """Append every whole episode that ends in this buffer from now on (recorded, or added by
         `extend`) to the episode log ``directory``, made or continued (`flexibuff_envs.log`).
@@ -71,13 +73,16 @@ class Logged(Half):
         (`log.stages`); of a ring in RAM, in the step they end. ``per_block``: there too with its
         block (a kill then loses those), which spares a fast vector env the cost of a write in
         every step where one of its sub-envs ends an episode.
+        ``compress``: which columns the log keeps as zstd frames, a row (an agent's row) each
+        (`LogWriter`): "auto" (observations and states of images), ``{field: "zstd"}``, or None.
 
         Raises:
             BufferFileError: ``directory`` holds a log of another layout, or a damaged one.
         """
         if self._log is not None:
             raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
-        writer = LogWriter(directory, LogHeader(self.spec, self.gamma, self.gae_lambda), fsync=fsync, every=every)
+        header = LogHeader(self.spec, self.gamma, self.gae_lambda)
+        writer = LogWriter(directory, header, fsync=fsync, every=every, compress=compress)
         self._log = Follower(writer, self._index.read(), per_block=per_block)
         # no recorder writes to it yet: its ring goes in files, an episode's end a marker ("always"
         # syncs each episode's rows with it: records)

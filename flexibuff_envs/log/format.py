@@ -8,11 +8,13 @@ import os
 import struct
 import zlib
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from flexibuff_envs.compression import CODECS
 from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.header import BadHeader, parse_spec
@@ -21,7 +23,8 @@ from flexibuff_envs.parts import Part
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
 
-VERSION = 2
+#: the formats this reads: 2, and 3 (a log with compressed columns, `Column.codec`)
+VERSIONS = (2, 3)
 HEADER, COMMITS, LENGTHS = "header.fblog", "commits.fblog", "lengths.col"
 _HEADER = struct.Struct("<8sIQ")
 _HEADER_MAGIC, _COMMIT_MAGIC = b"FBLOGHDR", b"FBCOMMIT"
@@ -46,13 +49,16 @@ class LogHeader:
 @dataclass(frozen=True)
 class Column:
     """One stored part, a file of rows: ``shape`` and ``dtype`` of one row (a per-agent field's
-    row holds every agent's value: ``[n_agents, ...]``)."""
+    row holds every agent's value: ``[n_agents, ...]``). A ``codec`` column (``"zstd"``) keeps
+    each row (each agent's, of a per-agent field) as a frame of its own in `frames_file`, and
+    in its file where each frame ends (u64): `packed`."""
 
     name: str
     part: str | None  # None, "index" or "tail", as `parts.Part`
     per_agent: bool
     dtype: np.dtype
     shape: tuple[int, ...]
+    codec: str | None = None
 
     @classmethod
     def of(cls, part: Part) -> Column:
@@ -65,11 +71,28 @@ class Column:
 
     @property
     def file(self) -> str:
-        return f"{self.name}.col" if self.part is None else f"{self.name}.{self.part}.col"
+        stem = self.name if self.part is None else f"{self.name}.{self.part}"
+        return f"{stem}.ends.col" if self.codec is not None else f"{stem}.col"
+
+    @property
+    def frames_file(self) -> str:
+        """The file of a ``codec`` column's frames."""
+        return f"{self.name}.zst" if self.part is None else f"{self.name}.{self.part}.zst"
 
     @property
     def row_bytes(self) -> int:
+        """Bytes of a row, decoded."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    @property
+    def per_row(self) -> int:
+        """Frames a row of a ``codec`` column takes: one per agent of a per-agent field."""
+        return self.shape[0] if self.per_agent else 1
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of a row in `file`: its frames' ends, for a ``codec`` column."""
+        return 8 * self.per_row if self.codec is not None else self.row_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +101,7 @@ class Column:
             "per_agent": self.per_agent,
             "dtype": self.dtype.str,
             "shape": list(self.shape),
+            **({"codec": self.codec} if self.codec is not None else {}),
         }
 
 
@@ -101,7 +125,7 @@ class Commit(NamedTuple):
 
     def length(self, column: Column) -> int:
         """Bytes of ``column`` this commit counts."""
-        return self.count(column) * column.row_bytes
+        return self.count(column) * column.stored_bytes
 
     def entry(self, crc: int) -> bytes:
         body = _ENTRY.pack(_COMMIT_MAGIC, self.number, self.rows, self.episodes, *self.tails, crc)
@@ -156,7 +180,8 @@ def header_bytes(header: LogHeader, columns: Sequence[Column]) -> bytes:
             "columns": [c.to_dict() for c in columns],
         }
     ).encode()
-    prefix = _HEADER.pack(_HEADER_MAGIC, VERSION, len(blob)) + blob
+    version = VERSIONS[any(c.codec is not None for c in columns)]
+    prefix = _HEADER.pack(_HEADER_MAGIC, version, len(blob)) + blob
     return prefix + struct.pack("<I", zlib.crc32(prefix))
 
 
@@ -175,8 +200,8 @@ def read_header(directory: str) -> tuple[LogHeader, list[Column]]:
             magic, version, length = _HEADER.unpack(head)
             if magic != _HEADER_MAGIC:
                 raise fail(path, "not a flexibuff_envs episode log header (bad magic bytes)")
-            if version != VERSION:
-                raise fail(path, f"log format {version} is not one this flexibuff_envs reads ({VERSION})")
+            if version not in VERSIONS:
+                raise fail(path, f"log format {version} is not one this flexibuff_envs reads {VERSIONS}")
             if _HEADER.size + length + 4 != size:
                 raise fail(path, f"its header says {length} bytes of JSON, but the file holds {size} bytes")
             blob = handle.read(length)
@@ -224,8 +249,10 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
         raise BadHeader(f"columns must be a list, got {short_repr(described)}")
     columns: list[Column] = []
     for k, item in enumerate(described):
-        if not isinstance(item, dict) or set(item) != {"name", "part", "per_agent", "dtype", "shape"}:
-            raise BadHeader(f"column {k} must hold name, part, per_agent, dtype and shape, got {short_repr(item)}")
+        if not isinstance(item, dict) or set(item) - {"codec"} != {"name", "part", "per_agent", "dtype", "shape"}:
+            raise BadHeader(
+                f"column {k} must hold name, part, per_agent, dtype, shape (and codec), got {short_repr(item)}"
+            )
         shape = item["shape"]
         if (
             not isinstance(item["name"], str)
@@ -240,8 +267,12 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
             bool(item["per_agent"]),
             plain_dtype(f"column {k} dtype", item["dtype"]),
             tuple(shape),
+            item.get("codec"),
         )
-        if column != expected(spec, column.name, column.part, width) or column.key in {c.key for c in columns}:
+        if column.codec is not None and (column.codec not in CODECS or column.part == "index" or not column.row_bytes):
+            raise BadHeader(f"column {k} ({column.name}) names codec {short_repr(column.codec)}, not one of {CODECS}")
+        plain = dataclasses.replace(column, codec=None)
+        if plain != expected(spec, column.name, column.part, width) or column.key in {c.key for c in columns}:
             raise BadHeader(f"column {k} ({column.file}) is not one a buffer of this layout stores, or twice")
         columns.append(column)
     return columns

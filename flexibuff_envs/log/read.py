@@ -32,6 +32,7 @@ from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
 from flexibuff_envs.log.ring import RING, kept
 from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.syncing import checked_from
+from flexibuff_envs.packed import END, Packed, ratio_ok
 
 
 @dataclass
@@ -51,11 +52,22 @@ class State:
     def files(self) -> list[Column]:
         return [EPISODE_LENGTHS, *self.columns]
 
+    def frames_end(self, column: Column, commit: Commit | None = None) -> int:
+        """Where a ``codec`` column's frames counted by ``commit`` (the newest whole) end: the
+        last end its file holds (0 for none)."""
+        return frames_end(self.path(column), column, commit or self.commit)
+
+    def counted(self) -> dict[str, int]:
+        """Bytes of each file the newest whole commit counts."""
+        counted = {COMMITS: (self.commit.number + 1) * ENTRY_BYTES}
+        for column in self.files:
+            counted[column.file] = self.commit.length(column)
+            if column.codec is not None:
+                counted[column.frames_file] = self.frames_end(column)
+        return counted
+
     def torn(self) -> tuple[Torn, ...]:
-        counted = {
-            COMMITS: (self.commit.number + 1) * ENTRY_BYTES,
-            **{column.file: self.commit.length(column) for column in self.files},
-        }
+        counted = self.counted()
         return tuple(
             Torn(os.path.join(self.directory, name), counted[name], self.sizes[name] - counted[name])
             for name in counted
@@ -63,9 +75,23 @@ class State:
         )
 
 
+def frames_end(path: str, column: Column, commit: Commit) -> int:
+    """Where the frames of the ``codec`` column whose ends are the file ``path`` end, as of
+    ``commit``: the last end it counts (0 for none)."""
+    at = commit.length(column) - 8
+    if at < 0:
+        return 0
+    with _open(path) as handle:
+        raw = os.pread(handle.fileno(), 8, at)
+    if len(raw) < 8:
+        raise fail(path, f"holds fewer bytes than the {at + 8:,} its commits count")
+    return int.from_bytes(raw, "little")
+
+
 def file_sizes(directory: str, files: Sequence[Column]) -> dict[str, int]:
     sizes = {}
-    for name in (COMMITS, *(c.file for c in files)):
+    names = [name for c in files for name in ((c.file, c.frames_file) if c.codec is not None else (c.file,))]
+    for name in (COMMITS, *names):
         try:
             sizes[name] = os.path.getsize(os.path.join(directory, name))
         except FileNotFoundError:
@@ -78,7 +104,8 @@ class Reader:
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.handles = {c.file: _open(state.path(c)) for c in state.files if state.sizes[c.file]}
+        self.handles = {name: _open(os.path.join(state.directory, name)) for name in state.sizes if state.sizes[name]}
+        self.handles.pop(COMMITS, None)
         self.commits = _open(os.path.join(state.directory, COMMITS))
 
     def __enter__(self) -> Reader:  # noqa: PYI034 (Self needs Python 3.11)
@@ -104,12 +131,28 @@ class Reader:
             return False
         mine = 0
         for column in state.files:
-            lo, hi = before.length(column), after.length(column)
-            while lo < hi:
-                piece = os.pread(self.handles[column.file].fileno(), min(PIECE, hi - lo), lo)
-                mine = zlib.crc32(piece, mine)
-                lo += len(piece)
+            if column.codec is not None:  # its frames, then their ends
+                frames = self.handles.get(column.frames_file)
+                lo, hi = (self._frames_end(column, commit) for commit in (before, after))
+                if hi > state.sizes[column.frames_file] or lo > hi or (hi > lo and frames is None):
+                    return False
+                if hi > lo:
+                    mine = _crc(frames, lo, hi, mine)  # type: ignore[arg-type]  # opened: it holds bytes
+            mine = _crc(self.handles.get(column.file), before.length(column), after.length(column), mine)
         return mine == crc
+
+    def _frames_end(self, column: Column, commit: Commit) -> int:
+        at = commit.length(column) - 8
+        return int.from_bytes(os.pread(self.handles[column.file].fileno(), 8, at), "little") if at >= 0 else 0
+
+
+def _crc(handle: BinaryIO | None, lo: int, hi: int, crc: int) -> int:
+    """``crc`` (a crc32) continued over bytes ``[lo, hi)`` of the file open as ``handle``."""
+    while lo < hi:
+        piece = os.pread(handle.fileno(), min(PIECE, hi - lo), lo)  # type: ignore[union-attr]  # bytes: open
+        crc = zlib.crc32(piece, crc)
+        lo += len(piece)
+    return crc
 
 
 def _open(path: str) -> BinaryIO:
@@ -168,12 +211,11 @@ def state_of(directory: str, *, every: bool = False) -> State:
 def _counted(state: State) -> State:
     """``state``, unless a file holds fewer bytes than its commit counts (a file cut or removed
     by hand: no crash does that)."""
-    for column in state.files:
-        if state.sizes[column.file] < state.commit.length(column):
+    for name, size in state.counted().items():
+        if state.sizes[name] < size:
             raise fail(
-                state.path(column),
-                f"holds {state.sizes[column.file]:,} bytes, fewer than the "
-                f"{state.commit.length(column):,} its commits count",
+                os.path.join(state.directory, name),
+                f"holds {state.sizes[name]:,} bytes, fewer than the {size:,} its commits count",
             )
     return state
 
@@ -185,8 +227,13 @@ def spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
 
 
 def blocks(state: State, column: Column, count: int, first: int = 0) -> Iterator[np.ndarray]:
-    """Rows ``[first, count)`` of ``column``, at most 16 MiB at a time."""
+    """Rows ``[first, count)`` of ``column``, at most 16 MiB at a time (decoded, of a ``codec`` column)."""
     if count <= first:
+        return
+    if column.codec is not None:
+        packed = packed_of(state, column, count, mapped=True)
+        for lo, hi in spans(count - first, PIECE // max(1, column.row_bytes)):
+            yield packed.rows(first + lo, first + hi)
         return
     values = int(np.prod(column.shape, dtype=np.int64))
     with open(state.path(column), "rb") as handle:
@@ -211,6 +258,8 @@ def check_values(state: State) -> None:
     categories = np.asarray(spec.obs_categories)
     ends = np.cumsum(lengths) - 1
     for column in state.columns:
+        if column.codec is not None:
+            check_frames(state, column)
         if column.part == "tail":
             if (
                 column.name == "obs_"
@@ -242,6 +291,18 @@ def check_values(state: State) -> None:
                 named = np.concatenate(slots)
                 if np.unique(named).size != named.size:
                     raise fail(state.path(column), "corrupt: two rows name one stored slot")
+
+
+def check_frames(state: State, column: Column) -> None:
+    """`BufferFileError` unless the frames of the ``codec`` column ``column`` follow one another
+    from byte 0 of its file, none empty, read a piece at a time (their ends' count was checked)."""
+    count, at = state.commit.count(column) * column.per_row, 0
+    with _open(state.path(column)) as handle:
+        for lo, hi in spans(count, PIECE // 8):
+            ends = np.fromfile(handle, dtype=END, count=hi - lo)
+            if len(ends) != hi - lo or (np.diff(ends, prepend=np.uint64(at)).astype(np.int64) < 1).any():
+                raise fail(state.path(column), f"corrupt: the frames of rows {lo // column.per_row:,} on overlap")
+            at = ends[-1]
 
 
 def verify(directory: str | os.PathLike[str]) -> LogReport:
@@ -286,7 +347,7 @@ def report_of(state: State, *, every: bool = False) -> LogReport:
         state.header,
         episodes,
         state.commit.rows + sum(r.rows for r in records),
-        sum(state.commit.length(c) for c in state.files) + (state.commit.number + 1) * ENTRY_BYTES + end,
+        sum(state.counted().values()) + end,
         () if live else state.torn() + torn,
         sum(r.episodes for r in records),
         live,
@@ -339,6 +400,10 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
     for column in [EPISODE_LENGTHS, *state.columns]:
         count = state.commit.count(column)
         shape = (count, *column.shape)
+        if column.codec is not None and count:  # laid out as a buffer's array already
+            packed = packed_of(state, column, count, mapped=mmap)
+            arrays[column.key] = packed if mmap else np.asarray(packed)
+            continue
         if not count or not column.row_bytes:
             array = np.zeros(shape, dtype=column.dtype)
         elif mmap:
@@ -350,6 +415,28 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
             array = array if mmap else np.ascontiguousarray(array)
         arrays[column.key] = array
     return Logged(state.header, arrays.pop(EPISODE_LENGTHS.key), arrays)
+
+
+def packed_of(state: State, column: Column, count: int, *, mapped: bool) -> Packed:
+    """The first ``count`` rows of the ``codec`` column ``column`` (checked by `check_values`),
+    decoded as read (`packed`): its frames mapped, or read (``mapped=False``)."""
+    ends_path, path = state.path(column), os.path.join(state.directory, column.frames_file)
+    ends = _mapped(ends_path, END, (count, column.per_row))
+    end = int(ends[-1, -1]) if count else 0
+    if not ratio_ok(count, column.per_row, column.row_bytes // column.per_row, end + ends.nbytes):
+        raise fail(path, f"{end:,} bytes of frames cannot hold {count:,} rows of {column.row_bytes:,} bytes")
+    if not end:
+        frames: object = b""
+    elif mapped:
+        with open(path, "rb") as handle:
+            frames = mmap.mmap(handle.fileno(), end, access=mmap.ACCESS_READ)
+        if hasattr(mmap, "MADV_RANDOM"):
+            frames.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]  # an mmap
+    else:
+        with open(path, "rb") as handle:
+            frames = handle.read(end)
+    shape = column.shape[1:] if column.per_agent else column.shape
+    return Packed(frames, ends, 0, column.dtype, shape, column.per_agent, path)
 
 
 def _mapped(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

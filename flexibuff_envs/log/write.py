@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import shutil
@@ -39,7 +40,8 @@ from flexibuff_envs.log.format import (
 from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.journaling import Journaling
 from flexibuff_envs.log.marks import Marks
-from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
+from flexibuff_envs.compression import Compress, plan
+from flexibuff_envs.log.pieces import Direct, Frames, Plan, added, allocated, packed
 from flexibuff_envs.log.read import (
     State,
     blocks,
@@ -69,6 +71,9 @@ class LogWriter(Journaling):
     the first fold or `append` ``every`` seconds after the last sync, on a thread of its own:
     `log.syncing`; the default),
     "always" (every append and every record), "close" (only at `sync` and `close`).
+    ``compress`` says which columns keep their rows as zstd frames (`Column.codec`): "auto"
+    (observations and states of images: `compression.plan`), a codec per field, or None; a
+    continued log's columns keep theirs.
 
     One writer appends to a log at a time: it holds the journal's lock while open.
 
@@ -84,9 +89,12 @@ class LogWriter(Journaling):
         *,
         fsync: FsyncPolicy = "interval",
         every: float = 5.0,
+        compress: Compress = "auto",
     ) -> None:
         if fsync not in ("interval", "always", "close"):
             raise InvalidArgumentError(f"fsync must be 'interval', 'always' or 'close', got {fsync!r}")
+        plan(compress, "", np.dtype(np.uint8), 0)  # a policy, or raises
+        self.compress = compress
         self.directory = os.fspath(directory)
         self.header = header
         self.fsync, self.every = fsync, float(every)
@@ -107,6 +115,7 @@ class LogWriter(Journaling):
         self.columns, self.commit = state.columns, state.commit
         self._fills = allocated(header.spec)
         self._tails = {c.key: self._tail(c) for c in state.files}
+        self._frames = {self._tails[c.key]: self._frames_of(c, state.frames_end(c)) for c in state.columns if c.codec}
         self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
         self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
         self._direct: Direct | None = None  # how `append_rows` reads them straight, where it can
@@ -117,6 +126,7 @@ class LogWriter(Journaling):
         self._syncer = Syncer(self.directory)
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
         self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer)
+        self._open.frames = self._frames
         self._finalizer = weakref.finalize(self, self._open.close)
         self._records = scan(self.directory, self.columns, self.commit)[0]
         try:
@@ -173,6 +183,9 @@ class LogWriter(Journaling):
     def _tail(self, column: Column) -> Tail:
         return Tail(os.path.join(self.directory, column.file))
 
+    def _frames_of(self, column: Column, end: int) -> Frames:
+        return Frames(column, Tail(os.path.join(self.directory, column.frames_file)), end)
+
     def _write_header(self, columns: Sequence[Column]) -> None:
         """The header naming ``columns``, whole or not at all."""
         path = os.path.join(self.directory, HEADER)
@@ -185,10 +198,25 @@ class LogWriter(Journaling):
 
     def _add(self, columns: Sequence[Column]) -> None:
         """New columns, holding what the rows committed so far would hold had the field been
-        there: its allocated value (a next value: slot 0, zeros)."""
+        there: its allocated value (a next value: slot 0, zeros), compressed as ``compress``
+        says."""
+        columns = [
+            dataclasses.replace(c, codec=plan(self.compress, c.name, c.dtype, c.row_bytes) if c.part != "index" else None)
+            for c in columns
+        ]
+        made = {}
         for column in columns:
             with open(os.path.join(self.directory, column.file), "wb") as out:
-                if column.part == "tail":
+                if column.codec is not None:
+                    frames = made[column.key] = self._frames_of(column, 0)
+                    frames.tail.cut(0)  # what a kill left before the header named it
+                    count = self.commit.rows if column.part is None else 1  # a tail's: slot 0
+                    data, ends = frames.fill(self._fills.get(column.key, 0), count)
+                    frames.tail.put(data)
+                    frames.tail.sync()
+                    frames.settle(committed=True)
+                    out.write(ends.tobytes())
+                elif column.part == "tail":
                     out.write(bytes(column.row_bytes))  # slot 0
                 elif self._fills[column.key]:
                     row = np.full(column.shape, self._fills[column.key], dtype=column.dtype).tobytes()
@@ -204,6 +232,8 @@ class LogWriter(Journaling):
         self.columns = self._open.columns = [*self.columns, *columns]
         for column in columns:
             self._tails[column.key] = self._tail(column)
+            if column.key in made:
+                self._frames[self._tails[column.key]] = made[column.key]
         self._plan = Plan(self.columns, self._tails, self._fills, self.header.spec.n_agents)
 
     @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
@@ -240,7 +270,7 @@ class LogWriter(Journaling):
             )
         for column in state.columns:
             mine = next((c for c in self.columns if c.key == column.key), column)
-            if mine != column:
+            if (mine.dtype, mine.shape, mine.per_agent) != (column.dtype, column.shape, column.per_agent):
                 raise SpecMismatchError(
                     f"{state.path(column)} holds rows of {column.shape} {column.dtype}; the "
                     f"log's are {mine.shape} {mine.dtype}"
@@ -261,7 +291,7 @@ class LogWriter(Journaling):
                             yield self._tails[column.key], np.frombuffer(row * (hi - lo), np.uint8)
                     continue
                 first = 1 if column.part == "tail" else 0  # slot 0 is the log's own
-                for block in blocks(state, column, state.commit.count(column), first):
+                for block in blocks(state, theirs[column.key], state.commit.count(column), first):
                     if column.part == "index":
                         block = np.where(block > 0, block + np.int32(shift[column.name]), block)
                     yield self._tails[column.key], block
@@ -282,9 +312,9 @@ class LogWriter(Journaling):
         commit = Commit(
             last.number + 1, last.rows + rows, last.episodes + episodes, tuple(map(operator.add, last.tails, added))
         )
-        crc, tail, crc32 = 0, None, zlib.crc32
+        crc, tail, crc32, packers = 0, None, zlib.crc32, self._frames
         try:  # each piece is with the OS once put (a killed process loses nothing appended)
-            for tail, piece in pieces:
+            for tail, piece in packed(pieces, packers) if packers else pieces:
                 crc = crc32(piece, crc)  # type: ignore[arg-type]  # a buffer
                 tail.put(piece)
             tail = None  # the entry's turn
@@ -294,6 +324,8 @@ class LogWriter(Journaling):
         except BaseException as exc:  # a full disk, or a source that cannot be read: back to the last commit
             for column in [EPISODE_LENGTHS, *self.columns]:
                 self._tails[column.key].cut(self.commit.length(column))
+            for frames in packers.values():
+                frames.settle(committed=False)
             os.ftruncate(self._commits.fileno(), (self.commit.number + 1) * ENTRY_BYTES)
             if isinstance(exc, OSError):
                 raise BufferSaveError(
@@ -303,6 +335,8 @@ class LogWriter(Journaling):
                     self._commits.name if tail is None else tail.path,
                 ) from exc
             raise
+        for frames in packers.values():
+            frames.settle(committed=True)
         self.commit = self._open.commit = commit
 
     def _maybe_sync(self) -> None:
@@ -313,19 +347,22 @@ class LogWriter(Journaling):
         elif self.fsync == "interval" and time.monotonic() - self._synced >= self.every:
             # fsync alone, no msync of the windows (another thread may move them): where tails
             # are mapped (Linux, the BSDs) it writes the pages a mapping dirtied too
-            files = [(tail.fd, tail.path) for tail in self._tails.values()]
+            files = [(tail.fd, tail.path) for tail in self._all_tails()]
             if self._syncer.start([*files, (self._commits.fileno(), self._commits.name)], self.commit.number):
                 self._synced = time.monotonic()
 
     def _sync_files(self) -> None:
         """The columns' rows to the disk itself, then the commits (the sync under way done first)."""
         self._syncer.wait()
-        for tail in self._tails.values():
+        for tail in self._all_tails():
             tail.sync()
         os.fsync(self._commits.fileno())
         self._syncer.synced(self.commit.number)
         self._syncer.check()
         self._synced = time.monotonic()
+
+    def _all_tails(self) -> list[Tail]:
+        return [*self._tails.values(), *(frames.tail for frames in self._frames.values())]
 
     def sync(self) -> None:
         """Everything appended so far to the disk itself: the journal folded, the rows, then the
@@ -349,6 +386,8 @@ class LogWriter(Journaling):
             finally:
                 for column in [EPISODE_LENGTHS, *self.columns]:
                     self._tails[column.key].cut(self.commit.length(column))
+                for frames in self._frames.values():
+                    frames.tail.cut(frames.end)
                 self._sync_files()
                 self._finalizer()
 
@@ -368,11 +407,14 @@ class _Open:
     ) -> None:
         self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
         self.syncer = syncer
+        self.frames: dict[Tail, Frames] = {}  # a compressed column's frames, by the tail of their ends
 
     def close(self) -> None:
         self.syncer.close()  # it syncs these files
         for column in [EPISODE_LENGTHS, *self.columns]:
             self.tails[column.key].close(self.commit.length(column))
+        for frames in self.frames.values():
+            frames.tail.close(frames.end)
         self.commits.close()
         self.journal.close(
             self.journal.size
