@@ -137,6 +137,23 @@ def _stored(path: str) -> str:
     return ("; ".join(packed) + "; the rest raw") if packed else "every part raw"
 
 
+def _log_stored(path: str) -> str:
+    """How the log ``path`` stores its columns: each compressed one's bytes and ratio."""
+    from flexibuff_envs.log.read import state_of
+
+    state = state_of(path)
+    packed = []
+    for column in state.columns:
+        if column.codec is not None:
+            stored = state.frames_end(column) + state.commit.length(column)
+            nbytes = state.commit.count(column) * column.row_bytes
+            name = column.name + (f".{column.part}" if column.part else "")
+            packed.append(
+                f"{name} {size(stored)} of {size(nbytes)} ({nbytes / max(stored, 1):,.0f}x, {column.codec})"
+            )
+    return ("; ".join(packed) + "; the rest raw") if packed else "every column raw"
+
+
 def inspect_log_report(path: str) -> str:
     """What an episode log holds, its columns mapped (the rows a report reads, not the log, cost
     memory)."""
@@ -149,6 +166,7 @@ def inspect_log_report(path: str) -> str:
     lines.append(_line("agents", ", ".join(spec.agent_ids)))
     lines.append(_line("layout", _layout(spec)))
     lines += _held_lines(buffer)
+    lines.append(_line("stored", _log_stored(path)))
     if logged.live:
         lines.append(_line("writer", "open: a recording appends to it (readers see what it had folded)"))
     for torn in logged.torn:

@@ -3,12 +3,12 @@ count (`flexibuff_envs.log`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
 import zlib
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 

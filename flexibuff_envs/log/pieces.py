@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,6 @@ from flexibuff_envs.errors import SpecMismatchError
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.log.format import CHAINS, EPISODE_LENGTHS, Column
 from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.packed import END, pack
 from flexibuff_envs.parts import Stored
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
@@ -26,59 +25,6 @@ from flexibuff_envs.storage import Storage
 Given = Mapping[tuple[str, str | None], Sequence[np.ndarray]] | Stored
 #: each column's bytes (C-contiguous) and the file end they go to, in the log's column order
 Pieces = list[tuple[Tail, np.ndarray]]
-
-
-class Frames:
-    """The end of a ``codec`` column's frames file (`packed`), for the writer: where the
-    committed frames end, and where those of the append under way do."""
-
-    def __init__(self, column: Column, tail: Tail, end: int) -> None:
-        self.column, self.tail, self.end, self.pending = column, tail, end, end
-
-    def pack(self, piece: Any) -> tuple[bytes, np.ndarray]:
-        """The frames of ``piece`` (rows of the column, its bytes) and their ends."""
-        count = memoryview(piece).nbytes // self.column.row_bytes
-        frames, ends = pack(piece, count, self.column.per_row, self.pending)
-        self.pending += len(frames)
-        return frames, ends
-
-    def fill(self, value: Any, count: int) -> tuple[bytes, np.ndarray]:
-        """The frames of ``count`` rows holding ``value`` (one frame, repeated) and their ends."""
-        row = np.full(self.column.shape, value, self.column.dtype)
-        one, _ = pack(row, 1, 1, 0) if self.column.per_row == 1 else pack(row[0], 1, 1, 0)
-        frames = count * self.column.per_row
-        ends = self.pending + len(one) * np.arange(1, frames + 1, dtype=END)
-        self.pending += len(one) * frames
-        return one * frames, ends.reshape(count, self.column.per_row)
-
-    def settle(self, committed: bool) -> None:
-        """The append is committed, or undone (its frames cut)."""
-        if committed:
-            self.end = self.pending
-        else:
-            self.tail.cut(self.end)
-            self.pending = self.end
-
-
-def packed(pieces: Iterable[tuple[Tail, Any]], packers: Mapping[Tail, Frames]) -> Iterator[tuple[Tail, Any]]:
-    """``pieces`` as their files hold them: a compressed column's (those of a tail in
-    ``packers``, one after another) as its frames, then where they end."""
-    ends: list[np.ndarray] = []
-    last: Tail | None = None
-    for tail, piece in pieces:
-        if ends and tail is not last:
-            yield last, np.concatenate(ends)  # type: ignore[misc]  # the tail the ends are of
-            ends = []
-        frames = packers.get(tail)
-        if frames is None:
-            yield tail, piece
-            continue
-        data, at = frames.pack(piece)
-        yield frames.tail, data
-        ends.append(at)
-        last = tail
-    if ends:
-        yield last, np.concatenate(ends)  # type: ignore[misc]
 
 
 def allocated(spec: BufferSpec) -> dict[tuple[str, str | None], Any]:

@@ -3,16 +3,16 @@ and the columns as a buffer's arrays, mapped or read (`flexibuff_envs.log`)."""
 
 from __future__ import annotations
 
-import mmap
 import os
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from flexibuff_envs.chain import CHAINED
+from flexibuff_envs.log.compressed import check_frames, frames_end, mapped_array, packed_of
 from flexibuff_envs.log.format import (
     CHAINS,
     COMMITS,
@@ -32,7 +32,6 @@ from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
 from flexibuff_envs.log.ring import RING, kept
 from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.syncing import checked_from
-from flexibuff_envs.packed import END, Packed, ratio_ok
 
 
 @dataclass
@@ -73,19 +72,6 @@ class State:
             for name in counted
             if self.sizes[name] > counted[name]
         )
-
-
-def frames_end(path: str, column: Column, commit: Commit) -> int:
-    """Where the frames of the ``codec`` column whose ends are the file ``path`` end, as of
-    ``commit``: the last end it counts (0 for none)."""
-    at = commit.length(column) - 8
-    if at < 0:
-        return 0
-    with _open(path) as handle:
-        raw = os.pread(handle.fileno(), 8, at)
-    if len(raw) < 8:
-        raise fail(path, f"holds fewer bytes than the {at + 8:,} its commits count")
-    return int.from_bytes(raw, "little")
 
 
 def file_sizes(directory: str, files: Sequence[Column]) -> dict[str, int]:
@@ -231,7 +217,7 @@ def blocks(state: State, column: Column, count: int, first: int = 0) -> Iterator
     if count <= first:
         return
     if column.codec is not None:
-        packed = packed_of(state, column, count, mapped=True)
+        packed = packed_of(state.directory, column, count, mapped=True)
         for lo, hi in spans(count - first, PIECE // max(1, column.row_bytes)):
             yield packed.rows(first + lo, first + hi)
         return
@@ -259,7 +245,7 @@ def check_values(state: State) -> None:
     ends = np.cumsum(lengths) - 1
     for column in state.columns:
         if column.codec is not None:
-            check_frames(state, column)
+            check_frames(state.path(column), column, state.commit.count(column))
         if column.part == "tail":
             if (
                 column.name == "obs_"
@@ -291,18 +277,6 @@ def check_values(state: State) -> None:
                 named = np.concatenate(slots)
                 if np.unique(named).size != named.size:
                     raise fail(state.path(column), "corrupt: two rows name one stored slot")
-
-
-def check_frames(state: State, column: Column) -> None:
-    """`BufferFileError` unless the frames of the ``codec`` column ``column`` follow one another
-    from byte 0 of its file, none empty, read a piece at a time (their ends' count was checked)."""
-    count, at = state.commit.count(column) * column.per_row, 0
-    with _open(state.path(column)) as handle:
-        for lo, hi in spans(count, PIECE // 8):
-            ends = np.fromfile(handle, dtype=END, count=hi - lo)
-            if len(ends) != hi - lo or (np.diff(ends, prepend=np.uint64(at)).astype(np.int64) < 1).any():
-                raise fail(state.path(column), f"corrupt: the frames of rows {lo // column.per_row:,} on overlap")
-            at = ends[-1]
 
 
 def verify(directory: str | os.PathLike[str]) -> LogReport:
@@ -379,7 +353,7 @@ class Logged:
 
     header: LogHeader
     lengths: np.ndarray
-    arrays: dict[tuple[str, str | None], np.ndarray]
+    arrays: dict[tuple[str, str | None], Any]  # arrays, or `Packed` ones of a compressed column
 
     @property
     def rows(self) -> int:
@@ -396,18 +370,18 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
     """
     state = state_of(os.fspath(directory))
     check_values(state)
-    arrays = {}
+    arrays: dict[tuple[str, str | None], Any] = {}
     for column in [EPISODE_LENGTHS, *state.columns]:
         count = state.commit.count(column)
         shape = (count, *column.shape)
         if column.codec is not None and count:  # laid out as a buffer's array already
-            packed = packed_of(state, column, count, mapped=mmap)
+            packed = packed_of(state.directory, column, count, mapped=mmap)
             arrays[column.key] = packed if mmap else np.asarray(packed)
             continue
         if not count or not column.row_bytes:
             array = np.zeros(shape, dtype=column.dtype)
         elif mmap:
-            array = _mapped(state.path(column), column.dtype, shape)
+            array = mapped_array(state.path(column), column.dtype, shape)
         else:
             array = np.fromfile(state.path(column), dtype=column.dtype, count=int(np.prod(shape))).reshape(shape)
         if column.per_agent:  # the file holds each row's agents together; a buffer holds each agent's rows
@@ -415,35 +389,3 @@ def load(directory: str | os.PathLike[str], *, mmap: bool = True) -> Logged:
             array = array if mmap else np.ascontiguousarray(array)
         arrays[column.key] = array
     return Logged(state.header, arrays.pop(EPISODE_LENGTHS.key), arrays)
-
-
-def packed_of(state: State, column: Column, count: int, *, mapped: bool) -> Packed:
-    """The first ``count`` rows of the ``codec`` column ``column`` (checked by `check_values`),
-    decoded as read (`packed`): its frames mapped, or read (``mapped=False``)."""
-    ends_path, path = state.path(column), os.path.join(state.directory, column.frames_file)
-    ends = _mapped(ends_path, END, (count, column.per_row))
-    end = int(ends[-1, -1]) if count else 0
-    if not ratio_ok(count, column.per_row, column.row_bytes // column.per_row, end + ends.nbytes):
-        raise fail(path, f"{end:,} bytes of frames cannot hold {count:,} rows of {column.row_bytes:,} bytes")
-    if not end:
-        frames: object = b""
-    elif mapped:
-        with open(path, "rb") as handle:
-            frames = mmap.mmap(handle.fileno(), end, access=mmap.ACCESS_READ)
-        if hasattr(mmap, "MADV_RANDOM"):
-            frames.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]  # an mmap
-    else:
-        with open(path, "rb") as handle:
-            frames = handle.read(end)
-    shape = column.shape[1:] if column.per_agent else column.shape
-    return Packed(frames, ends, 0, column.dtype, shape, column.per_agent, path)
-
-
-def _mapped(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """The first rows of the file ``path`` as an array, mapped copy-on-write, read as sampled:
-    without read-ahead (a batch's rows lie anywhere; reading ahead of each would read the log)."""
-    with open(path, "rb") as handle:
-        memory = mmap.mmap(handle.fileno(), int(np.prod(shape)) * dtype.itemsize, access=mmap.ACCESS_COPY)
-    if hasattr(mmap, "MADV_RANDOM"):
-        memory.madvise(mmap.MADV_RANDOM)
-    return np.frombuffer(memory, dtype=dtype).reshape(shape)

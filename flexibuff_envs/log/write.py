@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from flexibuff_envs.chunk import Chunk, check_layout
+from flexibuff_envs.compression import Compress, plan
 from flexibuff_envs.errors import (
     BufferFileError,
     BufferSaveError,
@@ -23,6 +24,7 @@ from flexibuff_envs.errors import (
     SpecMismatchError,
 )
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.log.compressed import Frames, packed
 from flexibuff_envs.log.format import (
     CHAINS,
     COMMITS,
@@ -40,8 +42,7 @@ from flexibuff_envs.log.format import (
 from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.journaling import Journaling
 from flexibuff_envs.log.marks import Marks
-from flexibuff_envs.compression import Compress, plan
-from flexibuff_envs.log.pieces import Direct, Frames, Plan, added, allocated, packed
+from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
 from flexibuff_envs.log.read import (
     State,
     blocks,
@@ -201,7 +202,9 @@ class LogWriter(Journaling):
         there: its allocated value (a next value: slot 0, zeros), compressed as ``compress``
         says."""
         columns = [
-            dataclasses.replace(c, codec=plan(self.compress, c.name, c.dtype, c.row_bytes) if c.part != "index" else None)
+            dataclasses.replace(
+                c, codec=plan(self.compress, c.name, c.dtype, c.row_bytes) if c.part != "index" else None
+            )
             for c in columns
         ]
         made = {}

@@ -1,0 +1,187 @@
+"""Compressed episode logs: image columns kept as zstd frames (one a row, or one a row's agent)
+hold exactly what an uncompressed log of the same seeds and actions holds, sample the same
+batches mapped or read, merge and resume, and a damaged or crafted frame is a BufferFileError
+naming the file and the row."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import flexibuff_envs as fe
+from flexibuff_envs import log
+from tests.batches import assert_same_batches
+
+BOTH = {"obs": "zstd", "state": "zstd"}
+
+
+def _recorded(kind: str, directory: Path, compress: Any, episodes: int = 4) -> fe.FlexibleBuffer:
+    """``kind`` recorded with fixed seeds and actions to the log ``directory``, its columns
+    compressed as ``compress`` says; returns the buffer."""
+    if kind == "gym":
+        env: Any = gym.make("CartPole-v1")
+    elif kind == "parallel":
+        from mpe2 import simple_spread_v3
+
+        env = simple_spread_v3.parallel_env(max_cycles=10)
+    elif kind == "pistonball":  # image observations (457x120x3 an agent) and an image state
+        from pettingzoo.butterfly import pistonball_v6
+
+        env = pistonball_v6.parallel_env(n_pistons=4, max_cycles=12)
+    else:
+        from pettingzoo.classic import connect_four_v3
+
+        env = connect_four_v3.env()
+    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(env), num_steps=400)
+    buffer.log_to(directory, compress=compress)
+    env = fe.record(env, buffer)
+    rng = np.random.default_rng(0)
+    for episode in range(episodes):
+        if kind == "gym":
+            env.reset(seed=episode)
+            while not any(env.step(int(rng.integers(2)))[2:4]):
+                pass
+        elif kind == "aec":
+            env.reset(seed=episode)
+            for _ in env.agent_iter():
+                obs, _, terminated, truncated, _ = env.last()
+                legal = np.flatnonzero(obs["action_mask"])
+                env.step(None if terminated or truncated else int(rng.choice(legal)))
+        else:
+            env.reset(seed=episode)
+            for k, agent in enumerate(env.possible_agents):
+                env.action_space(agent).seed(100 * episode + k)
+            while env.agents:
+                env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+    env.close()
+    buffer.close_log()  # opened here, not by the recorder
+    return buffer
+
+
+def _codecs(directory: Path) -> dict[str, str | None]:
+    return {c.file: c.codec for c in log.read.read_header(str(directory))[1]}
+
+
+DRAWS = [
+    lambda b: b.sample_transitions(64),
+    lambda b: b.sample_transitions(64, n_step=3),
+    lambda b: b.sample_transitions(64, prioritized=True),
+    lambda b: b.sample_episodes(n_episodes=2),
+    lambda b: b.sample_sequences(8, 4),
+    lambda b: next(b.minibatches(32)),
+]
+
+
+@pytest.mark.parametrize("kind", ["gym", "parallel", "aec", "pistonball"])
+def test_a_compressed_log_holds_and_samples_exactly_what_an_uncompressed_one_does(tmp_path: Path, kind: str) -> None:
+    pytest.importorskip("pettingzoo")
+    compress = "auto" if kind == "pistonball" else BOTH
+    packed = _recorded(kind, tmp_path / "packed", compress)
+    _recorded(kind, tmp_path / "raw", None)
+    codecs = _codecs(tmp_path / "packed")
+    assert codecs["obs.ends.col"] == "zstd" and "obs.col" in _codecs(tmp_path / "raw")
+    if kind == "pistonball":
+        assert codecs["state.ends.col"] == "zstd" and codecs["obs_.tail.ends.col"] == "zstd"
+        assert log.report(tmp_path / "packed").nbytes * 50 < log.report(tmp_path / "raw").nbytes
+    raw = fe.FlexibleBuffer.open(tmp_path / "raw")
+    mapped, read = fe.FlexibleBuffer.open(tmp_path / "packed"), fe.FlexibleBuffer.open(tmp_path / "packed", mmap=False)
+    for mine, want in zip(mapped.episodes(), packed.episodes(), strict=True):
+        assert_same_batches(mine, want)
+    for buffer in (raw, mapped, read):
+        buffer.rng = np.random.default_rng(7)
+    for draw in DRAWS:
+        want = draw(raw)
+        for buffer in (mapped, read):
+            got = draw(buffer)
+            for x, y in zip(got if isinstance(got, list) else [got], want if isinstance(want, list) else [want]):
+                assert_same_batches(x, y)
+    assert log.verify(tmp_path / "packed").torn == ()
+
+
+def test_auto_compresses_images_only_and_a_continued_log_keeps_its_columns(tmp_path: Path) -> None:
+    _recorded("gym", tmp_path, "auto")
+    assert set(_codecs(tmp_path).values()) == {None}  # CartPole's rows are 16 bytes: raw
+    _recorded("gym", tmp_path / "both", BOTH, episodes=2)
+    _recorded("gym", tmp_path / "both", None, episodes=2)  # continued: its columns as they were
+    assert _codecs(tmp_path / "both")["obs.ends.col"] == "zstd"
+    assert fe.FlexibleBuffer.open(tmp_path / "both").n_episodes == 4
+    with pytest.raises(fe.InvalidArgumentError, match="compress: 'obs' asks for codec 'lz4'"):
+        _recorded("gym", tmp_path / "bad", {"obs": "lz4"})
+
+
+def test_logs_compressed_or_not_merge_into_one_holding_each_ones_episodes(tmp_path: Path) -> None:
+    a = list(_recorded("gym", tmp_path / "a", BOTH).episodes())
+    b = list(_recorded("gym", tmp_path / "b", None).episodes())
+    fe.merge_logs([tmp_path / "a", tmp_path / "b"], tmp_path / "all")
+    for mine, want in zip(fe.FlexibleBuffer.open(tmp_path / "all").episodes(), a + b, strict=True):
+        assert_same_batches(mine, want)
+    assert log.verify(tmp_path / "all").torn == ()
+
+
+def test_a_damaged_frame_is_an_error_naming_the_file_and_the_row(tmp_path: Path) -> None:
+    _recorded("gym", tmp_path, BOTH, episodes=2)
+    _recorded("gym", tmp_path, BOTH, episodes=2)  # a second commit after the damaged one
+    ends = np.fromfile(tmp_path / "obs.ends.col", dtype="<u8")
+    frames = bytearray((tmp_path / "obs.zst").read_bytes())
+    frames[int(ends[20]) - 6 : int(ends[20]) - 2] = b"\xff\xff\xff\xff"  # inside row 20's frame
+    (tmp_path / "obs.zst").write_bytes(frames)
+    with pytest.raises(fe.BufferFileError, match="damaged at commit"):
+        log.verify(tmp_path)  # every byte is checked against its commit
+    buffer = fe.FlexibleBuffer.open(tmp_path)  # the newest commit trusted: rows read as used
+    assert buffer.sample_transitions(8, fields=("discrete_actions",)).discrete_actions.shape == (8, 1)
+    with pytest.raises(fe.BufferFileError, match=r"obs\.zst: row 20 is corrupt \(.*checksum"):
+        list(buffer.episodes())
+
+
+@pytest.mark.parametrize("case", ["overlap", "claims more", "past the file"])
+def test_crafted_frames_are_refused_before_anything_is_decoded(tmp_path: Path, case: str) -> None:
+    before = _recorded("gym", tmp_path, BOTH, episodes=2)
+    ends = np.fromfile(tmp_path / "obs.ends.col", dtype="<u8")
+    if case == "overlap":
+        ends[5] = ends[3]
+        ends.tofile(tmp_path / "obs.ends.col")
+        _recommit(tmp_path)
+        with pytest.raises(fe.BufferFileError, match=r"obs\.ends\.col: corrupt: the frames of rows 0 on overlap"):
+            fe.FlexibleBuffer.open(tmp_path)
+        return
+    import zstandard
+
+    frames = bytearray((tmp_path / "obs.zst").read_bytes())
+    if case == "claims more":  # row 3 holds a frame of a gigabyte of zeros, as small as zstd makes it
+        bomb = zstandard.ZstdCompressor().compress(bytes(1 << 20))
+        frames[int(ends[2]) : int(ends[3])] = bomb
+        ends[3:] += np.uint64(len(bomb)) - (ends[3] - ends[2])
+        ends.tofile(tmp_path / "obs.ends.col")
+    (tmp_path / "obs.zst").write_bytes(frames if case == "claims more" else frames[: int(ends[-1]) - 10])
+    if case == "past the file":  # as a torn append leaves it: read as of the newest commit it holds whole
+        whole = fe.FlexibleBuffer.open(tmp_path)
+        assert whole.n_episodes < 2
+        for mine, want in zip(whole.episodes(), before.episodes()):
+            assert_same_batches(mine, want)
+        return
+    _recommit(tmp_path)
+    buffer = fe.FlexibleBuffer.open(tmp_path)
+    with pytest.raises(fe.BufferFileError, match=r"obs\.zst: row 3 is corrupt \(it does not hold the row's 16 bytes"):
+        list(buffer.episodes())
+
+
+def _recommit(directory: Path) -> None:
+    """One commit entry counting every file as it now is (a crafted log, not a torn one)."""
+    header, columns = log.read.read_header(str(directory))
+    entries = (directory / log.COMMITS).read_bytes()
+    last, _ = log.format.parse_entry(entries[-log.ENTRY_BYTES :], len(entries) // log.ENTRY_BYTES - 1)
+    crc, first = 0, log.Commit()  # what a log holds before its first commit: each tail's slot 0
+    for column in [log.format.EPISODE_LENGTHS, *columns]:
+        data = (directory / column.file).read_bytes()
+        lo, hi = first.length(column), last.length(column)
+        if column.codec is not None:
+            frames = (directory / column.frames_file).read_bytes()
+            start = int.from_bytes(data[lo - 8 : lo], "little") if lo else 0
+            crc = zlib.crc32(frames[start : int.from_bytes(data[hi - 8 : hi], "little")], crc)
+        crc = zlib.crc32(data[lo:hi], crc)
+    (directory / log.COMMITS).write_bytes(log.Commit(0, last.rows, last.episodes, last.tails).entry(crc))
