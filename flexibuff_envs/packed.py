@@ -20,7 +20,7 @@ import numpy as np
 import zstandard
 
 from flexibuff_envs.compression import LEVEL, MAX_RATIO, available_memory
-from flexibuff_envs.errors import BufferFileError, InvalidArgumentError
+from flexibuff_envs.errors import BufferFileError, InvalidArgumentError, OutOfRangeError
 
 #: an end offset's dtype
 END = np.dtype("<u8")
@@ -32,7 +32,9 @@ _LOCAL = threading.local()
 def _compressor() -> zstandard.ZstdCompressor:
     compressor = getattr(_LOCAL, "compressor", None)
     if compressor is None:
-        compressor = _LOCAL.compressor = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True, write_checksum=True)
+        compressor = _LOCAL.compressor = zstandard.ZstdCompressor(
+            level=LEVEL, write_content_size=True, write_checksum=True
+        )
     return compressor
 
 
@@ -52,7 +54,9 @@ def pack(rows: Any, count: int, per: int, start: int) -> tuple[bytes, np.ndarray
         segments = np.empty((len(flat), 2), END)
         segments[:, 0] = np.arange(len(flat), dtype=END) * flat.shape[1]
         segments[:, 1] = flat.shape[1]
-        out = _compressor().multi_compress_to_buffer(zstandard.BufferWithSegments(flat.data, segments.tobytes()), threads=2)
+        out = _compressor().multi_compress_to_buffer(
+            zstandard.BufferWithSegments(flat.data, segments.tobytes()), threads=2
+        )
         frames = [out[k].tobytes() for k in range(len(out))]
     else:
         compress = _compressor().compress
@@ -144,9 +148,9 @@ class Packed:
         if not (np.issubdtype(agents.dtype, np.integer) and np.issubdtype(rows.dtype, np.integer)):
             raise InvalidArgumentError(f"{self._where}: rows are read by integer indices or slices")
         if rows.size and not (-self._rows <= rows.min() and rows.max() < self._rows):
-            raise IndexError(f"row index out of range for {self._rows} rows")
+            raise OutOfRangeError(f"{self._where}: a row index out of range for its {self._rows:,} rows")
         if agents.size and not (-self._per <= agents.min() and agents.max() < self._per):
-            raise IndexError(f"agent index out of range for {self._per} agents")
+            raise OutOfRangeError(f"{self._where}: an agent index out of range for its {self._per} agents")
         return (rows % max(self._rows, 1)) * self._per + agents % self._per
 
     def take(self, indices: Any, axis: int = 0, mode: str = "raise") -> np.ndarray:

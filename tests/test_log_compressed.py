@@ -172,7 +172,7 @@ def test_crafted_frames_are_refused_before_anything_is_decoded(tmp_path: Path, c
 
 def _recommit(directory: Path) -> None:
     """One commit entry counting every file as it now is (a crafted log, not a torn one)."""
-    header, columns = log.read.read_header(str(directory))
+    _, columns = log.read.read_header(str(directory))
     entries = (directory / log.COMMITS).read_bytes()
     last, _ = log.format.parse_entry(entries[-log.ENTRY_BYTES :], len(entries) // log.ENTRY_BYTES - 1)
     crc, first = 0, log.Commit()  # what a log holds before its first commit: each tail's slot 0

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.disk import guarded
-from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve
+from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve, wrapped
 from flexibuff_envs.cli.files import cmd_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
 from flexibuff_envs.cli.report import record_report
 from flexibuff_envs.rollout import Budget, play, progress_bar
@@ -79,7 +79,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     to_log = not out.endswith(".fbuf")  # a directory: an episode log, appended to as episodes end
     _writable(out, log=to_log, resume=args.resume)
     try:
-        env = make(choice, num_envs=args.num_envs, kwargs=args.env_kwargs or {})
+        env = wrapped(make(choice, num_envs=args.num_envs, kwargs=args.env_kwargs or {}), args.wrap or [])
     except UsageError:
         raise
     except Exception as exc:  # whatever the env's constructor raises is about the user's input
@@ -284,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--gamma", type=_gamma, default=0.99, help="discount of the recorded returns G (default 0.99)")
     rec.add_argument(
         "--env-kwargs", type=_json_object, metavar="JSON", help="keywords for the env's constructor, as a JSON object"
+    )
+    rec.add_argument(
+        "--wrap",
+        action="append",
+        metavar="WRAPPER",
+        help="a wrapper around the env: module.Name, or module.Name:JSON keywords; repeated: innermost first",
     )
     rec.add_argument(
         "--api",

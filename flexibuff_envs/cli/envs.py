@@ -6,6 +6,7 @@ import contextlib
 import difflib
 import importlib
 import importlib.util
+import json
 import pkgutil
 import re
 from dataclasses import dataclass
@@ -81,6 +82,27 @@ def make(choice: EnvChoice, *, num_envs: int, kwargs: dict[str, Any]) -> Any:
 
         return pettingzoo.make(choice.api, choice.name, **kwargs)
     return getattr(_import(choice.name), "parallel_env" if choice.api == "parallel" else "env")(**kwargs)
+
+
+def wrapped(env: Any, wrappers: list[str]) -> Any:
+    """``env`` in each wrapper ``wrappers`` names (``module.Name`` or ``module.Name:JSON``
+    keywords), innermost first.
+
+    Raises:
+        UsageError: a wrapper that cannot be found, or whose keywords are not a JSON object.
+    """
+    for given in wrappers:
+        path, _, keywords = given.partition(":")
+        module, _, name = path.rpartition(".")
+        try:
+            kwargs = json.loads(keywords) if keywords else {}
+            wrapper = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UsageError(f"--wrap {given}: {type(exc).__name__}: {exc}") from None
+        if not callable(wrapper) or not isinstance(kwargs, dict):
+            raise UsageError(f"--wrap {given}: give module.Name of a wrapper, then :JSON keywords if any")
+        env = wrapper(env, **kwargs)
+    return env
 
 
 def _label(name: str) -> str:

@@ -148,9 +148,7 @@ def _log_stored(path: str) -> str:
             stored = state.frames_end(column) + state.commit.length(column)
             nbytes = state.commit.count(column) * column.row_bytes
             name = column.name + (f".{column.part}" if column.part else "")
-            packed.append(
-                f"{name} {size(stored)} of {size(nbytes)} ({nbytes / max(stored, 1):,.0f}x, {column.codec})"
-            )
+            packed.append(f"{name} {size(stored)} of {size(nbytes)} ({nbytes / max(stored, 1):,.0f}x, {column.codec})")
     return ("; ".join(packed) + "; the rest raw") if packed else "every column raw"
 
 

@@ -72,6 +72,33 @@ def packed(pieces: Iterable[tuple[Tail, Any]], packers: Mapping[Tail, Frames]) -
         yield last, np.concatenate(ends)  # type: ignore[misc]
 
 
+def made_column(directory: str, column: Column, fill: Any, rows: int) -> Frames | None:
+    """The files of a new ``column`` of the log ``directory`` that holds ``rows`` rows: each row
+    holds ``fill`` (a next value's tail: slot 0, zeros), on the disk when this returns; a
+    compressed column's frames (None for a raw one)."""
+    frames = None
+    with open(os.path.join(directory, column.file), "wb") as out:
+        if column.codec is not None:
+            frames = Frames(column, Tail(os.path.join(directory, column.frames_file)), 0)
+            frames.tail.cut(0)  # what a kill left before the header named it
+            data, ends = frames.fill(fill, rows if column.part is None else 1)  # a tail's: slot 0
+            frames.tail.put(data)
+            frames.tail.sync()
+            frames.settle(committed=True)
+            out.write(ends.tobytes())
+        elif column.part == "tail":
+            out.write(bytes(column.row_bytes))  # slot 0
+        elif fill:
+            row = np.full(column.shape, fill, dtype=column.dtype).tobytes()
+            per_piece = max(1, PIECE // len(row))
+            out.writelines(row * min(per_piece, rows - lo) for lo in range(0, rows, per_piece))
+        else:  # zeros: the file system stores none of them
+            out.truncate(rows * column.row_bytes)
+        out.flush()
+        os.fsync(out.fileno())
+    return frames
+
+
 def frames_end(path: str, column: Column, commit: Commit) -> int:
     """Where the frames of the ``codec`` column whose ends are the file ``path`` end, as of
     ``commit``: the last end it counts (0 for none)."""

@@ -90,8 +90,8 @@ class Reader:
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.handles = {name: _open(os.path.join(state.directory, name)) for name in state.sizes if state.sizes[name]}
-        self.handles.pop(COMMITS, None)
+        files = [name for name, size in state.sizes.items() if size and name != COMMITS]
+        self.handles = {name: _open(os.path.join(state.directory, name)) for name in files}
         self.commits = _open(os.path.join(state.directory, COMMITS))
 
     def __enter__(self) -> Reader:  # noqa: PYI034 (Self needs Python 3.11)

@@ -17,14 +17,9 @@ import numpy as np
 
 from flexibuff_envs.chunk import Chunk, check_layout
 from flexibuff_envs.compression import Compress, plan
-from flexibuff_envs.errors import (
-    BufferFileError,
-    BufferSaveError,
-    InvalidArgumentError,
-    SpecMismatchError,
-)
+from flexibuff_envs.errors import BufferFileError, BufferSaveError, InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.log.compressed import Frames, packed
+from flexibuff_envs.log.compressed import Frames, made_column, packed
 from flexibuff_envs.log.format import (
     CHAINS,
     COMMITS,
@@ -43,15 +38,7 @@ from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.journaling import Journaling
 from flexibuff_envs.log.marks import Marks
 from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
-from flexibuff_envs.log.read import (
-    State,
-    blocks,
-    check_values,
-    repaired,
-    spans,
-    state_of,
-    sync_file,
-)
+from flexibuff_envs.log.read import State, blocks, check_values, repaired, spans, state_of, sync_file
 from flexibuff_envs.log.ring import RING, left
 from flexibuff_envs.log.stages import Layout, StageFile, replayers
 from flexibuff_envs.log.stages import left as stages_left
@@ -116,7 +103,11 @@ class LogWriter(Journaling):
         self.columns, self.commit = state.columns, state.commit
         self._fills = allocated(header.spec)
         self._tails = {c.key: self._tail(c) for c in state.files}
-        self._frames = {self._tails[c.key]: self._frames_of(c, state.frames_end(c)) for c in state.columns if c.codec}
+        self._frames = {
+            self._tails[c.key]: Frames(c, Tail(os.path.join(self.directory, c.frames_file)), state.frames_end(c))
+            for c in state.columns
+            if c.codec
+        }
         self._plan = Plan(self.columns, self._tails, self._fills, header.spec.n_agents)
         self._fields: tuple[str, ...] = ()  # a buffer's fields and chains `append_rows` found in the log
         self._direct: Direct | None = None  # how `append_rows` reads them straight, where it can
@@ -184,9 +175,6 @@ class LogWriter(Journaling):
     def _tail(self, column: Column) -> Tail:
         return Tail(os.path.join(self.directory, column.file))
 
-    def _frames_of(self, column: Column, end: int) -> Frames:
-        return Frames(column, Tail(os.path.join(self.directory, column.frames_file)), end)
-
     def _write_header(self, columns: Sequence[Column]) -> None:
         """The header naming ``columns``, whole or not at all."""
         path = os.path.join(self.directory, HEADER)
@@ -207,36 +195,14 @@ class LogWriter(Journaling):
             )
             for c in columns
         ]
-        made = {}
-        for column in columns:
-            with open(os.path.join(self.directory, column.file), "wb") as out:
-                if column.codec is not None:
-                    frames = made[column.key] = self._frames_of(column, 0)
-                    frames.tail.cut(0)  # what a kill left before the header named it
-                    count = self.commit.rows if column.part is None else 1  # a tail's: slot 0
-                    data, ends = frames.fill(self._fills.get(column.key, 0), count)
-                    frames.tail.put(data)
-                    frames.tail.sync()
-                    frames.settle(committed=True)
-                    out.write(ends.tobytes())
-                elif column.part == "tail":
-                    out.write(bytes(column.row_bytes))  # slot 0
-                elif self._fills[column.key]:
-                    row = np.full(column.shape, self._fills[column.key], dtype=column.dtype).tobytes()
-                    per_piece = max(1, PIECE // len(row))
-                    out.writelines(
-                        row * min(per_piece, self.commit.rows - lo) for lo in range(0, self.commit.rows, per_piece)
-                    )
-                else:  # zeros: the file system stores none of them
-                    out.truncate(self.commit.rows * column.row_bytes)
-                out.flush()
-                os.fsync(out.fileno())
+        made = {c.key: made_column(self.directory, c, self._fills.get(c.key, 0), self.commit.rows) for c in columns}
         self._write_header([*self.columns, *columns])
         self.columns = self._open.columns = [*self.columns, *columns]
         for column in columns:
             self._tails[column.key] = self._tail(column)
-            if column.key in made:
-                self._frames[self._tails[column.key]] = made[column.key]
+            frames = made[column.key]
+            if frames is not None:
+                self._frames[self._tails[column.key]] = frames
         self._plan = Plan(self.columns, self._tails, self._fills, self.header.spec.n_agents)
 
     @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
