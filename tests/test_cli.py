@@ -431,3 +431,22 @@ def test_an_atari_id_records_without_registering_ale_py_first(in_tmp: Path, caps
     assert run(["record", "ALE/Pong-v5", "--steps", "50", "--out", "pong.fbuf"]) == 0
     assert "recorded ALE/Pong-v5" in capsys.readouterr().out
     assert fe.FlexibleBuffer.load("pong.fbuf").spec.obs_dtype == "uint8"
+
+
+def test_wrap_records_atari_frame_stacks_into_a_log_that_keeps_them_compressed(
+    in_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--wrap`` wraps the env as given (innermost first); a log keeps image observations as
+    zstd frames by default, and `inspect` says how many bytes they take of how many."""
+    pytest.importorskip("ale_py")
+    stack = 'gymnasium.wrappers.FrameStackObservation:{"stack_size": 4}'
+    argv = ["record", "ALE/Pong-v5", "--env-kwargs", '{"obs_type": "grayscale"}', "--wrap", stack]
+    assert run([*argv, "--episodes", "1", "--out", "pong.log"]) == 0
+    assert fe.FlexibleBuffer.open("pong.log").spec.obs_shape == (4, 210, 160)
+    capsys.readouterr()
+    assert run(["inspect", "pong.log"]) == 0
+    stored = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("stored"))
+    ratio = float(stored.split("obs ")[1].split("(")[1].split("x,")[0].replace(",", ""))
+    assert ratio > 50 and "zstd" in stored
+    assert run([*argv[:-1], "gymnasium.wrappers.NoSuchWrapper", "--steps", "5"]) == 2
+    assert "--wrap gymnasium.wrappers.NoSuchWrapper: AttributeError" in capsys.readouterr().err
