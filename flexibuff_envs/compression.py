@@ -184,7 +184,7 @@ def _decompress(job: tuple[bytes, int, str, int]) -> bytes:
         params = zstandard.get_frame_parameters(frame)
         if params.content_size != size:
             raise zstandard.ZstdError(f"it says it holds {params.content_size:,} bytes")
-        raw = decompressor.decompress(frame, max_output_size=size)
+        raw = decompressor.decompress(frame)  # its size checked: no more is allocated
     except zstandard.ZstdError as exc:
         raise BufferFileError(
             f"{where}: chunk {k} (bytes {k * CHUNK:,}-{k * CHUNK + size:,}) is corrupt ({exc})"

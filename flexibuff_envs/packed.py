@@ -11,6 +11,7 @@ file and the row.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,14 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     if decompressor is None:
         decompressor = _LOCAL.decompressor = zstandard.ZstdDecompressor()
     return decompressor
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's thread that decodes beside the caller's (a forked child makes its own)."""
+    pool = getattr(_pool, "made", None)
+    if pool is None or pool[0] != os.getpid():
+        pool = _pool.made = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="flexibuff-zstd"))  # type: ignore[attr-defined]
+    return pool[1]  # type: ignore[no-any-return]
 
 
 def pack(rows: Any, count: int, per: int, start: int) -> tuple[bytes, np.ndarray]:
@@ -105,12 +114,11 @@ class Packed:
             stops = self._ends[index]
             starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(self._first))
             work = list(zip(index.tolist(), starts.tolist(), stops.tolist()))
-            if len(work) >= PARALLEL:
-                with ThreadPoolExecutor(2, thread_name_prefix="flexibuff-zstd") as pool:
-                    half = len(work) // 2
-                    later = pool.submit(self._decode, work[half:], out[half:])
-                    self._decode(work[:half], out[:half])
-                    later.result()
+            if len(work) >= PARALLEL:  # half on the other core (zstd lets go of the GIL as it decodes)
+                half = len(work) // 2
+                later = _pool().submit(self._decode, work[half:], out[half:])
+                self._decode(work[:half], out[:half])
+                later.result()
             else:
                 self._decode(work, out)
         return out.view(self.dtype).reshape(*flat.shape, *self._frame_shape)
@@ -122,7 +130,7 @@ class Packed:
             try:
                 if not lo < hi <= len(self._frames) or zstandard.frame_content_size(frame) != size:
                     raise zstandard.ZstdError(f"it does not hold the row's {size:,} bytes")
-                raw = decompress(frame, max_output_size=size)
+                raw = decompress(frame)  # its size checked: no more is allocated
                 if len(raw) != size:
                     raise zstandard.ZstdError(f"it decodes to {len(raw):,} bytes, not {size:,}")
             except zstandard.ZstdError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import struct
 import sys
@@ -222,6 +223,20 @@ def seed_logs(directory: Path) -> list[Log]:
         out.append(log_files(path))  # killed here: markers in the journal, rows in the ring's files
         env.close()
         out.append(log_files(path))
+    env = gym.make("CartPole-v1")  # its observations kept as zstd frames
+    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(env), num_steps=40)
+    buffer.log_to(directory / "packed", compress={"obs": "zstd"})
+    env = fe.record(env, buffer)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    for k in range(120):
+        if any(env.step(env.action_space.sample())[2:4]):
+            env.reset()
+        if k == 60:
+            buffer.sync_log()
+    out.append(log_files(directory / "packed"))
+    buffer.close_log()
+    out.append(log_files(directory / "packed"))
     vector = fe.record(
         gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync"), num_steps=40, log=directory / "vec"
     )
@@ -294,7 +309,7 @@ def _recommitted(files: Log) -> Log:
     from flexibuff_envs.log.format import EPISODE_LENGTHS
 
     columns = [
-        log.Column(c["name"], c["part"], c["per_agent"], np.dtype(c["dtype"]), tuple(c["shape"]))
+        log.Column(c["name"], c["part"], c["per_agent"], np.dtype(c["dtype"]), tuple(c["shape"]), c.get("codec"))
         for c in json.loads(files[log.HEADER][20:-4])["columns"]
     ]
     raw, out, before = files.get(log.COMMITS, b""), bytearray(), log.Commit()
@@ -303,7 +318,11 @@ def _recommitted(files: Log) -> Log:
         commit = log.Commit(fields[1], fields[2], fields[3], tuple(fields[4:7]))
         crc = 0
         for column in [EPISODE_LENGTHS, *columns]:
-            crc = zlib.crc32(files.get(column.file, b"")[before.length(column) : commit.length(column)], crc)
+            data, lo, hi = files.get(column.file, b""), before.length(column), commit.length(column)
+            if column.codec is not None:  # its frames first: from the end ``before`` counts to ``commit``'s
+                start, end = (int.from_bytes(data[at - 8 : at], "little") if at >= 8 else 0 for at in (lo, hi))
+                crc = zlib.crc32(files.get(column.frames_file, b"")[start:end], crc)
+            crc = zlib.crc32(data[lo:hi], crc)
         fields[-1], before = crc, commit
         body = struct.pack("<8sQQQ3QI", *fields)
         out += body + struct.pack("<I", zlib.crc32(body))
@@ -332,7 +351,8 @@ def mutate_log(files: Log, rng: random.Random) -> Log:
         for _ in range(rng.randrange(1, 4)):
             data = _mutate_json(data, rng)
         blob = json.dumps(data).encode()
-        prefix = struct.pack("<8sIQ", b"FBLOGHDR", 2, len(blob)) + blob
+        version = struct.unpack("<I", files[log.HEADER][8:12])[0]
+        prefix = struct.pack("<8sIQ", b"FBLOGHDR", version, len(blob)) + blob
         files[log.HEADER] = prefix + struct.pack("<I", zlib.crc32(prefix))
         return files
     if roll < 0.55:  # a commit entry's numbers, its own checksum recomputed
@@ -382,6 +402,9 @@ def outcome_log(files: Log, directory: Path, mmap: bool) -> str | None:
         if isinstance(opened, fe.FlexibleBuffer):
             try:
                 use(opened, directory)
+            except fe.BufferFileError as error:  # a mapped compressed row is checked as it is decoded
+                if not (mmap and re.match(rf"{re.escape(str(target))}/\S+\.zst: row \d+.* is corrupt", str(error))):
+                    return "after open: " + site(error)
             except Exception as error:  # noqa: BLE001
                 return "after open: " + site(error)
     return None

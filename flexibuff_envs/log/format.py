@@ -275,6 +275,10 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
         if plain != expected(spec, column.name, column.part, width) or column.key in {c.key for c in columns}:
             raise BadHeader(f"column {k} ({column.file}) is not one a buffer of this layout stores, or twice")
         columns.append(column)
+    parts = {c.key for c in columns}
+    for name, part in parts:
+        if part is not None and (name, "tail" if part == "index" else "index") not in parts:
+            raise BadHeader(f"the next value {name!r} has a column of its {part} but none of the other part")
     return columns
 
 
