@@ -85,6 +85,19 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
         "python benchmarks/bench_compress.py",
     ),
     (
+        "an episode log of Atari frames (Pong, `AtariPreprocessing`, stack of 4), compressed by default",
+        "bench_log_compress.md",
+        lambda text: (
+            find(r"Pong \(Atari[^\n]*\n\s+log on disk: raw [\d,]+ B a step, zstd ([\d,]+) B a step")(text)
+            + " bytes a step on disk (1/"
+            + find(r"Pong \(Atari(?:[^\n]*\n){2}\s+compressed / raw [^:]*: 1/([\d,]+)")(text)
+            + " of raw), recorded in "
+            + find(r"Pong \(Atari(?:[^\n]*\n){3}[^\n]*zstd / raw: ([\d.]+x)")(text)
+            + " a raw log's time"
+        ),
+        "python benchmarks/bench_log_compress.py",
+    ),
+    (
         "a 100-million-step recording streamed to a log by the CLI",
         "bench_log_memory.md",
         lambda text: (

@@ -187,6 +187,12 @@ class Packed:
         out = self._decoded(self._frame(*lead))
         return out[(Ellipsis,) + tuple(rest)] if rest else out
 
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise InvalidArgumentError(
+            f"{self._where}: the rows of a compressed column mapped from a log are read-only; "
+            "open the log with mmap=False to change them"
+        )
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         if self.nbytes > available_memory():
             raise InvalidArgumentError(
@@ -222,6 +228,9 @@ class _Agent:
     def __getitem__(self, key: Any) -> Any:
         key = key if isinstance(key, tuple) else (key,)
         return self._packed[(self._agent,) + key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._packed[self._agent] = value  # refused, as any write
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self._packed[self._agent, :]

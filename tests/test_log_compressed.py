@@ -185,3 +185,21 @@ def _recommit(directory: Path) -> None:
             crc = zlib.crc32(frames[start : int.from_bytes(data[hi - 8 : hi], "little")], crc)
         crc = zlib.crc32(data[lo:hi], crc)
     (directory / log.COMMITS).write_bytes(log.Commit(0, last.rows, last.episodes, last.tails).entry(crc))
+
+
+def test_a_mapped_compressed_log_is_read_only_and_one_read_into_memory_records_on(tmp_path: Path) -> None:
+    _recorded("gym", tmp_path / "log", BOTH)
+    mapped = fe.FlexibleBuffer.open(tmp_path / "log")
+    env = fe.record(gym.make("CartPole-v1"), mapped)
+    env.reset(seed=9)
+    with pytest.raises(
+        fe.InvalidArgumentError, match=r"obs\.zst: the rows .* are read-only; open the log with mmap=False"
+    ):
+        while not any(env.step(0)[2:4]):  # the rows go into the ring as the episode ends
+            pass
+    ram = fe.FlexibleBuffer.open(tmp_path / "log", mmap=False)
+    env = fe.record(gym.make("CartPole-v1"), ram)
+    first, _ = env.reset(seed=9)
+    while not any(env.step(0)[2:4]):
+        pass
+    np.testing.assert_array_equal(list(ram.episodes())[-1].obs[0], first)  # the ring's newest episode
