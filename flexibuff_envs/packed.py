@@ -15,6 +15,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,48 @@ from flexibuff_envs.errors import BufferFileError, InvalidArgumentError, OutOfRa
 END = np.dtype("<u8")
 #: frames packed or decoded on two threads from this many on (zstd releases the GIL)
 PARALLEL = 64
+#: an end's top bit: its frame holds only the row's newest stacked frame (`Stack`); the rest, its offset
+SHIFTED, OFFSET = np.uint64(1 << 63), np.uint64((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """Rows that are stacks of ``k`` frames, along axis 0 (Gymnasium's `FrameStackObservation`:
+    ``[k, ...]``) or the last (SB3's `VecFrameStack`, SuperSuit's `frame_stack`: ``[..., k]``),
+    of ``size`` bytes a row and elements of ``itemsize``. A row whose first ``k - 1`` frames are
+    the row before's last (the env moved the stack on by one frame) is kept as its newest
+    frame alone (`SHIFTED`), a fourth of the bytes to store and decode; any other row, whole.
+    Found in the data, so a row is rebuilt exactly as the env gave it whatever the wrapper did
+    (padding at an episode's start, a reset, a final observation)."""
+
+    k: int
+    axis: int
+    size: int
+    itemsize: int
+
+    @classmethod
+    def of(cls, shape: tuple[int, ...], dtype: np.dtype) -> Stack | None:
+        """The stack an observation of ``shape`` may be (three or more axes, the first or the
+        last of 2 to 16 frames, not a colour axis of 3), or None."""
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(shape) >= 3 and 2 <= shape[0] <= 16:
+            return cls(shape[0], 0, size, dtype.itemsize)
+        if len(shape) >= 3 and 2 <= shape[-1] <= 16 and shape[-1] != 3:
+            return cls(shape[-1], -1, size, dtype.itemsize)
+        return None
+
+    @property
+    def frame(self) -> int:
+        """Bytes of one frame."""
+        return self.size // self.k
+
+    def slots(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` (``[n, size]`` bytes) as ``[n, a, k, b]``: frame ``j`` is ``[:, :, j]``."""
+        if self.axis == 0:
+            return rows.reshape(len(rows), 1, self.k, self.frame)
+        return rows.reshape(len(rows), self.size // (self.k * self.itemsize), self.k, self.itemsize)
+
+
 _LOCAL = threading.local()
 
 
@@ -54,23 +97,32 @@ def _pool() -> ThreadPoolExecutor:
     return pool[1]  # type: ignore[no-any-return]
 
 
-def pack(rows: Any, count: int, per: int, start: int) -> tuple[bytes, np.ndarray]:
+def pack(
+    rows: Any, count: int, per: int, start: int, stack: Stack | None = None, last: np.ndarray | None = None
+) -> tuple[bytes, np.ndarray]:
     """The frames of ``count`` rows (``rows``: their bytes, C-contiguous, each row's ``per``
     frames after one another), joined, and where each ends in a file whose frames before them
-    end at ``start``: ``[count, per]`` offsets."""
+    end at ``start``: ``[count, per]`` offsets, `SHIFTED` set on a row of a ``stack`` kept as its
+    newest frame (``last``: the ``per`` frames of the row before them, if any)."""
     flat = np.frombuffer(rows, np.uint8).reshape(count * per, -1) if count * per else np.zeros((0, 0), np.uint8)
-    if len(flat) >= PARALLEL:
-        segments = np.empty((len(flat), 2), END)
-        segments[:, 0] = np.arange(len(flat), dtype=END) * flat.shape[1]
-        segments[:, 1] = flat.shape[1]
-        out = _compressor().multi_compress_to_buffer(
-            zstandard.BufferWithSegments(flat.data, segments.tobytes()), threads=2
-        )
+    payload: list[Any] = list(flat)
+    shifted = np.zeros(len(flat), dtype=bool)
+    if stack is not None and len(flat):
+        now = stack.slots(flat).reshape(count, per, -1, stack.k, stack.slots(flat[:1]).shape[-1])
+        before = now[:-1] if last is None else np.concatenate([stack.slots(last).reshape(1, *now.shape[1:]), now[:-1]])
+        same = (now[len(now) - len(before) :, :, :, :-1] == before[:, :, :, 1:]).all(axis=(2, 3, 4))
+        shifted[(count - len(before)) * per :] = same.reshape(-1)
+        newest = np.ascontiguousarray(now[:, :, :, -1]).reshape(count * per, -1)
+        for k in np.flatnonzero(shifted):
+            payload[k] = newest[k]
+    if len(payload) >= PARALLEL:
+        out = _compressor().multi_compress_to_buffer([memoryview(p) for p in payload], threads=2)
         frames = [out[k].tobytes() for k in range(len(out))]
     else:
         compress = _compressor().compress
-        frames = [compress(row.data) for row in flat]
+        frames = [compress(p.data) for p in payload]
     ends = np.cumsum(np.fromiter(map(len, frames), END, len(frames)), dtype=END) + np.uint64(start)
+    ends[shifted] |= SHIFTED
     return b"".join(frames), ends.reshape(count, per)
 
 
@@ -90,8 +142,13 @@ class Packed:
         shape: tuple[int, ...],
         per_agent: bool,
         where: str,
+        stack: Stack | None = None,
     ) -> None:
-        self._frames, self._ends, self._first, self._where = frames, ends.reshape(-1), first, where
+        self._frames, self._first, self._where, self._stack = frames, first, where, stack
+        flags = ends.reshape(-1)
+        self._shifted = (flags & SHIFTED) != 0 if stack is not None else None
+        self._ends = flags & OFFSET if stack is not None else flags
+        self._memo: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros((0, 0), np.uint8))
         self._rows, self._per = ends.shape
         self._frame_shape, self.dtype, self.per_agent = shape, dtype, per_agent
         self._size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -108,23 +165,72 @@ class Packed:
 
     def _decoded(self, flat: np.ndarray) -> np.ndarray:
         """Frames ``flat`` (any integer shape), decoded: ``[*flat.shape, *shape]``."""
-        out = np.empty((flat.size, self._size), np.uint8)
-        if flat.size:
-            index = flat.reshape(-1)
+        index = flat.reshape(-1)
+        stack, shifted = self._stack, self._shifted
+        out = self._stacked(index, stack, shifted) if stack and shifted is not None else self._whole(index, self._size)
+        return out.view(self.dtype).reshape(*flat.shape, *self._frame_shape)
+
+    def _whole(self, index: np.ndarray, size: int) -> np.ndarray:
+        """Frames ``index`` (1-D) as stored, each of ``size`` bytes: ``[n, size]``."""
+        out = np.empty((index.size, size), np.uint8)
+        if index.size:
             stops = self._ends[index]
             starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(self._first))
             work = list(zip(index.tolist(), starts.tolist(), stops.tolist()))
             if len(work) >= PARALLEL:  # half on the other core (zstd lets go of the GIL as it decodes)
                 half = len(work) // 2
-                later = _pool().submit(self._decode, work[half:], out[half:])
-                self._decode(work[:half], out[:half])
+                later = _pool().submit(self._decode, work[half:], out[half:], size)
+                self._decode(work[:half], out[:half], size)
                 later.result()
             else:
-                self._decode(work, out)
-        return out.view(self.dtype).reshape(*flat.shape, *self._frame_shape)
+                self._decode(work, out, size)
+        return out
 
-    def _decode(self, work: Sequence[tuple[int, int, int]], out: np.ndarray) -> None:
-        decompress, size = _decompressor().decompress, self._size
+    def _stacked(self, index: np.ndarray, stack: Stack, shifted: np.ndarray) -> np.ndarray:
+        """Frames ``index`` (1-D) of ``stack``, rebuilt: each from the newest row kept whole in
+        its last ``k`` and the newest frames of the rows after it (``shifted``: those rows)."""
+        per, k = self._per, stack.k
+        window = index[:, None] - per * np.arange(k - 1, -1, -1)  # the rows of each stack's frames, oldest first
+        valid = window >= 0
+        whole = valid & ~shifted[np.maximum(window, 0)]
+        newest = np.where(whole.any(axis=1), k - 1 - np.argmax(whole[:, ::-1], axis=1), -1)  # its column
+        own = np.arange(k) > newest[:, None]  # frames the rows after it keep
+        if (own & ~valid).any():
+            row, agent = divmod(int(index[(own & ~valid).any(axis=1)][0]), per)
+            raise BufferFileError(
+                f"{self._where}: row {row}{f', agent {agent}' if per > 1 else ''} is corrupt (it "
+                "names a row before the log's first as its stack's)"
+            )
+        keys = np.flatnonzero(newest >= 0)
+        wholes, at_whole = np.unique(window[keys, newest[keys]], return_inverse=True)
+        parts, at_part = np.unique(window[own], return_inverse=True)
+        full = stack.slots(self._whole(wholes, stack.size))
+        frames = self._newest(parts, stack.frame).reshape(len(parts), *full.shape[1:2], full.shape[3])
+        out = np.empty((index.size, stack.size), np.uint8)
+        slots = stack.slots(out)
+        for j in range(k):
+            take = keys[newest[keys] >= j]  # frame j of these comes from the row kept whole
+            slots[take, :, j] = full[at_whole[np.searchsorted(keys, take)], :, j + k - 1 - newest[take]]
+        column = np.broadcast_to(np.arange(k), own.shape)[own]
+        slots[np.nonzero(own)[0], :, column] = frames[at_part]
+        return out
+
+    def _newest(self, parts: np.ndarray, size: int) -> np.ndarray:
+        """The newest frames (``size`` bytes) of the rows ``parts`` (sorted, unique), those the
+        read before decoded copied (a transition's obs_ shares all but one of its obs's frames)."""
+        kept, decoded = self._memo
+        out = np.empty((len(parts), size), np.uint8)
+        hit = np.zeros(len(parts), dtype=bool)
+        if len(kept):
+            at = np.minimum(np.searchsorted(kept, parts), len(kept) - 1)
+            hit = kept[at] == parts
+            out[hit] = decoded[at[hit]]
+        out[~hit] = self._whole(parts[~hit], size)
+        self._memo = (parts, out)
+        return out
+
+    def _decode(self, work: Sequence[tuple[int, int, int]], out: np.ndarray, size: int) -> None:
+        decompress = _decompressor().decompress
         for at, (k, lo, hi) in enumerate(work):
             frame = self._frames[lo:hi]
             try:

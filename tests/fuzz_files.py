@@ -223,7 +223,9 @@ def seed_logs(directory: Path) -> list[Log]:
         out.append(log_files(path))  # killed here: markers in the journal, rows in the ring's files
         env.close()
         out.append(log_files(path))
-    env = gym.make("CartPole-v1")  # its observations kept as zstd frames
+    env = gym.wrappers.FrameStackObservation(  # stacks of 3 [2, 2, 1] frames, kept as zstd frames a frame a row
+        gym.wrappers.ReshapeObservation(gym.make("CartPole-v1"), (2, 2, 1)), 3
+    )
     buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(env), num_steps=40)
     buffer.log_to(directory / "packed", compress={"obs": "zstd"})
     env = fe.record(env, buffer)

@@ -203,3 +203,74 @@ def test_a_mapped_compressed_log_is_read_only_and_one_read_into_memory_records_o
     while not any(env.step(0)[2:4]):
         pass
     np.testing.assert_array_equal(list(ram.episodes())[-1].obs[0], first)  # the ring's newest episode
+
+
+def _stacked_pong(kind: str) -> Any:
+    """Pong's grayscale frames in stacks of 4, episodes of 40 steps: Gymnasium's
+    FrameStackObservation ([4, 210, 160]), SuperSuit's frame_stack ([210, 160, 4]), or two of
+    the first in a vector env of either autoreset mode."""
+    import ale_py
+
+    gym.register_envs(ale_py)
+
+    def pong(steps: int = 40) -> gym.Env:
+        return gym.make("ALE/Pong-v5", obs_type="grayscale", max_episode_steps=steps)
+
+    if kind == "gymnasium":
+        return gym.wrappers.FrameStackObservation(pong(), 4)
+    if kind == "supersuit":
+        import supersuit
+
+        return supersuit.frame_stack_v1(pong(), 4)
+    mode = gym.vector.AutoresetMode.SAME_STEP if kind == "vector same-step" else gym.vector.AutoresetMode.NEXT_STEP
+    return gym.vector.SyncVectorEnv(
+        [lambda n=n: gym.wrappers.FrameStackObservation(pong(n), 4, padding_type="zero") for n in (30, 45)],
+        autoreset_mode=mode,
+    )
+
+
+def _stacks_recorded(kind: str, directory: Path, compress: Any) -> fe.FlexibleBuffer:
+    env = _stacked_pong(kind)
+    vector = kind.startswith("vector")
+    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(env), num_steps=100)  # a ring that wraps
+    buffer.log_to(directory, compress=compress)
+    env = fe.record(env, buffer)
+    env.reset(seed=0)
+    for t in range(260 if vector else 200):
+        if vector:
+            env.step(np.array([t % 6, t % 5]))
+        elif any(env.step(t % 6)[2:4]):
+            env.reset()
+    env.close()
+    buffer.close_log()
+    return buffer
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "supersuit", "vector next-step", "vector same-step"])
+def test_frame_stacks_are_kept_a_frame_a_row_and_read_back_exactly(tmp_path: Path, kind: str) -> None:
+    """A log keeps a frame stack that moved on by one frame as its newest frame alone (found in
+    the data: Gymnasium's stack on the first axis, SuperSuit's on the last), and rebuilds every
+    stack exactly: padding at an episode's start, resets, final observations, both vector
+    autoreset modes, a ring that wraps; every mode samples as from a raw log."""
+    pytest.importorskip("ale_py")
+    if kind == "supersuit":
+        pytest.importorskip("supersuit")
+    _stacks_recorded(kind, tmp_path / "packed", "auto")
+    _stacks_recorded(kind, tmp_path / "raw", None)
+    raw, packed = (log.report(tmp_path / name) for name in ("raw", "packed"))
+    assert packed.episodes == raw.episodes > 4
+    assert packed.nbytes * 500 < raw.nbytes  # kept whole, stacks took 350-410x less; a frame a row, 590x
+    ram = fe.FlexibleBuffer.open(tmp_path / "raw", mmap=False)
+    for opened in (
+        fe.FlexibleBuffer.open(tmp_path / "packed"),
+        fe.FlexibleBuffer.open(tmp_path / "packed", mmap=False),
+    ):
+        for mine, want in zip(opened.episodes(), ram.episodes(), strict=True):
+            assert_same_batches(mine, want)
+        for buffer in (opened, ram):
+            buffer.rng = np.random.default_rng(3)
+        for draw in DRAWS:
+            got, want = draw(opened), draw(ram)
+            for x, y in zip(got if isinstance(got, list) else [got], want if isinstance(want, list) else [want]):
+                assert_same_batches(x, y)
+    assert log.verify(tmp_path / "packed").torn == ()

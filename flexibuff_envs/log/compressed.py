@@ -16,7 +16,7 @@ import numpy as np
 
 from flexibuff_envs.log.format import PIECE, Column, Commit, fail
 from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.packed import END, Packed, pack, ratio_ok
+from flexibuff_envs.packed import END, OFFSET, Packed, pack, ratio_ok
 
 
 class Frames:
@@ -25,11 +25,16 @@ class Frames:
 
     def __init__(self, column: Column, tail: Tail, end: int) -> None:
         self.column, self.tail, self.end, self.pending = column, tail, end, end
+        # a stack's row before the next (its frames), as appended and as committed: None, not known
+        self.last: np.ndarray | None = None
+        self._last: np.ndarray | None = None
 
     def pack(self, piece: Any) -> tuple[bytes, np.ndarray]:
         """The frames of ``piece`` (rows of the column, its bytes) and their ends."""
-        count = memoryview(piece).nbytes // self.column.row_bytes
-        frames, ends = pack(piece, count, self.column.per_row, self.pending)
+        count, per = memoryview(piece).nbytes // self.column.row_bytes, self.column.per_row
+        frames, ends = pack(piece, count, per, self.pending, self.column.stack, self.last)
+        if self.column.stack is not None and count:
+            self.last = np.frombuffer(piece, np.uint8).reshape(count * per, -1)[-per:].copy()
         self.pending += len(frames)
         return frames, ends
 
@@ -45,10 +50,10 @@ class Frames:
     def settle(self, committed: bool) -> None:
         """The append is committed, or undone (its frames cut)."""
         if committed:
-            self.end = self.pending
+            self.end, self._last = self.pending, self.last
         else:
             self.tail.cut(self.end)
-            self.pending = self.end
+            self.pending, self.last = self.end, self._last
 
 
 def packed(pieces: Iterable[tuple[Tail, Any]], packers: Mapping[Tail, Frames]) -> Iterator[tuple[Tail, Any]]:
@@ -109,7 +114,7 @@ def frames_end(path: str, column: Column, commit: Commit) -> int:
         raw = os.pread(handle.fileno(), 8, at)
     if len(raw) < 8:
         raise fail(path, f"holds fewer bytes than the {at + 8:,} its commits count")
-    return int.from_bytes(raw, "little")
+    return int.from_bytes(raw, "little") & int(OFFSET)
 
 
 def check_frames(path: str, column: Column, rows: int) -> None:
@@ -119,7 +124,7 @@ def check_frames(path: str, column: Column, rows: int) -> None:
     count, at = rows * column.per_row, 0
     with _open(path) as handle:
         for lo, hi in _spans(count, PIECE // 8):
-            ends = np.fromfile(handle, dtype=END, count=hi - lo)
+            ends = np.fromfile(handle, dtype=END, count=hi - lo) & OFFSET
             if len(ends) != hi - lo or (np.diff(ends, prepend=np.uint64(at)).astype(np.int64) < 1).any():
                 raise fail(path, f"corrupt: the frames of rows {lo // column.per_row:,} on overlap")
             at = ends[-1]
@@ -130,7 +135,7 @@ def packed_of(directory: str, column: Column, count: int, *, mapped: bool) -> Pa
     (`check_frames` checked), decoded as read: its frames mapped, or read (``mapped=False``)."""
     path = os.path.join(directory, column.frames_file)
     ends = mapped_array(os.path.join(directory, column.file), END, (count, column.per_row))
-    end = int(ends[-1, -1]) if count else 0
+    end = int(ends[-1, -1] & OFFSET) if count else 0
     if not ratio_ok(count, column.per_row, column.row_bytes // column.per_row, end + ends.nbytes):
         raise fail(path, f"{end:,} bytes of frames cannot hold {count:,} rows of {column.row_bytes:,} bytes")
     if not end:
@@ -144,7 +149,7 @@ def packed_of(directory: str, column: Column, count: int, *, mapped: bool) -> Pa
         with open(path, "rb") as handle:
             frames = handle.read(end)
     shape = column.shape[1:] if column.per_agent else column.shape
-    return Packed(frames, ends, 0, column.dtype, shape, column.per_agent, path)
+    return Packed(frames, ends, 0, column.dtype, shape, column.per_agent, path, column.stack)
 
 
 def mapped_array(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:

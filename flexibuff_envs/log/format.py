@@ -19,6 +19,7 @@ from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
 from flexibuff_envs.fields import NEXT
 from flexibuff_envs.header import BadHeader, parse_spec
 from flexibuff_envs.header_values import with_stored_state
+from flexibuff_envs.packed import Stack
 from flexibuff_envs.parts import Part
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
@@ -59,6 +60,7 @@ class Column:
     dtype: np.dtype
     shape: tuple[int, ...]
     codec: str | None = None
+    stack: Stack | None = None  # a ``codec`` column of frame stacks (`packed.Stack`)
 
     @classmethod
     def of(cls, part: Part) -> Column:
@@ -102,6 +104,7 @@ class Column:
             "dtype": self.dtype.str,
             "shape": list(self.shape),
             **({"codec": self.codec} if self.codec is not None else {}),
+            **({"stack": [self.stack.k, self.stack.axis]} if self.stack is not None else {}),
         }
 
 
@@ -249,7 +252,13 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
         raise BadHeader(f"columns must be a list, got {short_repr(described)}")
     columns: list[Column] = []
     for k, item in enumerate(described):
-        if not isinstance(item, dict) or set(item) - {"codec"} != {"name", "part", "per_agent", "dtype", "shape"}:
+        if not isinstance(item, dict) or set(item) - {"codec", "stack"} != {
+            "name",
+            "part",
+            "per_agent",
+            "dtype",
+            "shape",
+        }:
             raise BadHeader(
                 f"column {k} must hold name, part, per_agent, dtype, shape (and codec), got {short_repr(item)}"
             )
@@ -269,9 +278,11 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
             tuple(shape),
             item.get("codec"),
         )
+        if "stack" in item:
+            column = dataclasses.replace(column, stack=stack_of(column, item["stack"], k))
         if column.codec is not None and (column.codec not in CODECS or column.part == "index" or not column.row_bytes):
             raise BadHeader(f"column {k} ({column.name}) names codec {short_repr(column.codec)}, not one of {CODECS}")
-        plain = dataclasses.replace(column, codec=None)
+        plain = dataclasses.replace(column, codec=None, stack=None)
         if plain != expected(spec, column.name, column.part, width) or column.key in {c.key for c in columns}:
             raise BadHeader(f"column {k} ({column.file}) is not one a buffer of this layout stores, or twice")
         columns.append(column)
@@ -280,6 +291,24 @@ def columns_of(spec: BufferSpec, described: Any) -> list[Column]:
         if part is not None and (name, "tail" if part == "index" else "index") not in parts:
             raise BadHeader(f"the next value {name!r} has a column of its {part} but none of the other part")
     return columns
+
+
+def stack_of(column: Column, described: Any, k: int) -> Stack:
+    """The `Stack` a header describes as ``[k, axis]`` for ``column`` (number ``k``)."""
+    if (
+        column.codec is None
+        or column.part is not None
+        or not isinstance(described, list)
+        or len(described) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in described)
+        or not 2 <= described[0] <= 16
+        or described[1] not in (0, -1)
+    ):
+        raise BadHeader(f"column {k} ({column.name}) has stack {short_repr(described)}, not [2-16, 0 or -1]")
+    size = column.row_bytes // column.per_row
+    if size % (described[0] * column.dtype.itemsize):
+        raise BadHeader(f"column {k} ({column.name}): its rows of {size} bytes are no stack of {described[0]}")
+    return Stack(described[0], described[1], size, column.dtype.itemsize)
 
 
 def parse_entry(entry: bytes, number: int) -> tuple[Commit, int] | None:

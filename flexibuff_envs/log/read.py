@@ -32,6 +32,7 @@ from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
 from flexibuff_envs.log.ring import RING, kept
 from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.syncing import checked_from
+from flexibuff_envs.packed import OFFSET
 
 
 @dataclass
@@ -129,7 +130,8 @@ class Reader:
 
     def _frames_end(self, column: Column, commit: Commit) -> int:
         at = commit.length(column) - 8
-        return int.from_bytes(os.pread(self.handles[column.file].fileno(), 8, at), "little") if at >= 0 else 0
+        raw = os.pread(self.handles[column.file].fileno(), 8, at) if at >= 0 else bytes(8)
+        return int.from_bytes(raw, "little") & int(OFFSET)
 
 
 def _crc(handle: BinaryIO | None, lo: int, hi: int, crc: int) -> int:

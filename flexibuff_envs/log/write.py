@@ -44,6 +44,7 @@ from flexibuff_envs.log.stages import Layout, StageFile, replayers
 from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.tail import Tail
+from flexibuff_envs.packed import Stack
 
 
 class LogWriter(Journaling):
@@ -195,6 +196,7 @@ class LogWriter(Journaling):
             )
             for c in columns
         ]
+        columns = [dataclasses.replace(c, stack=self._stack(c)) if c.codec else c for c in columns]
         made = {c.key: made_column(self.directory, c, self._fills.get(c.key, 0), self.commit.rows) for c in columns}
         self._write_header([*self.columns, *columns])
         self.columns = self._open.columns = [*self.columns, *columns]
@@ -204,6 +206,13 @@ class LogWriter(Journaling):
             if frames is not None:
                 self._frames[self._tails[column.key]] = frames
         self._plan = Plan(self.columns, self._tails, self._fills, self.header.spec.n_agents)
+
+    def _stack(self, column: Column) -> Stack | None:
+        """The stack observations of ``column`` may be (`packed.Stack`), by their shape."""
+        shape, size = self.header.spec.obs_shape, column.row_bytes // column.per_row
+        if column.key != ("obs", None) or not shape or int(np.prod(shape)) * column.dtype.itemsize != size:
+            return None
+        return Stack.of(tuple(shape), column.dtype)
 
     @holding  # a Ctrl-C between two of its writes would leave rows no commit counts before the next
     def append(self, chunk: Chunk) -> None:
