@@ -295,3 +295,21 @@ def test_frames_go_to_minari_byte_for_byte() -> None:
     dataset = to_minari(env.buffer, "carracing/frames-v0", env=gym.make("CarRacing-v3"))
     observations = np.asarray(next(iter(dataset.iterate_episodes())).observations)
     assert observations.dtype == np.uint8 and np.array_equal(observations[1:], frames)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_cli_exports_a_compressed_log_of_frame_stacks_with_its_integer_space(tmp_path: Path) -> None:
+    """A log (Pong's frames, stacked, kept compressed) exports with its space rebuilt from the
+    layout: integers span their dtype (a Box of integers takes no infinite bound), frames exact."""
+    pytest.importorskip("ale_py")
+    from flexibuff_envs.cli import main
+
+    out = str(tmp_path / "pong.log")
+    argv = ["record", "ALE/Pong-v5", "--env-kwargs", '{"obs_type": "grayscale", "max_episode_steps": 30}']
+    stack = 'gymnasium.wrappers.FrameStackObservation:{"stack_size": 4}'
+    assert main([*argv, "--wrap", stack, "--episodes", "2", "--out", out]) == 0
+    assert main(["export", out, "--minari", "pong/stacks-v0"]) == 0
+    dataset = minari.load_dataset("pong/stacks-v0")
+    assert dataset.observation_space == gym.spaces.Box(0, 255, (4, 210, 160), np.uint8)
+    for episode, want in zip(dataset.iterate_episodes(), fe.FlexibleBuffer.open(out).episodes(), strict=True):
+        np.testing.assert_array_equal(np.asarray(episode.observations)[:-1].reshape(len(want.obs), -1), want.obs)

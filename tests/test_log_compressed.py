@@ -190,6 +190,8 @@ def _recommit(directory: Path) -> None:
 def test_a_mapped_compressed_log_is_read_only_and_one_read_into_memory_records_on(tmp_path: Path) -> None:
     _recorded("gym", tmp_path / "log", BOTH)
     mapped = fe.FlexibleBuffer.open(tmp_path / "log")
+    mapped.log_to(tmp_path / "again")  # its ring stays where it is, as an opened log's
+    mapped.close_log()
     env = fe.record(gym.make("CartPole-v1"), mapped)
     env.reset(seed=9)
     with pytest.raises(

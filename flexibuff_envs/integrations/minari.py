@@ -43,8 +43,10 @@ def _spaces(spec: BufferSpec) -> tuple[spaces.Space, spaces.Space]:
             if len(spec.obs_categories) == 1
             else spaces.MultiDiscrete(list(spec.obs_categories))
         )
-    else:
-        obs = spaces.Box(-np.inf, np.inf, spec.obs_shape, np.dtype(spec.obs_dtype))
+    else:  # an image's integers span their dtype (a Box of integers takes no infinite bound)
+        dtype = np.dtype(spec.obs_dtype)
+        low, high = (np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "iu" else (-np.inf, np.inf)
+        obs = spaces.Box(low, high, spec.obs_shape, dtype)
     cards, starts = spec.discrete_action_cardinalities, spec.discrete_action_starts
     discrete = (
         spaces.Discrete(cards[0], start=starts[0])

@@ -129,6 +129,8 @@ class Plan:
         array = storage.arrays.get(name)
         if array is None:
             return True
+        if not isinstance(array, np.ndarray):  # a compressed log's rows, mapped: read as a chunk's
+            return False
         per_agent = storage.fields[name].per_agent
         row = array.shape[2:] if per_agent else array.shape[1:]
         shape = column.shape[1:] if column.per_agent else column.shape

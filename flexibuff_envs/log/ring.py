@@ -87,8 +87,14 @@ def into_files(storage: Storage, directory: str) -> bool:
     """Move ``storage``'s arrays and next-value chains into files of ``directory/ring/`` (the
     rows its lanes opened: the others are zeros in both) and make its later ones there. Nothing
     moves, and False is returned, once a recorder writes to it (it holds views of the arrays),
-    or where the system lacks `posix_fallocate` or a boot id (not Linux)."""
-    if any(len(chain.holders) for chain in storage.chains.values()) or not hasattr(os, "posix_fallocate") or not boot():
+    or where the system lacks `posix_fallocate` or a boot id (not Linux), or it holds a compressed
+    log's rows, mapped (read-only)."""
+    if (
+        any(len(chain.holders) for chain in storage.chains.values())
+        or not all(isinstance(array, np.ndarray) for array in storage.arrays.values())
+        or not hasattr(os, "posix_fallocate")
+        or not boot()
+    ):
         return False  # where the system cannot reserve a file's blocks, or name its boot: records instead
     ring = RingFiles(directory)
     for name, array in list(storage.arrays.items()):
