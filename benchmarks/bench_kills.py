@@ -81,7 +81,7 @@ def main() -> None:
         "parallel": "simple_spread_v3 (parallel)",
         "aec": "connect_four_v3 (AEC)",
         "atari": "ALE/Pong-v5 frames",
-        "atari vector": "ALE/Pong-v5 frames x4 (SyncVectorEnv)",
+        "atari vector": "ALE/Pong-v5 frame stacks x4 (SyncVectorEnv)",
     }
     with tempfile.TemporaryDirectory() as root:
         for kind in killed.KINDS:

@@ -36,15 +36,18 @@ def _single(kind: str) -> gym.Env:
 
 
 def _vector(kind: str) -> gym.vector.VectorEnv:
-    if kind == "atari vector":  # rows of 100 KB, episodes of 20 to 35 steps ending at different steps
-        return gym.vector.SyncVectorEnv([lambda n=n: _pong(n) for n in (20, 25, 30, 35)])
+    if kind == "atari vector":  # stacks of 4 grayscale frames (134 KB, kept a frame a row), episodes of 20-35 steps
+        return gym.vector.SyncVectorEnv([lambda n=n: _pong(n, stacked=True) for n in (20, 25, 30, 35)])
     return gym.make_vec("CartPole-v1", num_envs=8, vectorization_mode="sync")
 
 
-def _pong(steps: int) -> gym.Env:
+def _pong(steps: int, *, stacked: bool = False) -> gym.Env:
     import ale_py
 
     gym.register_envs(ale_py)
+    if stacked:
+        frames = gym.make("ALE/Pong-v5", obs_type="grayscale", max_episode_steps=steps)
+        return gym.wrappers.FrameStackObservation(frames, 4)
     return gym.make("ALE/Pong-v5", max_episode_steps=steps)
 
 

@@ -326,9 +326,9 @@ def _kinds_recorded(kind: str, directory: Path, num_steps: int = 5000) -> fe.Fle
         for t in range(300):
             if any(env.step(t * 7 % 6)[2:4]):
                 env.reset()
-    elif kind == "atari vector":  # episodes of 20 to 35 rows of 100 KB, ending at different steps
+    elif kind == "atari vector":  # episodes of 20 to 35 stacks of 4 grayscale frames, ending at different steps
         env = fe.record(
-            gym.vector.SyncVectorEnv([lambda n=n: _pong(n) for n in (20, 25, 30, 35)]),
+            gym.vector.SyncVectorEnv([lambda n=n: killed._pong(n, stacked=True) for n in (20, 25, 30, 35)]),
             num_steps=min(num_steps, 800),
             log=directory,
         )
@@ -466,7 +466,8 @@ def test_a_recording_killed_at_any_moment_keeps_every_ended_episode(tmp_path: Pa
         logged = read_back(directory)
         assert len(logged) >= ended
         if kind.startswith("atari") and logged:  # frames kept as zstd frames (the default for images)
-            assert {c.file: c.codec for c in log.format.read_header(str(directory))[1]}["obs.ends.col"] == "zstd"
+            obs = {c.file: c for c in log.format.read_header(str(directory))[1]}["obs.ends.col"]
+            assert obs.codec == "zstd" and (obs.stack is not None) == (kind == "atari vector")  # stacks a frame a row
         _assert_from_reference(logged, reference)
         resumed = killed.recording(kind, directory, "3")
         assert resumed.communicate(timeout=120)[1] is None and resumed.returncode == 0
