@@ -1,10 +1,10 @@
 """Rows kept as zstd frames, one a row (or one a row's agent), read as arrays: `pack` makes the
 frames of rows and says where each ends; `Packed` decodes the rows a read asks for, and only those.
 
-A frame per row (not per block of rows) lets a batch decode exactly its rows: a stacked Atari
-observation (28,224 bytes) takes about 260 bytes and 13 us to decode, a pistonball agent's
-(164,520 bytes) about 160. Frames are checked before they are decoded: each must say it holds
-exactly one row's bytes (`compression.MAX_RATIO` bounds what a row may claim of the file), and a
+A frame per row (not per block of rows) lets a batch decode exactly its rows (a stacked Atari
+observation or a pistonball camera compresses a hundredfold and more alone:
+`benchmarks/bench_log_compress.py`). Frames are checked before they are decoded: each must say
+it holds exactly one row's bytes (`compression.MAX_RATIO` bounds what a row may claim of the file), and a
 frame that does not decode to them (each carries its checksum) is a `BufferFileError` naming the
 file and the row.
 """
@@ -128,7 +128,7 @@ def pack(
 
 class Packed:
     """Rows of ``dtype`` and ``shape`` (per frame) kept as zstd frames in ``frames`` (a mapped
-    file, from byte ``first``), frame ``k`` ending at ``ends[k]`` (``[rows, per]``), read like
+    file), frame ``k`` ending at ``ends[k]`` (``[rows, per]``), read like
     the array a buffer holds: ``[per, rows, ...]`` for a per-agent field, else ``[rows, ...]``.
     ``take`` and indexing decode the rows they read; anything else (``np.asarray``) decodes all
     of them. ``where``: the file, for errors. Read-only."""
@@ -137,14 +137,13 @@ class Packed:
         self,
         frames: Any,
         ends: np.ndarray,
-        first: int,
         dtype: np.dtype,
         shape: tuple[int, ...],
         per_agent: bool,
         where: str,
         stack: Stack | None = None,
     ) -> None:
-        self._frames, self._first, self._where, self._stack = frames, first, where, stack
+        self._frames, self._where, self._stack = frames, where, stack
         flags = ends.reshape(-1)
         self._shifted = (flags & SHIFTED) != 0 if stack is not None else None
         self._ends = flags & OFFSET if stack is not None else flags
@@ -175,7 +174,7 @@ class Packed:
         out = np.empty((index.size, size), np.uint8)
         if index.size:
             stops = self._ends[index]
-            starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(self._first))
+            starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(0))
             work = list(zip(index.tolist(), starts.tolist(), stops.tolist()))
             if len(work) >= PARALLEL:  # half on the other core (zstd lets go of the GIL as it decodes)
                 half = len(work) // 2
@@ -307,9 +306,6 @@ class Packed:
         out = self[:, :] if self.per_agent else self[:]
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def copy(self) -> np.ndarray:
-        return np.asarray(self)
-
 
 class _Agent:
     """One agent's rows of a per-agent `Packed`: ``[rows, ...]``."""
@@ -342,11 +338,8 @@ class _Agent:
         out = self._packed[self._agent, :]
         return out if dtype is None else out.astype(dtype, copy=False)
 
-    def copy(self) -> np.ndarray:
-        return np.asarray(self)
-
 
 def ratio_ok(rows: int, per: int, size: int, stored: int) -> bool:
     """Whether ``stored`` bytes of frames may hold ``rows`` rows of ``per`` frames of ``size``
     bytes (a file claiming more is a decompression bomb)."""
-    return rows * per * size <= MAX_RATIO * max(stored, 1) and stored >= 0
+    return rows * per * size <= MAX_RATIO * max(stored, 1)

@@ -77,6 +77,17 @@ DRAWS = [
 ]
 
 
+def _assert_same_draws(mine: fe.FlexibleBuffer, want: fe.FlexibleBuffer) -> None:
+    """Every mode of `DRAWS`, drawn with the same seed from both buffers, hands out the same batches."""
+    mine.rng, want.rng = np.random.default_rng(7), np.random.default_rng(7)
+    for draw in DRAWS:
+        got, expected = draw(mine), draw(want)
+        for x, y in zip(
+            got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected]
+        ):
+            assert_same_batches(x, y)
+
+
 @pytest.mark.parametrize("kind", ["gym", "parallel", "aec", "pistonball"])
 def test_a_compressed_log_holds_and_samples_exactly_what_an_uncompressed_one_does(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("pettingzoo")
@@ -92,14 +103,8 @@ def test_a_compressed_log_holds_and_samples_exactly_what_an_uncompressed_one_doe
     mapped, read = fe.FlexibleBuffer.open(tmp_path / "packed"), fe.FlexibleBuffer.open(tmp_path / "packed", mmap=False)
     for mine, want in zip(mapped.episodes(), packed.episodes(), strict=True):
         assert_same_batches(mine, want)
-    for buffer in (raw, mapped, read):
-        buffer.rng = np.random.default_rng(7)
-    for draw in DRAWS:
-        want = draw(raw)
-        for buffer in (mapped, read):
-            got = draw(buffer)
-            for x, y in zip(got if isinstance(got, list) else [got], want if isinstance(want, list) else [want]):
-                assert_same_batches(x, y)
+    for buffer in (mapped, read):
+        _assert_same_draws(buffer, raw)
     assert log.verify(tmp_path / "packed").torn == ()
 
 
@@ -269,10 +274,5 @@ def test_frame_stacks_are_kept_a_frame_a_row_and_read_back_exactly(tmp_path: Pat
     ):
         for mine, want in zip(opened.episodes(), ram.episodes(), strict=True):
             assert_same_batches(mine, want)
-        for buffer in (opened, ram):
-            buffer.rng = np.random.default_rng(3)
-        for draw in DRAWS:
-            got, want = draw(opened), draw(ram)
-            for x, y in zip(got if isinstance(got, list) else [got], want if isinstance(want, list) else [want]):
-                assert_same_batches(x, y)
+        _assert_same_draws(opened, ram)
     assert log.verify(tmp_path / "packed").torn == ()

@@ -12,6 +12,9 @@ as a ring holds them, so mapping a column gives the array a buffer samples from:
                    | u32 crc32 of the bytes the append added to the columns | u32 crc32 of the entry
     lengths.col    each episode's length (int64)
     obs.col, obs_.index.col, obs_.tail.col, ...   one per column
+    obs.zst, obs.ends.col  a compressed column (image observations and states by default): each
+                   row's zstd frame, and where each frame ends, a u64 per frame (the top bit:
+                   a frame stack kept as its newest frame); `flexibuff_envs.log.compressed`
     synced.fblog   the newest commit a sync put on the disk, and the boot it ran in
                    (`flexibuff_envs.log.syncing`)
     journal.fblog  the episodes a recording ended since it last folded, one record each

@@ -104,16 +104,15 @@ def made_column(directory: str, column: Column, fill: Any, rows: int) -> Frames 
     return frames
 
 
-def frames_end(path: str, column: Column, commit: Commit) -> int:
-    """Where the frames of the ``codec`` column whose ends are the file ``path`` end, as of
-    ``commit``: the last end it counts (0 for none)."""
+def frames_end(handle: BinaryIO, column: Column, commit: Commit) -> int:
+    """Where the frames of the ``codec`` column whose ends are the file open as ``handle`` end,
+    as of ``commit``: the last end it counts (0 for none)."""
     at = commit.length(column) - 8
     if at < 0:
         return 0
-    with _open(path) as handle:
-        raw = os.pread(handle.fileno(), 8, at)
+    raw = os.pread(handle.fileno(), 8, at)
     if len(raw) < 8:
-        raise fail(path, f"holds fewer bytes than the {at + 8:,} its commits count")
+        raise fail(handle.name, f"holds fewer bytes than the {at + 8:,} its commits count")
     return int.from_bytes(raw, "little") & int(OFFSET)
 
 
@@ -122,8 +121,8 @@ def check_frames(path: str, column: Column, rows: int) -> None:
     (its ends: the file ``path``, holding them) follow one another from byte 0 of their file,
     none empty; read a piece at a time."""
     count, at = rows * column.per_row, 0
-    with _open(path) as handle:
-        for lo, hi in _spans(count, PIECE // 8):
+    with opened(path) as handle:
+        for lo, hi in spans(count, PIECE // 8):
             ends = np.fromfile(handle, dtype=END, count=hi - lo) & OFFSET
             if len(ends) != hi - lo or (np.diff(ends, prepend=np.uint64(at)).astype(np.int64) < 1).any():
                 raise fail(path, f"corrupt: the frames of rows {lo // column.per_row:,} on overlap")
@@ -149,7 +148,7 @@ def packed_of(directory: str, column: Column, count: int, *, mapped: bool) -> Pa
         with open(path, "rb") as handle:
             frames = handle.read(end)
     shape = column.shape[1:] if column.per_agent else column.shape
-    return Packed(frames, ends, 0, column.dtype, shape, column.per_agent, path, column.stack)
+    return Packed(frames, ends, column.dtype, shape, column.per_agent, path, column.stack)
 
 
 def mapped_array(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -162,12 +161,15 @@ def mapped_array(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
     return np.frombuffer(memory, dtype=dtype).reshape(shape)
 
 
-def _open(path: str) -> BinaryIO:
+def opened(path: str) -> BinaryIO:
+    """The file ``path`` open to read, or `BufferFileError` naming it."""
     try:
         return open(path, "rb")
     except OSError as exc:
         raise fail(path, f"cannot be read ({exc.strerror or exc})") from None
 
 
-def _spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
+def spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
+    """``[0, count)`` in ranges of at most ``per_piece``."""
+    per_piece = max(1, per_piece)
     return ((lo, min(lo + per_piece, count)) for lo in range(0, count, per_piece))

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from flexibuff_envs.chain import CHAINED
-from flexibuff_envs.log.compressed import check_frames, frames_end, mapped_array, packed_of
+from flexibuff_envs.log.compressed import check_frames, frames_end, mapped_array, opened, packed_of, spans
 from flexibuff_envs.log.format import (
     CHAINS,
     COMMITS,
@@ -32,7 +32,6 @@ from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
 from flexibuff_envs.log.ring import RING, kept
 from flexibuff_envs.log.stages import left as stages_left
 from flexibuff_envs.log.syncing import checked_from
-from flexibuff_envs.packed import OFFSET
 
 
 @dataclass
@@ -55,7 +54,8 @@ class State:
     def frames_end(self, column: Column, commit: Commit | None = None) -> int:
         """Where a ``codec`` column's frames counted by ``commit`` (the newest whole) end: the
         last end its file holds (0 for none)."""
-        return frames_end(self.path(column), column, commit or self.commit)
+        with opened(self.path(column)) as handle:
+            return frames_end(handle, column, commit or self.commit)
 
     def counted(self) -> dict[str, int]:
         """Bytes of each file the newest whole commit counts."""
@@ -92,8 +92,8 @@ class Reader:
     def __init__(self, state: State) -> None:
         self.state = state
         files = [name for name, size in state.sizes.items() if size and name != COMMITS]
-        self.handles = {name: _open(os.path.join(state.directory, name)) for name in files}
-        self.commits = _open(os.path.join(state.directory, COMMITS))
+        self.handles = {name: opened(os.path.join(state.directory, name)) for name in files}
+        self.commits = opened(os.path.join(state.directory, COMMITS))
 
     def __enter__(self) -> Reader:  # noqa: PYI034 (Self needs Python 3.11)
         return self
@@ -120,18 +120,13 @@ class Reader:
         for column in state.files:
             if column.codec is not None:  # its frames, then their ends
                 frames = self.handles.get(column.frames_file)
-                lo, hi = (self._frames_end(column, commit) for commit in (before, after))
+                lo, hi = (frames_end(self.handles[column.file], column, commit) for commit in (before, after))
                 if hi > state.sizes[column.frames_file] or lo > hi or (hi > lo and frames is None):
                     return False
                 if hi > lo:
                     mine = _crc(frames, lo, hi, mine)  # type: ignore[arg-type]  # opened: it holds bytes
             mine = _crc(self.handles.get(column.file), before.length(column), after.length(column), mine)
         return mine == crc
-
-    def _frames_end(self, column: Column, commit: Commit) -> int:
-        at = commit.length(column) - 8
-        raw = os.pread(self.handles[column.file].fileno(), 8, at) if at >= 0 else bytes(8)
-        return int.from_bytes(raw, "little") & int(OFFSET)
 
 
 def _crc(handle: BinaryIO | None, lo: int, hi: int, crc: int) -> int:
@@ -141,13 +136,6 @@ def _crc(handle: BinaryIO | None, lo: int, hi: int, crc: int) -> int:
         crc = zlib.crc32(piece, crc)
         lo += len(piece)
     return crc
-
-
-def _open(path: str) -> BinaryIO:
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise fail(path, f"cannot be read ({exc.strerror or exc})") from None
 
 
 def state_of(directory: str, *, every: bool = False) -> State:
@@ -206,12 +194,6 @@ def _counted(state: State) -> State:
                 f"holds {state.sizes[name]:,} bytes, fewer than the {size:,} its commits count",
             )
     return state
-
-
-def spans(count: int, per_piece: int) -> Iterator[tuple[int, int]]:
-    """``[0, count)`` in ranges of at most ``per_piece``."""
-    per_piece = max(1, per_piece)
-    return ((lo, min(lo + per_piece, count)) for lo in range(0, count, per_piece))
 
 
 def blocks(state: State, column: Column, count: int, first: int = 0) -> Iterator[np.ndarray]:

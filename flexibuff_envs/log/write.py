@@ -19,7 +19,7 @@ from flexibuff_envs.chunk import Chunk, check_layout
 from flexibuff_envs.compression import Compress, plan
 from flexibuff_envs.errors import BufferFileError, BufferSaveError, InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.log.compressed import Frames, made_column, packed
+from flexibuff_envs.log.compressed import Frames, made_column, packed, spans
 from flexibuff_envs.log.format import (
     CHAINS,
     COMMITS,
@@ -38,7 +38,7 @@ from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.journaling import Journaling
 from flexibuff_envs.log.marks import Marks
 from flexibuff_envs.log.pieces import Direct, Plan, added, allocated
-from flexibuff_envs.log.read import State, blocks, check_values, repaired, spans, state_of, sync_file
+from flexibuff_envs.log.read import State, blocks, check_values, repaired, state_of, sync_file
 from flexibuff_envs.log.ring import RING, left
 from flexibuff_envs.log.stages import Layout, StageFile, replayers
 from flexibuff_envs.log.stages import left as stages_left
@@ -118,8 +118,9 @@ class LogWriter(Journaling):
         self._synced = self._folded = time.monotonic()
         self._syncer = Syncer(self.directory)
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
-        self._open = _Open(self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer)
-        self._open.frames = self._frames
+        self._open = _Open(
+            self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer, self._frames
+        )
         self._finalizer = weakref.finalize(self, self._open.close)
         self._records = scan(self.directory, self.columns, self.commit)[0]
         try:
@@ -382,10 +383,10 @@ class _Open:
         columns: list[Column],
         commit: Commit,
         syncer: Syncer,
+        frames: dict[Tail, Frames],  # a compressed column's frames, by the tail of their ends
     ) -> None:
         self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
-        self.syncer = syncer
-        self.frames: dict[Tail, Frames] = {}  # a compressed column's frames, by the tail of their ends
+        self.syncer, self.frames = syncer, frames
 
     def close(self) -> None:
         self.syncer.close()  # it syncs these files
