@@ -11,10 +11,7 @@ file and the row.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +23,7 @@ from flexibuff_envs.errors import BufferFileError, InvalidArgumentError, OutOfRa
 
 #: an end offset's dtype
 END = np.dtype("<u8")
-#: frames packed or decoded on two threads from this many on (zstd releases the GIL)
+#: frames packed on two threads from this many on (zstd's own, in one call)
 PARALLEL = 64
 #: an end's top bit: its frame holds only the row's newest stacked frame (`Stack`); the rest, its offset
 SHIFTED, OFFSET = np.uint64(1 << 63), np.uint64((1 << 63) - 1)
@@ -87,14 +84,6 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     if decompressor is None:
         decompressor = _LOCAL.decompressor = zstandard.ZstdDecompressor()
     return decompressor
-
-
-def _pool() -> ThreadPoolExecutor:
-    """This process's thread that decodes beside the caller's (a forked child makes its own)."""
-    pool = getattr(_pool, "made", None)
-    if pool is None or pool[0] != os.getpid():
-        pool = _pool.made = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="flexibuff-zstd"))  # type: ignore[attr-defined]
-    return pool[1]  # type: ignore[no-any-return]
 
 
 def pack(
@@ -170,20 +159,31 @@ class Packed:
         return out.view(self.dtype).reshape(*flat.shape, *self._frame_shape)
 
     def _whole(self, index: np.ndarray, size: int) -> np.ndarray:
-        """Frames ``index`` (1-D) as stored, each of ``size`` bytes: ``[n, size]``."""
-        out = np.empty((index.size, size), np.uint8)
-        if index.size:
-            stops = self._ends[index]
-            starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(0))
-            work = list(zip(index.tolist(), starts.tolist(), stops.tolist()))
-            if len(work) >= PARALLEL:  # half on the other core (zstd lets go of the GIL as it decodes)
-                half = len(work) // 2
-                later = _pool().submit(self._decode, work[half:], out[half:], size)
-                self._decode(work[:half], out[:half], size)
-                later.result()
-            else:
-                self._decode(work, out, size)
-        return out
+        """Frames ``index`` (1-D) as stored, each of ``size`` bytes: ``[n, size]``. Decoded on the
+        caller's thread: a frame takes zstd a few microseconds, too little to hand to another
+        thread (taking turns at the GIL costs more than the second core gives back)."""
+        if not index.size:
+            return np.empty((0, size), np.uint8)
+        stops = self._ends[index]
+        starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(0))
+        decompress, frames, where = _decompressor().decompress, self._frames, len(self._frames)
+        raws = []
+        for k, lo, hi in zip(index.tolist(), starts.tolist(), stops.tolist()):
+            frame = frames[lo:hi]
+            try:
+                if not lo < hi <= where or zstandard.frame_content_size(frame) != size:
+                    raise zstandard.ZstdError(f"it does not hold the row's {size:,} bytes")
+                raws.append(decompress(frame))  # its size checked: no more is allocated, nor decoded
+            except zstandard.ZstdError as exc:
+                raise self._corrupt(k, str(exc)) from None
+        joined = bytearray().join(raws)  # one copy, writable (a batch's arrays are the caller's)
+        return np.frombuffer(joined, np.uint8).reshape(index.size, size)
+
+    def _corrupt(self, k: int, why: str) -> BufferFileError:
+        """The error for frame ``k``, corrupt for reason ``why``."""
+        row, agent = divmod(k, self._per)
+        who = f", agent {agent}" if self._per > 1 else ""
+        return BufferFileError(f"{self._where}: row {row}{who} is corrupt ({why})")
 
     def _stacked(self, index: np.ndarray, stack: Stack, shifted: np.ndarray) -> np.ndarray:
         """Frames ``index`` (1-D) of ``stack``, rebuilt: each from the newest row kept whole in
@@ -195,11 +195,8 @@ class Packed:
         newest = np.where(whole.any(axis=1), k - 1 - np.argmax(whole[:, ::-1], axis=1), -1)  # its column
         own = np.arange(k) > newest[:, None]  # frames the rows after it keep
         if (own & ~valid).any():
-            row, agent = divmod(int(index[(own & ~valid).any(axis=1)][0]), per)
-            raise BufferFileError(
-                f"{self._where}: row {row}{f', agent {agent}' if per > 1 else ''} is corrupt (it "
-                "names a row before the log's first as its stack's)"
-            )
+            k = int(index[(own & ~valid).any(axis=1)][0])
+            raise self._corrupt(k, "it names a row before the log's first as its stack's")
         keys = np.flatnonzero(newest >= 0)
         wholes, at_whole = np.unique(window[keys, newest[keys]], return_inverse=True)
         parts, at_part = np.unique(window[own], return_inverse=True)
@@ -227,22 +224,6 @@ class Packed:
         out[~hit] = self._whole(parts[~hit], size)
         self._memo = (parts, out)
         return out
-
-    def _decode(self, work: Sequence[tuple[int, int, int]], out: np.ndarray, size: int) -> None:
-        decompress = _decompressor().decompress
-        for at, (k, lo, hi) in enumerate(work):
-            frame = self._frames[lo:hi]
-            try:
-                if not lo < hi <= len(self._frames) or zstandard.frame_content_size(frame) != size:
-                    raise zstandard.ZstdError(f"it does not hold the row's {size:,} bytes")
-                raw = decompress(frame)  # its size checked: no more is allocated
-                if len(raw) != size:
-                    raise zstandard.ZstdError(f"it decodes to {len(raw):,} bytes, not {size:,}")
-            except zstandard.ZstdError as exc:
-                row, agent = divmod(k, self._per)
-                who = f", agent {agent}" if self._per > 1 else ""
-                raise BufferFileError(f"{self._where}: row {row}{who} is corrupt ({exc})") from None
-            out[at] = np.frombuffer(raw, np.uint8)
 
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """Rows ``[lo, hi)`` as a file holds them: a per-agent field's agents together,
