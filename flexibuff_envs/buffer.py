@@ -30,7 +30,7 @@ from flexibuff_envs.returns import check_gamma
 from flexibuff_envs.samplers import Prioritized, checked_rows, checked_weights, live_rows
 from flexibuff_envs.sampling import Sampling
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.storage import Storage
+from flexibuff_envs.storage import Storage, packable
 
 
 def _allocate(storage: Storage, wanted: Mapping[str, bool]) -> None:
@@ -83,6 +83,8 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         extra_fields: per-agent fields of your own, ``{"hidden": (64,)}`` or ``{"hidden": ((64,),
             "float16")}`` (float32 unless given): filled by ``annotate(hidden=h)`` or `field`,
             NaN (0 for integers) where not given, on every batch as ``batch.hidden``, kept in files.
+        compress: keep ``obs`` and ``state`` compressed in memory, a zstd frame a row, lossless:
+            "auto" those of images, ``{"obs": "zstd"}`` by field, or None (raw: fastest to sample).
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         obs_categories: list[int] | tuple[int, ...] | None = None,
         alpha: float = ALPHA,
         extra_fields: Mapping[str, Any] | None = None,
+        compress: Compress = None,
     ) -> None:
         self.num_steps = positive_int("num_steps", num_steps)
         cards = tuple(positive_int("discrete_action_cardinalities", c) for c in (discrete_action_cardinalities or ()))
@@ -157,6 +160,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
             self.num_steps * self.spec.n_envs,
             lanes=self.spec.n_envs,
             log_prob_continuous=int(log_prob_continuous),
+            compress=packable(compress),
         )
         self._index = EpisodeIndex(self.spec.n_envs, self.num_steps, n_agents, self._forget, self._open)
         self._ring = self._index.ring  # the lanes as they stand (recorders' own lanes; commits skipped)
@@ -326,10 +330,9 @@ class FlexibleBuffer(Filling, Logged, Sampling):
             BufferSaveError: an ``OSError`` naming ``path`` (a directory, no permission, a full
                 disk); a file already at ``path`` is intact.
         """
-        if isinstance(compress, Mapping):
-            unknown = sorted(set(compress) - set(self._store.fields))
-            if unknown:
-                raise InvalidArgumentError(f"save: compress names {unknown[0]!r}, which is no field of this buffer")
+        unknown = sorted(set(compress) - set(self._store.fields)) if isinstance(compress, Mapping) else []
+        if unknown:
+            raise InvalidArgumentError(f"save: compress names {unknown[0]!r}, which is no field of this buffer")
         target = os.fspath(path) if path is not None else os.path.join(self.path, self.name + ".fbuf")
         settings = {
             "spec": self.spec.to_dict(),
@@ -347,7 +350,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         return target
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], *, mmap: bool = False) -> FlexibleBuffer:
+    def load(cls, path: str | os.PathLike[str], *, mmap: bool = False, compress: Compress = None) -> FlexibleBuffer:
         """Read a buffer written by `save`; it records and samples exactly as before.
 
         Args:
@@ -356,7 +359,11 @@ class FlexibleBuffer(Filling, Logged, Sampling):
                 never in the file. Only the header's checksum is checked, not the data's; its
                 compressed parts are decoded into memory. A file whose lanes are partly empty is
                 read instead (its rows keep their numbers).
+            compress: keep ``obs`` and ``state`` compressed in memory, as the constructor's
+                ``compress`` (read and packed a few hundred rows at a time); not with ``mmap``.
         """
+        if compress is not None and mmap:
+            raise InvalidArgumentError("load: mmap maps the rows as the file holds them; compress needs them read")
         with io.BufferFile(os.fspath(path)) as file:
             header = file.header
             try:
@@ -369,6 +376,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
                     alpha=header.alpha,
                     global_reward=False,
                     individual_reward=False,
+                    compress=compress,
                 )
             except MemoryError:
                 file.fail(

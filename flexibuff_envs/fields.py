@@ -59,7 +59,7 @@ FIELDS: dict[str, Field] = {
     "memory_weights": Field(False, "float32", 1.0),
 }
 
-#: batch fields an n-step draw makes (`Storage.gather_n_step`) rather than gathers
+#: batch fields an n-step draw makes (`nstep.gather`) rather than gathers
 N_STEP_MADE = ("discounts", "n_steps")
 #: names a field of your own cannot take: the batch's own attributes
 RESERVED = frozenset({*FIELDS, *(f.name for f in dataclasses.fields(FlexiBatch))})

@@ -172,7 +172,8 @@ class HeldBatch:
         self.chain = chain
         self.base = chain.base[agent] if agent is not None else chain.base
         self.index = chain.index[agent] if agent is not None else chain.index
-        self._rows = as_rows(self.base)
+        # rows as opaque values (faster to assign), unless kept compressed (`PackedRing`)
+        self._rows = as_rows(self.base) if isinstance(self.base, np.ndarray) else None
         self.held = chain.reserve(n)
         self.pending = np.full(n, -1, dtype=np.int64)  # per lane, as `Held.pending`
         chain.holders.add(self)
@@ -242,7 +243,10 @@ class HeldBatch:
         self.index[old[old >= 0]] = CHAINED
         self.pending[chained] = -1
         self._settle(touched)
-        self._rows[rows] = as_rows(before)
+        if self._rows is None:
+            self.base[rows] = before
+        else:
+            self._rows[rows] = as_rows(before)
         index = np.full(rows.size, CHAINED, dtype=np.int32)
         if ends.any():
             slots = self.chain.alloc(int(np.count_nonzero(ends)))

@@ -10,16 +10,18 @@ doubles ``width`` for the whole batch and looks again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.fields import DECODED
 
 if TYPE_CHECKING:
     from flexibuff_envs.episodes import Lane
+    from flexibuff_envs.storage import Storage
 
 
 @dataclass(frozen=True)
@@ -111,3 +113,53 @@ def discounted_sum(rewards: np.ndarray, inside: np.ndarray, step: np.ndarray, ga
     ``[A, W, B]``, 0 for ``[W, B]``)."""
     powers = gamma ** np.arange(inside.shape[-2], dtype=np.float64)
     return (np.where(inside, rewards, 0.0) * powers.take(step)).sum(axis=-2)
+
+
+def gather(storage: Storage, w: Windows, gamma: float, wanted: Collection[str] | None = None) -> dict[str, Any]:
+    """The n-step fields of ``storage``'s windows ``w`` (`flexibuff_envs.nstep`): each agent's discounted
+    reward sum, the next values and flags after its window's last step, ``discounts``
+    (``gamma ** k`` for its ``k`` steps) and ``n_steps`` (``k``); the team's reward sum and
+    ``state_`` after its window."""
+    arrays = storage.arrays
+    single = storage.spec.n_agents == 1
+    agent_last = w.agent_last()
+    out: dict[str, Any] = {}
+
+    def own(value: np.ndarray) -> np.ndarray:
+        return value[0] if single else value
+
+    def want(name: str) -> bool:
+        return (wanted is None or name in wanted) and (name in arrays or name in storage.chains)
+
+    if want("individual_rewards"):
+        rewards = arrays["individual_rewards"].take(w.rows, axis=1)
+        out["individual_rewards"] = own(discounted_sum(rewards, w.mine, w.step, gamma).astype(np.float32))
+    if want("global_rewards"):
+        steps = np.broadcast_to(np.arange(w.rows.shape[0])[:, None], w.rows.shape)
+        out["global_rewards"] = discounted_sum(arrays["global_rewards"].take(w.rows), w.team(), steps, gamma).astype(
+            np.float32
+        )
+    agents = np.arange(storage.spec.n_agents)[:, None]
+    for name in ("terminated", "truncated"):
+        if want(name):  # indexed, not flattened: a mapped log's columns are not contiguous
+            out[name] = own(arrays[name][agents, agent_last])
+    steps = w.mine.sum(axis=1)
+    if wanted is None or "discounts" in wanted:
+        out["discounts"] = own((gamma**steps).astype(np.float32))
+    if wanted is None or "n_steps" in wanted:
+        out["n_steps"] = own(steps.astype(np.int64))
+    for name, chain in storage.chains.items():
+        if not want(name):
+            continue
+        if not chain.per_agent:
+            team_last = w.team_last()
+            out[name] = chain.gather(team_last, *storage.successors(team_last))
+        elif single or (agent_last == agent_last[0]).all():  # every agent's window ends alike
+            out[name] = chain.gather(agent_last[0], *storage.successors(agent_last[0]), 0 if single else None)
+        else:
+            out[name] = np.stack(
+                [chain.gather(last, *storage.successors(last), agent) for agent, last in enumerate(agent_last)]
+            )
+        if name in DECODED:
+            out[name] = storage.decode(name, out[name])
+    return out

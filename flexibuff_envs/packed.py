@@ -162,22 +162,27 @@ class Packed:
         """Frames ``index`` (1-D) as stored, each of ``size`` bytes: ``[n, size]``. Decoded on the
         caller's thread: a frame takes zstd a few microseconds, too little to hand to another
         thread (taking turns at the GIL costs more than the second core gives back)."""
-        if not index.size:
-            return np.empty((0, size), np.uint8)
-        stops = self._ends[index]
-        starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(0))
-        decompress, frames, where = _decompressor().decompress, self._frames, len(self._frames)
-        raws = []
-        for k, lo, hi in zip(index.tolist(), starts.tolist(), stops.tolist()):
-            frame = frames[lo:hi]
+        decompress, raws = _decompressor().decompress, []
+        for k, frame in zip(index.tolist(), self._stored(index)):
             try:
-                if not lo < hi <= where or zstandard.frame_content_size(frame) != size:
+                if frame is None:  # a row never written: zeros
+                    raws.append(bytes(size))
+                    continue
+                if zstandard.frame_content_size(frame) != size:
                     raise zstandard.ZstdError(f"it does not hold the row's {size:,} bytes")
                 raws.append(decompress(frame))  # its size checked: no more is allocated, nor decoded
             except zstandard.ZstdError as exc:
                 raise self._corrupt(k, str(exc)) from None
         joined = bytearray().join(raws)  # one copy, writable (a batch's arrays are the caller's)
         return np.frombuffer(joined, np.uint8).reshape(index.size, size)
+
+    def _stored(self, index: np.ndarray) -> list[Any]:
+        """The stored frames ``index`` (1-D), as bytes-like (one cut short by its file, or empty,
+        fails as it is decoded)."""
+        stops = self._ends[index]
+        starts = np.where(index > 0, self._ends[np.maximum(index - 1, 0)], np.uint64(0))
+        frames = self._frames
+        return [frames[lo:hi] for lo, hi in zip(starts.tolist(), stops.tolist())]
 
     def _corrupt(self, k: int, why: str) -> BufferFileError:
         """The error for frame ``k``, corrupt for reason ``why``."""
@@ -266,12 +271,20 @@ class Packed:
         if self.per_agent and len(key) == 1 and isinstance(key[0], (int, np.integer)):
             agent = int(key[0]) % self._per  # one agent's rows: still read as they are used
             return _Agent(self, agent)
-        lead, rest = (key[:2], key[2:]) if self.per_agent else ((0, key[0]), key[1:])
-        lead = (*lead, slice(None)) if len(lead) == 1 else lead
-        if any(k is Ellipsis or k is None for k in key):
+        if any(k is None for k in key):
             return np.asarray(self)[key]
+        lead, rest = self._lead(key)
         out = self._decoded(self._frame(*lead))
         return out[(Ellipsis,) + tuple(rest)] if rest else out
+
+    def _lead(self, key: tuple[Any, ...]) -> tuple[tuple[Any, Any], tuple[Any, ...]]:
+        """``key`` as the agents and rows it names (a global field's: agent 0), and what it
+        says of a row's values."""
+        if any(k is Ellipsis for k in key):
+            at = key.index(Ellipsis)
+            key = key[:at] + (slice(None),) * (self.ndim - len(key) + 1) + key[at + 1 :]
+        lead, rest = (key[:2], key[2:]) if self.per_agent else ((0, key[0]), key[1:])
+        return ((*lead, slice(None)) if len(lead) == 1 else lead), rest  # type: ignore[return-value]
 
     def __setitem__(self, key: Any, value: Any) -> None:
         raise InvalidArgumentError(
@@ -280,9 +293,10 @@ class Packed:
         )
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self.nbytes > available_memory():
+        decoded = self._size * self._rows * self._per
+        if decoded > available_memory():
             raise InvalidArgumentError(
-                f"{self._where}: decoding all of it takes {self.nbytes:,} bytes, more than this machine has free"
+                f"{self._where}: decoding all of it takes {decoded:,} bytes, more than this machine has free"
             )
         out = self[:, :] if self.per_agent else self[:]
         return out if dtype is None else out.astype(dtype, copy=False)
@@ -313,7 +327,8 @@ class _Agent:
         return self._packed[(self._agent,) + key]
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._packed[self._agent] = value  # refused, as any write
+        key = key if isinstance(key, tuple) else (key,)
+        self._packed[(self._agent,) + key] = value
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self._packed[self._agent, :]

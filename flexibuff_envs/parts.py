@@ -3,6 +3,7 @@ hold it) and `Stored`, a storage's rows in that form, each part made when read."
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -103,6 +104,37 @@ class Part:
         """Its rows ``[lo, hi)`` (a tail whole)."""
         whole = self.whole()
         return whole if self.part == "tail" else whole[:, lo:hi] if self.axis else whole[lo:hi]
+
+
+@dataclass(frozen=True, eq=False)
+class Streamed(Part):
+    """A part a file is read into a block of rows at a time, each block written to ``target``
+    (a `PackedRing`) once filled (the last by `flush`): a loaded field kept compressed is never
+    whole in memory. ``pieces`` only stand for its shape (one zero, broadcast)."""
+
+    target: Any = None
+    segments: Segments = ()
+    filling: list[tuple[Any, np.ndarray]] = dataclasses.field(default_factory=list)  # the block being read
+
+    #: rows of a block
+    BLOCK = 256
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        row = self.shape[1 + self.axis :]
+        for agent in range(self.shape[0]) if self.axis else (None,):
+            for lo, hi, _ in runs(self.segments):
+                for start in range(lo, hi, self.BLOCK):
+                    self.flush()
+                    rows = slice(start, min(start + self.BLOCK, hi))
+                    block = np.empty((rows.stop - start, *row), self.dtype)
+                    self.filling.append(((agent, rows) if self.axis else rows, block))
+                    yield block
+
+    def flush(self) -> None:
+        """Write the block read last to ``target``."""
+        while self.filling:
+            where, block = self.filling.pop()
+            self.target[where] = block
 
 
 class Stored:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flexibuff_envs import nstep
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, positive_int
 from flexibuff_envs.fields import NEXT
@@ -26,7 +27,7 @@ from flexibuff_envs.samplers import (
     Weighted,
 )
 
-#: the fields an n-step batch sums or reads after each window (`Storage.gather_n_step`)
+#: the fields an n-step batch sums or reads after each window (`nstep.gather`)
 N_STEP = ("individual_rewards", "global_rewards", "terminated", "truncated", *NEXT)
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ class Sampling(Half):
             arrays = storage.arrays
             w = windows(lanes, idx, n, arrays["active"], arrays["terminated"], arrays["truncated"])
             rest = [name for name in (storage.arrays.keys() if wanted is None else wanted) if name not in N_STEP]
-            out = {**storage.gather(idx, rest), **storage.gather_n_step(w, self.gamma, wanted)}
+            out = {**storage.gather(idx, rest), **nstep.gather(storage, w, self.gamma, wanted)}
         out["idx"] = idx
         out["agents"] = self.spec.agent_ids
         for name, value in (("valid", valid), ("weights", weights)):

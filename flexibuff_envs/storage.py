@@ -16,6 +16,8 @@ import numpy as np
 from flexibuff_envs.action_codecs import ActionCodec
 from flexibuff_envs.chain import CHAINED, Alloc, Chain, TakeMode, zeroed
 from flexibuff_envs.codecs import ObsCodec, index_dtype
+from flexibuff_envs.compression import Compress, plan
+from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.fields import (
     DECODED,
     MASKS,
@@ -29,16 +31,31 @@ from flexibuff_envs.fields import (
     unpack_mask,
 )
 from flexibuff_envs.holders import Held, HeldBatch
-from flexibuff_envs.nstep import Windows, discounted_sum
-from flexibuff_envs.parts import Part, Segments, Stored, runs, segment_rows
+from flexibuff_envs.packed_ring import PackedRing
+from flexibuff_envs.parts import Part, Segments, Stored, Streamed, runs, segment_rows
 from flexibuff_envs.spec import BufferSpec
+
+#: the fields a storage may keep compressed in memory (`PackedRing`): observations and states
+PACKABLE = ("obs", "state")
+
+
+def packable(compress: Compress) -> Compress:
+    """``compress``, checked as a buffer's: a policy `plan` takes, naming only fields of `PACKABLE`."""
+    plan(compress, "", np.dtype(np.uint8), 0)
+    for name, codec in compress.items() if isinstance(compress, Mapping) else ():
+        if name not in PACKABLE:
+            raise InvalidArgumentError(f"compress: {name!r} is not kept compressed in memory; only {PACKABLE} are")
+        plan(compress, name, np.dtype(np.uint8), 0)  # its codec is one
+    return compress
 
 
 class Storage:
     """The arrays of one buffer: ``rows`` rows of every allocated field."""
 
-    def __init__(self, spec: BufferSpec, rows: int, *, lanes: int = 1, log_prob_continuous: int = 0) -> None:
-        self.spec = spec
+    def __init__(
+        self, spec: BufferSpec, rows: int, *, lanes: int = 1, log_prob_continuous: int = 0, compress: Compress = None
+    ) -> None:
+        self.spec, self.compress = spec, compress  # `compress`: which of `PACKABLE` are kept as `PackedRing`
         self.rows = rows
         #: every field this storage can hold
         self.fields = field_table(spec)
@@ -68,14 +85,17 @@ class Storage:
         return lead + ((self._widths[field.width],) if field.width else ()) + field.shape
 
     def ensure(self, name: str, *, width: int | None = None) -> np.ndarray:
-        """The array of ``name``, allocated (filled with its default) on first use."""
-        array = self.arrays.get(name)
+        """The array of ``name``, allocated (filled with its default) on first use (a
+        `PackedRing` where ``compress`` keeps it compressed: it reads and writes as the array)."""
+        array: Any = self.arrays.get(name)
         if array is None:
             field = self.fields[name]
             if width is not None:
                 self._widths[field.width] = width
-            # zeros that cost memory only where written: untouched rows of a huge buffer cost none
-            array = self.alloc(self.shape(name), self.dtype(name), name)
+            shape, dtype, per_agent = self.shape(name), self.dtype(name), self.fields[name].per_agent
+            packed = name in PACKABLE and plan(self.compress, name, dtype, shape[-1] * dtype.itemsize)
+            # else zeros that cost memory only where written: untouched rows of a huge buffer cost none
+            array = PackedRing(shape, dtype, per_agent, name) if packed else self.alloc(shape, dtype, name)
             fill = self.fill(name)
             if fill:
                 for lane, opened in enumerate(self.opened):
@@ -218,55 +238,6 @@ class Storage:
                 out[name] = self.decode(name, out[name])
         return out
 
-    def gather_n_step(self, w: Windows, gamma: float, wanted: Collection[str] | None = None) -> dict[str, Any]:
-        """The n-step fields of windows ``w`` (`flexibuff_envs.nstep`): each agent's discounted
-        reward sum, the next values and flags after its window's last step, ``discounts``
-        (``gamma ** k`` for its ``k`` steps) and ``n_steps`` (``k``); the team's reward sum and
-        ``state_`` after its window."""
-        arrays = self.arrays
-        single = self.spec.n_agents == 1
-        agent_last = w.agent_last()
-        out: dict[str, Any] = {}
-
-        def own(value: np.ndarray) -> np.ndarray:
-            return value[0] if single else value
-
-        def want(name: str) -> bool:
-            return (wanted is None or name in wanted) and (name in arrays or name in self.chains)
-
-        if want("individual_rewards"):
-            rewards = arrays["individual_rewards"].take(w.rows, axis=1)
-            out["individual_rewards"] = own(discounted_sum(rewards, w.mine, w.step, gamma).astype(np.float32))
-        if want("global_rewards"):
-            steps = np.broadcast_to(np.arange(w.rows.shape[0])[:, None], w.rows.shape)
-            out["global_rewards"] = discounted_sum(
-                arrays["global_rewards"].take(w.rows), w.team(), steps, gamma
-            ).astype(np.float32)
-        agents = np.arange(self.spec.n_agents)[:, None]
-        for name in ("terminated", "truncated"):
-            if want(name):  # indexed, not flattened: a mapped log's columns are not contiguous
-                out[name] = own(arrays[name][agents, agent_last])
-        steps = w.mine.sum(axis=1)
-        if wanted is None or "discounts" in wanted:
-            out["discounts"] = own((gamma**steps).astype(np.float32))
-        if wanted is None or "n_steps" in wanted:
-            out["n_steps"] = own(steps.astype(np.int64))
-        for name, chain in self.chains.items():
-            if not want(name):
-                continue
-            if not chain.per_agent:
-                team_last = w.team_last()
-                out[name] = chain.gather(team_last, *self.successors(team_last))
-            elif single or (agent_last == agent_last[0]).all():  # every agent's window ends alike
-                out[name] = chain.gather(agent_last[0], *self.successors(agent_last[0]), 0 if single else None)
-            else:
-                out[name] = np.stack(
-                    [chain.gather(last, *self.successors(last), agent) for agent, last in enumerate(agent_last)]
-                )
-            if name in DECODED:
-                out[name] = self.decode(name, out[name])
-        return out
-
     def decode(self, name: str, values: np.ndarray) -> Any:
         """Stored values of field ``name`` as a batch shows them."""
         if name in MASKS:
@@ -296,11 +267,8 @@ class Storage:
         for name, array in self:
             source, per_agent = given.get((name, None)), self.fields[name].per_agent
             for lo, hi, at in runs(segments):
-                target = array[:, lo:hi] if per_agent else array[lo:hi]
-                if source is None:
-                    target[...] = self.fill(name)
-                else:
-                    target[...] = source[:, at] if per_agent else source[at]
+                span = (slice(None), slice(lo, hi)) if per_agent else slice(lo, hi)
+                array[span] = self.fill(name) if source is None else source[:, at] if per_agent else source[at]
         rows = segment_rows(segments)
         for name, chain in self.chains.items():
             if (name, "index") in given:
@@ -316,6 +284,9 @@ class Storage:
             self.chains.pop(name, None)
         if part is None and name in MASKS and dtype == bool:  # formats 1-2: a bool per action
             return Part(name, "bools", False, (np.ones(shape, dtype=bool),))
+        if part is None and isinstance(self.ensure(name), PackedRing):
+            shape_only = (np.broadcast_to(np.zeros((), dtype), shape),)
+            return Streamed(name, None, self.fields[name].per_agent, shape_only, self.arrays[name], segments)
         if part is None:
             return Part.of(name, None, self.ensure(name), self.fields[name].per_agent, segments)
         chain = self.chain(name)
@@ -325,8 +296,10 @@ class Storage:
         return Part(name, part, False, (chain.tail[: shape[0]],))
 
     def settle(self, parts: Sequence[Part], segments: Segments) -> None:
-        """Store what `receive` read in an older form: masks as bits."""
+        """Store what `receive` read in another form: masks as bits, a compressed field's last rows."""
         for part in parts:
+            if isinstance(part, Streamed):
+                part.flush()
             if part.part == "bools":
                 bools, packed = part.whole(), self.ensure(part.name)
                 for lo, hi, at in runs(segments):

@@ -26,6 +26,28 @@ def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
             np.testing.assert_array_equal(u, v, err_msg=name)
 
 
+#: a draw of every sampling mode
+DRAWS = [
+    lambda b: b.sample_transitions(64),
+    lambda b: b.sample_transitions(64, n_step=3),
+    lambda b: b.sample_transitions(64, prioritized=True),
+    lambda b: b.sample_episodes(n_episodes=2),
+    lambda b: b.sample_sequences(8, 4),
+    lambda b: next(b.minibatches(32)),
+]
+
+
+def assert_same_draws(mine: fe.FlexibleBuffer, want: fe.FlexibleBuffer) -> None:
+    """Every mode of `DRAWS`, drawn with the same seed from both buffers, hands out the same batches."""
+    mine.rng, want.rng = np.random.default_rng(7), np.random.default_rng(7)
+    for draw in DRAWS:
+        got, expected = draw(mine), draw(want)
+        for x, y in zip(
+            got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected]
+        ):
+            assert_same_batches(x, y)
+
+
 def whole_episodes(buffer: fe.FlexibleBuffer) -> list[fe.FlexiBatch]:
     """Every ended whole episode, lane by lane in recording order, as a batch of its rows."""
     return list(buffer.episodes())
@@ -36,11 +58,14 @@ def key(batch: fe.FlexiBatch) -> Any:
     return batch.obs.tobytes(), None if batch.discrete_actions is None else batch.discrete_actions.tobytes()
 
 
-def filled_by_hand(directory: str | os.PathLike[str] | None = None) -> fe.FlexibleBuffer:
+def filled_by_hand(directory: str | os.PathLike[str] | None = None, compress: Any = None) -> fe.FlexibleBuffer:
     """Two episodes whose ``obs_`` are filled in by hand, the first's last equal to the second's
-    first ``obs`` (so stored chained to it), logged to ``directory`` as they end if given."""
+    first ``obs`` (so stored chained to it), logged to ``directory`` as they end if given, the
+    buffer's fields kept as ``compress`` says."""
     obs = np.arange(12, dtype=np.float32).reshape(6, 2)
-    buffer = fe.FlexibleBuffer(20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True)
+    buffer = fe.FlexibleBuffer(
+        20, obs_size=2, discrete_action_cardinalities=[2], individual_reward=True, compress=compress
+    )
     if directory is not None:
         buffer.log_to(directory, every=3600.0)
     for t in range(6):

@@ -15,7 +15,7 @@ import pytest
 
 import flexibuff_envs as fe
 from flexibuff_envs import log
-from tests.batches import assert_same_batches
+from tests.batches import assert_same_batches, assert_same_draws
 
 BOTH = {"obs": "zstd", "state": "zstd"}
 
@@ -67,27 +67,6 @@ def _codecs(directory: Path) -> dict[str, str | None]:
     return {c.file: c.codec for c in log.read.read_header(str(directory))[1]}
 
 
-DRAWS = [
-    lambda b: b.sample_transitions(64),
-    lambda b: b.sample_transitions(64, n_step=3),
-    lambda b: b.sample_transitions(64, prioritized=True),
-    lambda b: b.sample_episodes(n_episodes=2),
-    lambda b: b.sample_sequences(8, 4),
-    lambda b: next(b.minibatches(32)),
-]
-
-
-def _assert_same_draws(mine: fe.FlexibleBuffer, want: fe.FlexibleBuffer) -> None:
-    """Every mode of `DRAWS`, drawn with the same seed from both buffers, hands out the same batches."""
-    mine.rng, want.rng = np.random.default_rng(7), np.random.default_rng(7)
-    for draw in DRAWS:
-        got, expected = draw(mine), draw(want)
-        for x, y in zip(
-            got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected]
-        ):
-            assert_same_batches(x, y)
-
-
 @pytest.mark.parametrize("kind", ["gym", "parallel", "aec", "pistonball"])
 def test_a_compressed_log_holds_and_samples_exactly_what_an_uncompressed_one_does(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("pettingzoo")
@@ -104,7 +83,7 @@ def test_a_compressed_log_holds_and_samples_exactly_what_an_uncompressed_one_doe
     for mine, want in zip(mapped.episodes(), packed.episodes(), strict=True):
         assert_same_batches(mine, want)
     for buffer in (mapped, read):
-        _assert_same_draws(buffer, raw)
+        assert_same_draws(buffer, raw)
     assert log.verify(tmp_path / "packed").torn == ()
 
 
@@ -274,5 +253,5 @@ def test_frame_stacks_are_kept_a_frame_a_row_and_read_back_exactly(tmp_path: Pat
     ):
         for mine, want in zip(opened.episodes(), ram.episodes(), strict=True):
             assert_same_batches(mine, want)
-        _assert_same_draws(opened, ram)
+        assert_same_draws(opened, ram)
     assert log.verify(tmp_path / "packed").torn == ()

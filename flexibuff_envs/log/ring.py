@@ -88,7 +88,7 @@ def into_files(storage: Storage, directory: str) -> bool:
     rows its lanes opened: the others are zeros in both) and make its later ones there. Nothing
     moves, and False is returned, once a recorder writes to it (it holds views of the arrays),
     or where the system lacks `posix_fallocate` or a boot id (not Linux), or it holds a compressed
-    log's rows, mapped (read-only)."""
+    log's rows, mapped (read-only), or rows kept compressed in memory (`PackedRing`)."""
     if (
         any(len(chain.holders) for chain in storage.chains.values())
         or not all(isinstance(array, np.ndarray) for array in storage.arrays.values())
