@@ -98,6 +98,20 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
         "python benchmarks/bench_log_compress.py",
     ),
     (
+        'a replay buffer of Atari frames (Pong, stack of 4) kept compressed in memory, `compress="auto"`',
+        "bench_ram_compress.md",
+        lambda text: (
+            find(r"Pong \(Atari[^\n]*\n\s+obs in memory: ([\d,]+) B a row")(text)
+            + " bytes a row (1/"
+            + find(r"Pong \(Atari[^\n]*\n\s+obs in memory: [\d,]+ B a row, 1/([\d,]+)")(text)
+            + " of raw), recorded in "
+            + find(r"Pong \(Atari(?:[^\n]*\n){3}[^\n]*compressed / raw: ([\d.]+x)")(text)
+            + " a raw buffer's time, sampled in "
+            + find(r"Pong \(Atari(?:[^\n]*\n){4}[^\n]*compressed / raw warm: ([\d.]+x)")(text)
+        ),
+        "python benchmarks/bench_ram_compress.py",
+    ),
+    (
         "a 100-million-step recording streamed to a log by the CLI",
         "bench_log_memory.md",
         lambda text: (

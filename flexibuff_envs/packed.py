@@ -162,19 +162,19 @@ class Packed:
         """Frames ``index`` (1-D) as stored, each of ``size`` bytes: ``[n, size]``. Decoded on the
         caller's thread: a frame takes zstd a few microseconds, too little to hand to another
         thread (taking turns at the GIL costs more than the second core gives back)."""
-        decompress, raws = _decompressor().decompress, []
-        for k, frame in zip(index.tolist(), self._stored(index)):
+        decompress = _decompressor().decompress
+        out = np.empty((index.size, size), np.uint8)  # numpy's: large ones in huge pages, quick to fill
+        for at, (k, frame) in enumerate(zip(index.tolist(), self._stored(index))):
+            if frame is None:  # a row never written: zeros
+                out[at] = 0
+                continue
             try:
-                if frame is None:  # a row never written: zeros
-                    raws.append(bytes(size))
-                    continue
                 if zstandard.frame_content_size(frame) != size:
                     raise zstandard.ZstdError(f"it does not hold the row's {size:,} bytes")
-                raws.append(decompress(frame))  # its size checked: no more is allocated, nor decoded
+                out[at] = np.frombuffer(decompress(frame), np.uint8)  # its size checked: no more is decoded
             except zstandard.ZstdError as exc:
                 raise self._corrupt(k, str(exc)) from None
-        joined = bytearray().join(raws)  # one copy, writable (a batch's arrays are the caller's)
-        return np.frombuffer(joined, np.uint8).reshape(index.size, size)
+        return out
 
     def _stored(self, index: np.ndarray) -> list[Any]:
         """The stored frames ``index`` (1-D), as bytes-like (one cut short by its file, or empty,
