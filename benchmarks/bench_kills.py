@@ -71,7 +71,7 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     print(f"SIGKILL at a random moment (0-1.5 s into a recording), {args.kills} kills per kind, seed {args.seed}")
     print(
-        f"  {'recording':<34} {'kills':>5} {'ended':>8} {'logged':>8} {'ended, lost':>12} "
+        f"  {'recording':<46} {'kills':>5} {'ended':>8} {'logged':>8} {'ended, lost':>12} "
         f"{'read back wrong':>16} {'resume faults':>14}"
     )
     total = dict.fromkeys(("kills", "reported", "logged", "lost", "wrong", "resume_faults"), 0)
@@ -87,14 +87,14 @@ def main() -> None:
         for kind in killed.KINDS:
             counts = run(kind, args.kills, rng, Path(root))
             print(
-                f"  {names[kind]:<34} {args.kills:>5} {counts['reported']:>8} {counts['logged']:>8} "
+                f"  {names[kind]:<46} {args.kills:>5} {counts['reported']:>8} {counts['logged']:>8} "
                 f"{counts['lost']:>12} {counts['wrong']:>16} {counts['resume_faults']:>14}"
             )
             total["kills"] += args.kills
             for key in counts:
                 total[key] += counts[key]
     print(
-        f"  {'all':<34} {total['kills']:>5} {total['reported']:>8} {total['logged']:>8} {total['lost']:>12} "
+        f"  {'all':<46} {total['kills']:>5} {total['reported']:>8} {total['logged']:>8} {total['lost']:>12} "
         f"{total['wrong']:>16} {total['resume_faults']:>14}"
     )
     print(

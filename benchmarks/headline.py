@@ -106,8 +106,9 @@ ROWS: list[tuple[str, str, Callable[[str], str], str]] = [
             + find(r"Pong \(Atari[^\n]*\n\s+obs in memory: [\d,]+ B a row, 1/([\d,]+)")(text)
             + " of raw), recorded in "
             + find(r"Pong \(Atari(?:[^\n]*\n){3}[^\n]*compressed / raw: ([\d.]+x)")(text)
-            + " a raw buffer's time, sampled in "
+            + " a raw buffer's time; sample_transitions(256) in "
             + find(r"Pong \(Atari(?:[^\n]*\n){4}[^\n]*compressed / raw warm: ([\d.]+x)")(text)
+            + " its time"
         ),
         "python benchmarks/bench_ram_compress.py",
     ),
