@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine; each makes .venv and installs what it needs first.
 #   make demo  - record 100 episodes of PettingZoo connect four (with action masks) and print a report
-#   make test  - run the test suite (what CI runs, with make docs and make package)
+#   make test  - run the test suite, a worker a core (what CI runs, with make docs and make package)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
@@ -18,7 +18,7 @@ demo: $(VENV)/.installed
 	mkdir -p runs && cd runs && $(abspath $(VENV))/bin/flexibuff-envs record
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto
 
 # the documentation as HTML in docs/_build/html; any warning (a broken reference, a bad
 # docstring) fails the build
