@@ -23,8 +23,8 @@ import ray
 from mpe2 import simple_spread_v3
 
 import flexibuff_envs as fe
-from flexibuff_envs.distributed import RayCollector
-from flexibuff_envs.rollout import steps
+from flexibuff_envs.integrations.ray import RayCollector
+from flexibuff_envs.recording.rollout import steps
 
 
 def make_env() -> object:

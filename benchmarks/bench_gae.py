@@ -1,6 +1,6 @@
 """GAE(lambda) plus returns over a 100,000-step rollout of about 2,000 episodes, half of them truncated.
 
-Side by side in one run: flexibuff_envs.returns.gae writing into preallocated arrays (as a buffer
+Side by side in one run: flexibuff_envs.index.returns.gae writing into preallocated arrays (as a buffer
 does), the same allocating its results, a plain Python loop, and each installed peer's own GAE
 from the same arrays (Tianshou's numba kernel, TorchRL's vectorized torch function, SB3's
 RolloutBuffer, flexibuff 0.3.1's loop). Each peer's advantages are checked against the plain loop
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flexibuff_envs.returns import gae
+from flexibuff_envs.index.returns import gae
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -21,7 +21,7 @@ import ray
 import torch
 from mpe2 import simple_spread_v3
 
-from flexibuff_envs.distributed import RayCollector
+from flexibuff_envs.integrations.ray import RayCollector
 
 
 def make_env() -> Any:

@@ -1,8 +1,8 @@
 """Wrap any Gymnasium or PettingZoo env once; every step is recorded into a FlexiBuff-style buffer."""
 
+from flexibuff_envs import _moved
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.chunk import Chunk
 from flexibuff_envs.errors import (
     ArgumentTypeError,
     BufferFileError,
@@ -21,11 +21,14 @@ from flexibuff_envs.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from flexibuff_envs.files.chunk import Chunk
+from flexibuff_envs.index.returns import discounted_returns
 from flexibuff_envs.log import merge as merge_logs
-from flexibuff_envs.returns import discounted_returns
-from flexibuff_envs.rollout import warm
+from flexibuff_envs.recording import GymRecorder, VectorRecorder, record
+from flexibuff_envs.recording.rollout import warm
 from flexibuff_envs.spec import BufferSpec, infer_spec
-from flexibuff_envs.wrappers import GymRecorder, VectorRecorder, record
+
+_moved.install()  # the module paths of earlier releases, deprecated
 
 __all__ = [
     "ArgumentTypeError",

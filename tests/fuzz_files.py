@@ -286,7 +286,7 @@ def _rejournaled(files: Log, rng: random.Random) -> Log:
 def _restaged(files: Log, name: str, rng: random.Random) -> Log:
     """``files`` with one number of the stage file ``name`` changed (its header's, its word, a
     lane's, a snapshot's) and the checksums over it made right, so that what they guard is reached."""
-    from flexibuff_envs.log.stages import _BYTES, _HEAD, _WORD, Layout, _crc, _views
+    from flexibuff_envs.log.stage_files import _BYTES, _HEAD, _WORD, Layout, _crc, _views
 
     raw = bytearray(files[name])
     at = rng.choice([*range(8, _HEAD.size, 8), _WORD, *range(_BYTES, min(len(raw), _BYTES + 1024) - 7, 8)])

@@ -356,7 +356,7 @@ def test_a_sampling_mode_is_one_class_drawn_through_draw() -> None:
     """A sampler of one's own (here: each lane's newest rows) gives batches like the built-in
     modes from the live rows alone (no ring arithmetic), and the built-in methods are `draw`
     with theirs."""
-    from flexibuff_envs.samplers import Draw, Live, Minibatches, Uniform
+    from flexibuff_envs.sampling.samplers import Draw, Live, Minibatches, Uniform
 
     class Newest:
         def __init__(self, n: int) -> None:

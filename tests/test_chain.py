@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flexibuff_envs as fe
-from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.index import episode_table
-from flexibuff_envs.samplers import live_rows
-from flexibuff_envs.writer import Writer
+from flexibuff_envs.recording.writer import Writer
+from flexibuff_envs.sampling.samplers import live_rows
+from flexibuff_envs.spec.observations import obs_codec
 
 AGENTS, LANES, CAPACITY, WIDTH = 2, 2, 7, 3
 

@@ -47,7 +47,7 @@ def test_a_small_ring_keeps_the_newest_whole_episodes() -> None:
 
 
 def test_a_recorder_that_records_wrong_is_caught_with_the_field_and_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    from flexibuff_envs.wrappers import staged
+    from flexibuff_envs.recording import single_agent as staged
 
     real = staged.StagedSteps.flush
 

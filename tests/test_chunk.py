@@ -18,8 +18,8 @@ from mpe2 import simple_spread_v3
 from pettingzoo.classic import connect_four_v3
 
 import flexibuff_envs as fe
-from flexibuff_envs.kinds import env_kind
-from flexibuff_envs.rollout import Annotated, steps
+from flexibuff_envs.recording.rollout import Annotated, steps
+from flexibuff_envs.spec.env_kinds import env_kind
 from tests.batches import assert_same_batches, filled_by_hand, key, whole_episodes
 from tests.envs import ToyEnv
 

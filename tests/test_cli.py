@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import flexibuff_envs as fe
-from flexibuff_envs import cli, rollout
+from flexibuff_envs import cli
+from flexibuff_envs.recording import rollout
 
 
 def run(argv: list[str]) -> int:

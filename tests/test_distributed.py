@@ -21,9 +21,9 @@ from mpe2 import simple_spread_v3
 from pettingzoo.classic import connect_four_v3
 
 import flexibuff_envs as fe
-from flexibuff_envs.distributed import Collected, RayCollector
-from flexibuff_envs.kinds import env_kind
-from flexibuff_envs.rollout import steps
+from flexibuff_envs.integrations.ray import Collected, RayCollector
+from flexibuff_envs.recording.rollout import steps
+from flexibuff_envs.spec.env_kinds import env_kind
 from tests.batches import assert_same_batches, key, whole_episodes
 
 KINDS: dict[str, Callable[[], Any]] = {

@@ -218,7 +218,7 @@ def test_steps_waiting_to_be_written_are_in_every_read() -> None:
 def test_large_observations_wait_a_few_at_a_time() -> None:
     """4 MiB observations: the steps waiting to be written hold at most 16 MiB of them (256 would
     take 1 GiB beside the ring), and every step reads back as the env returned it."""
-    from flexibuff_envs.wrappers.staged import STAGE_BYTES
+    from flexibuff_envs.recording.single_agent import STAGE_BYTES
 
     space = spaces.Box(0, 255, (1024, 1024, 4), np.uint8)
     reference = play(ToyEnv(space, lengths=(7,)), seed=0, steps=12, actions=[0] * 12)
@@ -309,7 +309,7 @@ def test_record_spells_out_its_keywords() -> None:
         "extra_fields",
     ):
         assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
-    from flexibuff_envs.wrappers import AECRecorder, ParallelRecorder
+    from flexibuff_envs.recording import AECRecorder, ParallelRecorder
 
     for recorder in (fe.GymRecorder, fe.VectorRecorder, ParallelRecorder, AECRecorder):  # each kind's own
         assert {"alpha", "extra_fields"} <= inspect.signature(recorder).parameters.keys(), recorder

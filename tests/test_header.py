@@ -18,7 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import flexibuff_envs as fe
-from flexibuff_envs.header import MAX_POSITION
+from flexibuff_envs.files.header import MAX_POSITION
 from flexibuff_envs.testing.reference import play
 from tests.envs import ToyEnv
 
@@ -306,7 +306,7 @@ def test_a_fresh_huge_buffer_costs_memory_only_as_it_records() -> None:
             f"""
 import numpy as np
 import flexibuff_envs as fe
-from flexibuff_envs.writer import Writer
+from flexibuff_envs.recording.writer import Writer
 buffer = fe.FlexibleBuffer(2 * 10**8, 4, [2], n_agents=2, memory_weights=True, values=True, action_mask=True)
 writer = Writer(buffer, buffer)  # the rows a multi-agent recorder claims and clears
 buffer.begin_episode()

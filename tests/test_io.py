@@ -149,7 +149,7 @@ def test_a_mapped_load_maps_the_file_it_read_and_a_save_never_changes_a_mapped_f
     """A save landing at the path while a load maps it: the load maps the file whose header it
     read, not the new one. And saving over a mapped file (ours write a new file and rename it)
     leaves the mapped buffer's rows as they were."""
-    import flexibuff_envs.fileformat as fio
+    import flexibuff_envs.files.format as fio
 
     runs = []
     for seed in (0, 1):
@@ -559,7 +559,7 @@ def test_compressed_parts_that_would_not_fit_in_memory_are_refused(
 ) -> None:
     """However well a part compresses, a file decodes only into the memory this machine has: on
     a machine with a megabyte free, Pong's frames (200 MB decoded) are refused before decoding."""
-    from flexibuff_envs import fileformat
+    from flexibuff_envs.files import format as fileformat
 
     path = _pong(300).save(tmp_path / "packed.fbuf")
     monkeypatch.setattr(fileformat, "available_memory", lambda: 1 << 20)

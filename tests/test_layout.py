@@ -104,3 +104,27 @@ def test_no_module_is_over_400_lines() -> None:
         if (n := len(path.read_text().splitlines())) > 400
     }
     assert not long, long
+
+
+def test_the_module_paths_of_earlier_releases_import_as_the_modules_they_became_with_a_warning() -> None:
+    """Each old path (`flexibuff_envs._moved.MOVED`) is the new module itself, and importing it
+    warns once, naming the new path; the package's own code imports none of them."""
+    code = (
+        "import importlib, warnings\n"
+        "from flexibuff_envs._moved import MOVED\n"
+        "for old, new in MOVED.items():\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        module = importlib.import_module(old)\n"
+        "    assert module is importlib.import_module(new), old\n"
+        "    assert [str(w.message).split(':')[0] for w in caught] == [f'{old} is now {new}'], (old, caught)\n"
+        "from flexibuff_envs.samplers import Draw, Live  # a documented path of the last release\n"
+        "from flexibuff_envs.distributed import RayCollector\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    from flexibuff_envs._moved import MOVED
+
+    old = {name.split(".")[1] for name in MOVED if name.count(".") == 1}
+    used = [f"{p.relative_to(ROOT)}:{line}" for p in PACKAGE.rglob("*.py") for line, name in imports(p) if name in old]
+    assert not used, used

@@ -373,7 +373,7 @@ def test_priorities_follow_a_plain_model_through_records_wraps_and_updates(ops: 
 def test_a_draw_that_meets_stale_sums_draws_again_and_keeps_the_order_drawn() -> None:
     """Sums that lag their leaves (what float rounding can leave) lead a descent to a leaf at 0:
     the sums are rebuilt and only those rows drawn again, in their places, never a row at 0."""
-    from flexibuff_envs.priorities import PriorityTree
+    from flexibuff_envs.sampling.priorities import PriorityTree
 
     tree = PriorityTree(4096, 1, alpha=1.0)
     rows = np.arange(4096)

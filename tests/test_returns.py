@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from flexibuff_envs.returns import discounted_returns, episode_returns, gae, segmented_scan
+from flexibuff_envs.index.returns import discounted_returns, episode_returns, gae, segmented_scan
 from flexibuff_envs.testing.reference import plain_returns
 
 rewards_st = arrays(np.float64, st.integers(0, 300), elements=st.floats(-100, 100))

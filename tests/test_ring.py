@@ -1,4 +1,4 @@
-"""A buffer's ring in files (`flexibuff_envs.log.ring`): recording into it is recording into RAM,
+"""A buffer's ring in files (`flexibuff_envs.log.ring_files`): recording into it is recording into RAM,
 and its files hold the arrays' bytes as they are written."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 
 import flexibuff_envs as fe
 from flexibuff_envs import log
-from flexibuff_envs.log.ring import INDEX, RING, into_files
+from flexibuff_envs.log.ring_files import INDEX, RING, into_files
 from tests.batches import assert_same_batches
 
 

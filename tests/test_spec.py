@@ -8,8 +8,8 @@ import pytest
 from gymnasium import spaces
 
 import flexibuff_envs as fe
-from flexibuff_envs.action_codecs import action_codec
-from flexibuff_envs.codecs import obs_codec
+from flexibuff_envs.spec.actions import action_codec
+from flexibuff_envs.spec.observations import obs_codec
 from tests.envs import ToyEnv
 
 

@@ -1,4 +1,4 @@
-"""A vector recorder's stage in a file of its log (`flexibuff_envs.log.stages`): the steps it has
+"""A vector recorder's stage in a file of its log (`flexibuff_envs.log.stage_files`): the steps it has
 not written yet are replayed by the next to open the log after a kill, so every episode that ended
 in them is logged as the recorder would have logged it."""
 
@@ -16,9 +16,9 @@ import flexibuff_envs as fe
 from flexibuff_envs import log
 from flexibuff_envs.cli import main
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.log.ring import RING
-from flexibuff_envs.log.stages import staged
-from flexibuff_envs.wrappers import batched
+from flexibuff_envs.log.ring_files import RING
+from flexibuff_envs.log.stage_files import staged
+from flexibuff_envs.recording import vector as batched
 from tests.batches import assert_same_batches
 
 #: CartPole under each autoreset mode, and Taxi (observations as categories, legal-action masks)

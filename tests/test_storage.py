@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import flexibuff_envs as fe
-from flexibuff_envs.codecs import obs_codec
-from flexibuff_envs.fields import one_hot, pack_mask, unpack_mask
+from flexibuff_envs.spec.observations import obs_codec
+from flexibuff_envs.storage.fields import one_hot, pack_mask, unpack_mask
 from tests.envs import ToyEnv
 
 FRAME = spaces.Box(0, 255, (32, 32, 4), np.uint8)

@@ -28,7 +28,7 @@ from flexibuff_envs.cli.disk import guarded
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve, wrapped
 from flexibuff_envs.cli.files import cmd_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
 from flexibuff_envs.cli.report import record_report
-from flexibuff_envs.rollout import Budget, play, progress_bar
+from flexibuff_envs.recording.rollout import Budget, play, progress_bar
 
 DEFAULT_EPISODES = 100
 DEFAULT_CAPACITY = 100_000

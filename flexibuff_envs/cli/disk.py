@@ -8,7 +8,7 @@ import shutil
 
 from flexibuff_envs.cli.envs import UsageError
 from flexibuff_envs.cli.report import size
-from flexibuff_envs.rollout import Budget, Progress
+from flexibuff_envs.recording.rollout import Budget, Progress
 
 
 def guarded(progress: Progress, budget: Budget, *, step_bytes: int, where: str, kept: int | None, out: str) -> Progress:

@@ -11,7 +11,7 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.cli.envs import EnvChoice
 from flexibuff_envs.integrations.tables import Summary
-from flexibuff_envs.rollout import Rollout
+from flexibuff_envs.recording.rollout import Rollout
 from flexibuff_envs.spec import BufferSpec
 
 API_NAMES = {
@@ -122,7 +122,7 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
 
 def _stored(path: str) -> str:
     """How the buffer file ``path`` stores its parts: each compressed one's bytes and ratio."""
-    from flexibuff_envs.io import BufferFile
+    from flexibuff_envs.files.io import BufferFile
 
     with BufferFile(path) as file:
         metas = file.header.fields

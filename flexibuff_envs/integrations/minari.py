@@ -18,14 +18,14 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.batch import ONCE_PER_ROW, PER_AGENT, FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, MissingExtraError, needs
-from flexibuff_envs.fields import stored_obs
-from flexibuff_envs.kinds import env_kind
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
+from flexibuff_envs.spec.actions import action_codec
+from flexibuff_envs.spec.env_kinds import env_kind
+from flexibuff_envs.spec.observations import obs_codec
+from flexibuff_envs.storage.fields import stored_obs
 
 try:
     import minari

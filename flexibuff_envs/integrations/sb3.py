@@ -21,16 +21,16 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from flexibuff_envs.action_codecs import action_codec
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.codecs import obs_codec
 from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError, needs
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.recording.setup import prepare_buffer
+from flexibuff_envs.recording.single_agent import SingleLaneRecorder
+from flexibuff_envs.recording.vector import BatchRecorder, VectorBootstrapFn
+from flexibuff_envs.recording.writer import Unpicklable, Writer
 from flexibuff_envs.spec import BufferSpec, spec_from_codecs
-from flexibuff_envs.wrappers.batched import BatchRecorder, VectorBootstrapFn
-from flexibuff_envs.wrappers.setup import prepare_buffer
-from flexibuff_envs.wrappers.staged import SingleLaneRecorder
-from flexibuff_envs.writer import Unpicklable, Writer
+from flexibuff_envs.spec.actions import action_codec
+from flexibuff_envs.spec.observations import obs_codec
 
 try:
     import torch as th

@@ -18,9 +18,9 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import BufferFileError
-from flexibuff_envs.fields import FIELDS, NEXT, encode
-from flexibuff_envs.samplers import Draw, Live
+from flexibuff_envs.sampling.samplers import Draw, Live
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage.fields import FIELDS, NEXT, encode
 
 #: a buffer, or the path of a buffer file or an episode log
 Source = FlexibleBuffer | str | os.PathLike[str]

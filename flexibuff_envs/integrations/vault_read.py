@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.compression import available_memory
 from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.integrations.tables import GLOBAL, Block
 from flexibuff_envs.integrations.vault_format import NEXTS, store_spec, ts
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.storage.compression import available_memory
 
 
 def vault_path(directory: str, vault_name: str | None, vault_uid: str | None) -> str:

@@ -1,7 +1,7 @@
 """An episode log: whole episodes appended to column files on disk as they end, readable after a
 crash, and sampled in place when it is larger than memory.
 
-A log is a directory. Each stored part of the buffer (`parts.Part`: ``obs``, ``obs_``'s index
+A log is a directory. Each stored part of the buffer (`stored_form.Part`: ``obs``, ``obs_``'s index
 and tail, masks as bits, ...) is one *column* file holding its rows one after the other, exactly
 as a ring holds them, so mapping a column gives the array a buffer samples from::
 
@@ -36,9 +36,11 @@ entry and byte, `repair` cuts what lies past the newest whole entry, and opening
 cuts it too. Nothing in a log is code: JSON and numbers only,
 and every length is checked against the bytes the files hold before anything is allocated or
 mapped, so a crafted log reads or raises `BufferFileError` naming the file.
+
+Imports: `files` and below.
 """
 
-from flexibuff_envs.log.follow import Follower
+from flexibuff_envs.log.follower import Follower
 from flexibuff_envs.log.format import (
     COMMITS,
     ENTRY_BYTES,
@@ -55,7 +57,7 @@ from flexibuff_envs.log.format import (
 )
 from flexibuff_envs.log.manage import merge, repair, settle
 from flexibuff_envs.log.read import Logged, load, report, verify
-from flexibuff_envs.log.write import LogWriter
+from flexibuff_envs.log.writer import LogWriter
 
 __all__ = [
     "COMMITS",

@@ -1,7 +1,7 @@
 """An episode log's compressed columns (`Column.codec`): each row (each agent's, of a per-agent
 field) is a zstd frame of its own in ``NAME.zst``, and ``NAME.ends.col`` holds where each frame
 ends (u64), a row of ends for each row of the column; a commit counts rows of ends, and the
-frames up to the last end it counts (`flexibuff_envs.packed`). Appended here (`Frames`,
+frames up to the last end it counts (`flexibuff_envs.storage.packed`). Appended here (`Frames`,
 `packed`), checked and read (`check_frames`, `packed_of`).
 """
 
@@ -14,9 +14,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from flexibuff_envs.log.append_window import Tail
 from flexibuff_envs.log.format import PIECE, Column, Commit, fail
-from flexibuff_envs.log.tail import Tail
-from flexibuff_envs.packed import END, OFFSET, Packed, pack, ratio_ok
+from flexibuff_envs.storage.packed import END, OFFSET, Packed, pack, ratio_ok
 
 
 class Frames:

@@ -14,15 +14,15 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from flexibuff_envs.compression import CODECS
 from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
-from flexibuff_envs.fields import NEXT
-from flexibuff_envs.header import BadHeader, parse_spec
-from flexibuff_envs.header_values import with_stored_state
-from flexibuff_envs.packed import Stack
-from flexibuff_envs.parts import Part
+from flexibuff_envs.files.header import BadHeader, parse_spec
+from flexibuff_envs.files.header_values import with_stored_state
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
+from flexibuff_envs.storage.compression import CODECS
+from flexibuff_envs.storage.fields import NEXT
+from flexibuff_envs.storage.packed import Stack
+from flexibuff_envs.storage.stored_form import Part
 
 #: the formats this reads: 2, and 3 (a log with compressed columns, `Column.codec`)
 VERSIONS = (2, 3)
@@ -55,7 +55,7 @@ class Column:
     in its file where each frame ends (u64): `packed`."""
 
     name: str
-    part: str | None  # None, "index" or "tail", as `parts.Part`
+    part: str | None  # None, "index" or "tail", as `stored_form.Part`
     per_agent: bool
     dtype: np.dtype
     shape: tuple[int, ...]
@@ -151,7 +151,7 @@ class LogReport:
     whole log), and whether a writer has it open (``live``: the bytes past its newest commit
     and record are then the writer's own, its reserved windows or an append under way, and
     none is counted torn); ``staged``: the vector steps a killed vector recorder staged
-    (`log.stages`), whose ended episodes are not counted until the log is next opened, which
+    (`log.stage_files`), whose ended episodes are not counted until the log is next opened, which
     replays them."""
 
     header: LogHeader

@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED
 from flexibuff_envs.log.format import CHAINS, EPISODE_LENGTHS, PIECE, Column, Commit, fail
+from flexibuff_envs.storage.next_values import CHAINED
 
 try:
     import fcntl
@@ -43,7 +43,7 @@ JOURNAL = "journal.fblog"
 #: joined), which a long recording's resident memory keeps once it has folded
 FOLD = 1 << 22
 _MAGIC = b"FBJOURNL"
-MARK = b"FBJRMARK"  # a marker's magic (`log.marks`)
+MARK = b"FBJRMARK"  # a marker's magic (`log.markers`)
 _RECORD = struct.Struct(f"<8sQQQ{len(CHAINS)}QQI")  # then the crc32 of the record's header
 RECORD_BYTES = _RECORD.size + 4
 
@@ -58,7 +58,7 @@ class Record(NamedTuple):
     slots: tuple[int, ...]  # per chain (`CHAINS`), the next-value slots its body holds
     size: int  # bytes of its body
     crc: int
-    mark: bool = False  # a marker: its body names ring rows (`log.marks`), not their bytes
+    mark: bool = False  # a marker: its body names ring rows (`log.markers`), not their bytes
 
     @property
     def end(self) -> int:

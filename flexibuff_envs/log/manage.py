@@ -8,14 +8,14 @@ import os
 import warnings
 from collections.abc import Sequence
 
-from flexibuff_envs.chunk import check_layout
 from flexibuff_envs.errors import BufferFileError, BufferSaveError, InvalidArgumentError, SpecMismatchError
+from flexibuff_envs.files.chunk import check_layout
 from flexibuff_envs.log.format import LogReport
 from flexibuff_envs.log.journal import scan, writing
 from flexibuff_envs.log.read import report, state_of
-from flexibuff_envs.log.ring import RING
-from flexibuff_envs.log.stages import staged
-from flexibuff_envs.log.write import LogWriter
+from flexibuff_envs.log.ring_files import RING
+from flexibuff_envs.log.stage_files import staged
+from flexibuff_envs.log.writer import LogWriter
 
 
 def repair(directory: str | os.PathLike[str]) -> LogReport:

@@ -11,7 +11,6 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from flexibuff_envs.chain import CHAINED
 from flexibuff_envs.log.compressed import check_frames, frames_end, mapped_array, opened, packed_of, spans
 from flexibuff_envs.log.format import (
     CHAINS,
@@ -29,9 +28,10 @@ from flexibuff_envs.log.format import (
     read_header,
 )
 from flexibuff_envs.log.journal import JOURNAL, batches, parts, scan, writing
-from flexibuff_envs.log.ring import RING, kept
-from flexibuff_envs.log.stages import left as stages_left
+from flexibuff_envs.log.ring_files import RING, kept
+from flexibuff_envs.log.stage_files import left as stages_left
 from flexibuff_envs.log.syncing import checked_from
+from flexibuff_envs.storage.next_values import CHAINED
 
 
 @dataclass

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Sequence
 
 from flexibuff_envs.errors import BufferSaveError
-from flexibuff_envs.log.ring import boot
+from flexibuff_envs.log.ring_files import boot
 
 SYNCED = "synced.fblog"
 _MAGIC = b"FBSYNCED"

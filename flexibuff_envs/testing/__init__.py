@@ -4,6 +4,8 @@
 `flexibuff_envs.testing.reference` and `flexibuff_envs.testing.pz_reference`, which share no code
 with the recorders) what the buffer should hold. It then replays the same seeds and actions
 through the recorder and compares what the wrapped env returned and every field of every row.
+
+Imports: `recording` and below.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from flexibuff_envs.errors import FlexibuffError, NotAnEnvError
-from flexibuff_envs.kinds import env_kind
-from flexibuff_envs.samplers import live_rows
+from flexibuff_envs.sampling.samplers import live_rows
+from flexibuff_envs.spec.env_kinds import env_kind
 from flexibuff_envs.testing.pz_reference import (
     Expected,
     play_aec,
@@ -78,7 +80,7 @@ def check_recorder(
         raise NotAnEnvError(
             f"check_recorder needs a gymnasium.Env or a PettingZoo ParallelEnv/AECEnv, got {type(env).__name__}"
         )
-    from flexibuff_envs.wrappers import record
+    from flexibuff_envs.recording import record
 
     problems: list[str] = []
     if kind == "gymnasium":

@@ -1,0 +1,128 @@
+"""Which rows hold which episodes: `EpisodeIndex` and `EpisodeTable` here; a lane's ring and its
+running episode (`lanes`); what an episode's end writes (`episode_ends`: `G` and GAE, whose
+math is `returns`). Imports: `storage` and below.
+
+The episode index: a buffer's lanes, which recorder writes each and what batch recorders
+hold back (`EpisodeIndex`), and the episodes they hold as arrays (`EpisodeTable`)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.index.lanes import Episode, Lane, lane_offsets, span_rows
+from flexibuff_envs.interrupts import holding
+
+
+class EpisodeIndex:
+    """A buffer's lanes, which recorder writes each, and what batch recorders hold back.
+
+    Batch recorders (`BatchRecorder`) keep their lanes' newest steps to themselves until
+    something reads the lanes: `change` and `read` commit them first (an explicit call, never a
+    property), so a reader always sees every recorded step. `version` grows whenever the lanes are handed out to be changed,
+    which tells a batch recorder to read them again.
+    """
+
+    def __init__(
+        self,
+        n_lanes: int,
+        capacity: int,
+        n_agents: int,
+        on_forget: Callable[[Lane, Episode], None],
+        on_open: Callable[[Lane, int], None],
+    ) -> None:
+        self.ring = [Lane(i * capacity, capacity, on_forget, n_agents, on_open) for i in range(n_lanes)]
+        # per lane: the recorder writing it (a weak reference: a dropped recorder frees its lane)
+        self.writers: list[weakref.ref[Any] | None] = [None] * n_lanes
+        self.batched: list[Any] = []  # batch recorders, each with commit() and owner()
+        self.uncommitted = False
+        self._committing = False
+        self.version = 0
+
+    def change(self) -> list[Lane]:
+        """The lanes to change, every staged step committed first (`commit`)."""
+        self.commit()
+        self.version += 1
+        return self.ring
+
+    def read(self) -> list[Lane]:
+        """The lanes to read only (sampling, counting), every staged step committed first (`commit`)."""
+        self.commit()
+        return self.ring
+
+    def commit(self) -> None:
+        """Every batch recorder's staged steps into the lanes (ended episodes get their ``G``:
+        the user's ``bootstrap_fn`` may run)."""
+        if self.uncommitted:
+            self._commit()
+
+    @holding
+    def _commit(self) -> None:
+        if self._committing:  # reached again from inside a recorder's commit: it is under way
+            return
+        self._committing = True
+        try:
+            for batch in self.batched:
+                batch.commit()
+        finally:
+            self._committing = False
+        self.uncommitted = False
+
+
+@dataclass(frozen=True)
+class EpisodeTable:
+    """Episodes of several lanes as arrays, lane by lane and oldest first: positions ``[starts,
+    ends)`` in their lanes, and rows."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    offsets: np.ndarray  # of each one's lane
+    capacity: int
+
+    def __len__(self) -> int:
+        return self.starts.size
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.ends - self.starts
+
+    def rows(self, k: int) -> np.ndarray:
+        """The buffer rows of the ``k``-th, in time order."""
+        return self.offsets[k] + np.arange(self.starts[k], self.ends[k]) % self.capacity
+
+    def all_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of every one back to back, each in time order, and the position in them of
+        each one's last row."""
+        return span_rows(self.offsets, self.capacity, self.starts, self.ends), np.cumsum(self.lengths) - 1
+
+
+def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
+    """Every ended whole episode of ``lanes`` (with ``running``: every episode that has a step,
+    clipped or running ones too)."""
+    starts, ends, which = [], [], []
+    for i, lane in enumerate(lanes):
+        if running:
+            first, last = lane.ended.with_running(lane.running)
+            keep = last > first
+        else:
+            first, last, keep = lane.ended.starts, lane.ended.ends, lane.ended.whole
+        starts.append(first[keep])
+        ends.append(last[keep])
+        which.append(np.full(starts[-1].size, i))
+    return EpisodeTable(
+        np.concatenate(starts), np.concatenate(ends), lane_offsets(lanes)[np.concatenate(which)], lanes[0].capacity
+    )
+
+
+def newest_rows(lanes: Sequence[Lane]) -> np.ndarray:
+    """The newest row of each lane that holds any (its successor is not recorded)."""
+    return np.array([lane.offset + (lane.written - 1) % lane.capacity for lane in lanes if lane.size], dtype=np.int64)
+
+
+def count_whole(lanes: list[Lane]) -> int:
+    """How many ended whole episodes ``lanes`` hold."""
+    return sum(int(np.count_nonzero(lane.ended.whole)) for lane in lanes)
