@@ -559,9 +559,9 @@ def test_a_full_disk_mid_append_leaves_no_half_record(tmp_path: Path, monkeypatc
     import resource
     import signal
 
-    monkeypatch.setattr(log.tail, "FIRST", 4096)
-    monkeypatch.setattr(log.tail, "WINDOW", 4096)
-    monkeypatch.setattr(log.tail, "LARGE", 1024)
+    monkeypatch.setattr(log.append_window, "FIRST", 4096)
+    monkeypatch.setattr(log.append_window, "WINDOW", 4096)
+    monkeypatch.setattr(log.append_window, "LARGE", 1024)
     chunks, batches = recorded_chunks([2, 30, 1])
     writer = log.LogWriter(tmp_path, header_of(chunks[0]))
     writer.append(chunks[0])
@@ -987,8 +987,8 @@ def test_an_append_the_disk_refused_goes_out_with_the_next_episode(
     Windows of one page, so that a full disk meets the appends soon."""
     import resource
 
-    monkeypatch.setattr(log.tail, "FIRST", 4096)
-    monkeypatch.setattr(log.tail, "WINDOW", 4096)
+    monkeypatch.setattr(log.append_window, "FIRST", 4096)
+    monkeypatch.setattr(log.append_window, "WINDOW", 4096)
     env = fe.record(gym.make("CartPole-v1"), num_steps=5000, log=tmp_path)
     env.reset(seed=0)
     rng = np.random.default_rng(0)
@@ -1022,8 +1022,8 @@ def test_a_vector_recorders_appends_the_disk_refused_go_out_once_there_is_room(
     up: it holds every episode the buffer holds."""
     import resource
 
-    monkeypatch.setattr(log.tail, "FIRST", 4096)
-    monkeypatch.setattr(log.tail, "WINDOW", 4096)
+    monkeypatch.setattr(log.append_window, "FIRST", 4096)
+    monkeypatch.setattr(log.append_window, "WINDOW", 4096)
     env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4), num_steps=5000, log=tmp_path)
     env.reset(seed=0)
     rng = np.random.default_rng(0)

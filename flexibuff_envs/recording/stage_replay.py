@@ -28,7 +28,7 @@ from flexibuff_envs.storage.next_values import CHAINED
 
 def replayed(stage: Left, ring: Storage, header: LogHeader) -> Chunk | None:
     """The whole episodes that ended in ``stage``'s staged steps, their first steps read from
-    ``ring`` (a killed recording's, `log.ring.left`), as a chunk for a log of ``header``."""
+    ``ring`` (a killed recording's, `log.ring_files.left`), as a chunk for a log of ``header``."""
     if not stage.k:
         return None
     layout, n, capacity = stage.layout, stage.layout.n, stage.layout.capacity

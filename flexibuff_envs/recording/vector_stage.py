@@ -53,7 +53,7 @@ class Stage:
     step ``j``; ``final[j]`` (SAME_STEP) the last ``obs_`` of the sub-envs that finished in step
     ``j`` (``has_final[j]``); ``flags[0]`` / ``flags[1]`` terminated / truncated.
 
-    With a ``file`` (`log.stages.StageFile`, where the buffer's ring is in files), the arrays are
+    With a ``file`` (`log.stage_files.StageFile`, where the buffer's ring is in files), the arrays are
     the file's: a killed recording's staged steps are replayed from it (`recording.stage_replay`).
     """
 
