@@ -15,7 +15,7 @@ DATA_FIELDS = tuple(f.name for f in dataclasses.fields(fe.FlexiBatch) if f.name 
 
 
 def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
-    """Every data field of ``a`` equals ``b``'s (NaN equals NaN), or both are absent."""
+    """Every data field of ``a`` equals ``b``'s bit for bit, or both are absent."""
     for name in DATA_FIELDS:
         x, y = getattr(a, name), getattr(b, name)
         if isinstance(x, dict):  # fields of your own
@@ -24,6 +24,7 @@ def assert_same_batches(a: fe.FlexiBatch, b: fe.FlexiBatch) -> None:
         assert (x is None) == (y is None), f"{name}: {x is None} vs {y is None}"
         for u, v in zip(x if isinstance(x, list) else [x], y if isinstance(y, list) else [y]):
             np.testing.assert_array_equal(u, v, err_msg=name)
+            assert np.asarray(u).tobytes() == np.asarray(v).tobytes(), f"{name}: equal, but not bit for bit"
 
 
 #: a draw of every sampling mode
@@ -43,7 +44,7 @@ def assert_same_draws(mine: fe.FlexibleBuffer, want: fe.FlexibleBuffer) -> None:
     for draw in DRAWS:
         got, expected = draw(mine), draw(want)
         for x, y in zip(
-            got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected]
+            got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected], strict=True
         ):
             assert_same_batches(x, y)
 

@@ -107,7 +107,7 @@ def _save(
     ranges = [stored_range(lane.live_start, lane.written, lane.capacity) for lane in lanes]
     segments = [(lane.offset + lo, lane.offset + hi) for lane, (lo, hi) in zip(lanes, ranges)]
     header = {"format": "flexibuff_envs buffer", **settings, "lanes": _lanes(lanes, ranges), "fields": []}
-    parts = storage.export(segments)
+    parts = storage.export(segments, blocked=True)  # rows kept compressed: never whole
     if priorities is not None:  # prioritized replay's priority ** alpha per row, and the highest priority given
         leaves, header["max_priority"] = priorities
         parts.append(Part.of(PRIORITY, None, leaves, False, segments))

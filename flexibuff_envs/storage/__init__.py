@@ -38,7 +38,7 @@ from flexibuff_envs.storage.fields import (
 from flexibuff_envs.storage.holders import Held, HeldBatch
 from flexibuff_envs.storage.next_values import CHAINED, Alloc, Chain, TakeMode, zeroed
 from flexibuff_envs.storage.packed_ring import PackedRing
-from flexibuff_envs.storage.stored_form import Part, Segments, Stored, Streamed, runs, segment_rows
+from flexibuff_envs.storage.stored_form import Decoded, Part, Segments, Stored, Streamed, runs, segment_rows
 
 #: the fields a storage may keep compressed in memory (`PackedRing`): observations and states
 PACKABLE = ("obs", "state")
@@ -260,9 +260,12 @@ class Storage:
 
     # ----------------------------------------------------------------- the stored form, out and in
 
-    def export(self, rows: Segments | np.ndarray, last: np.ndarray | None = None) -> list[Part]:
-        """``rows`` in their stored form (`Stored`): views of the arrays for ring ranges, else copies."""
-        return Stored(self, rows, last).parts()
+    def export(
+        self, rows: Segments | np.ndarray, last: np.ndarray | None = None, *, blocked: bool = False
+    ) -> list[Part]:
+        """``rows`` in their stored form (`Stored`): views of the arrays for ring ranges, else
+        copies; ``blocked``: rows kept compressed decoded a block at a time as read (a file's writer)."""
+        return Stored(self, rows, last).parts(blocked=blocked)
 
     def insert(self, parts: Sequence[Part], segments: Segments, ends: np.ndarray) -> None:
         """Write rows in their stored form (`export`ed, whole episodes back to back) to the ring
@@ -290,8 +293,7 @@ class Storage:
         if part is None and name in MASKS and dtype == bool:  # formats 1-2: a bool per action
             return Part(name, "bools", False, (np.ones(shape, dtype=bool),))
         if part is None and isinstance(self.ensure(name), PackedRing):
-            shape_only = (np.broadcast_to(np.zeros((), dtype), shape),)
-            return Streamed(name, None, self.fields[name].per_agent, shape_only, self.arrays[name], segments)
+            return Streamed.over(name, self.arrays[name], self.fields[name].per_agent, segments)
         if part is None:
             return Part.of(name, None, self.ensure(name), self.fields[name].per_agent, segments)
         chain = self.chain(name)
@@ -332,7 +334,10 @@ class Storage:
         one slot, and no lane's ``newest`` row chained (its successor is not recorded)."""
         categories = np.asarray(self.spec.obs_categories)
         for name, array in self:
-            pieces = Part.of(name, None, array, self.fields[name].per_agent, segments).pieces
+            per_agent = self.fields[name].per_agent
+            # rows kept compressed: a block at a time
+            part = Part.of(name, None, array, per_agent, segments) if isinstance(array, np.ndarray) else None
+            pieces = part.pieces if part is not None else Decoded.over(name, array, per_agent, segments).blocks()
             if array.dtype == bool and any(piece.view(np.uint8).max(initial=0) > 1 for piece in pieces):
                 return f"{name} holds a bool that is neither 0 nor 1"
             if name == "obs" and categories.size and any((piece > categories).any() for piece in pieces):

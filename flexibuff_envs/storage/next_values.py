@@ -251,9 +251,9 @@ class Chain:
             chained = at[:, positions] == CHAINED
             if chained.any():  # seldom: an ended episode's last row mostly has a slot of its own
                 agents, which = np.nonzero(chained)
-                base = self.base if self.per_agent else self.base[None]
                 at[agents, positions[which]] = first + used.size + np.arange(which.size, dtype=np.int32)
-                values = np.concatenate([values, base[agents, successors()[which]]])
+                rows = successors()[which]  # the base read at those rows only (it may be kept compressed)
+                values = np.concatenate([values, self.base[agents, rows] if self.per_agent else self.base[rows]])
         return out, values
 
     def fill(self, rows: np.ndarray, ends: np.ndarray, value: Any) -> None:
@@ -286,9 +286,10 @@ class Chain:
         """
         bits = np.dtype(f"u{given.dtype.itemsize}")
         # a global field is handled as one agent's
-        base, index = (self.base, self.index) if self.per_agent else (self.base[None], self.index[None])
+        index = self.index if self.per_agent else self.index[None]
+        following = self.base[:, succ] if self.per_agent else self.base[succ][None]  # only those rows read
         given = given if self.per_agent else given[None]
-        same = (given.view(bits) == base[:, succ].view(bits)).all(axis=-1) & chainable
+        same = (given.view(bits) == following.view(bits)).all(axis=-1) & chainable
         own = np.nonzero(~same)
         slots = self.alloc(own[0].size)
         self.tail[slots] = given[own]

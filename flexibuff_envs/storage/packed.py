@@ -12,6 +12,7 @@ file and the row.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,16 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return decompressor
 
 
+def compressed(rows: Sequence[Any]) -> list[bytes]:
+    """A zstd frame of each of ``rows`` (C-contiguous arrays of bytes), each its own ``bytes`` of
+    exactly its size (a frame ``compress`` returns keeps the room zstd reserved: about a raw row)."""
+    if len(rows) >= PARALLEL:
+        out = _compressor().multi_compress_to_buffer([row.data for row in rows], threads=2)
+        return [out[k].tobytes() for k in range(len(out))]
+    compress = _compressor().compress
+    return [memoryview(compress(row.data)).tobytes() for row in rows]
+
+
 def pack(
     rows: Any, count: int, per: int, start: int, stack: Stack | None = None, last: np.ndarray | None = None
 ) -> tuple[bytes, np.ndarray]:
@@ -104,12 +115,7 @@ def pack(
         newest = np.ascontiguousarray(now[:, :, :, -1]).reshape(count * per, -1)
         for k in np.flatnonzero(shifted):
             payload[k] = newest[k]
-    if len(payload) >= PARALLEL:
-        out = _compressor().multi_compress_to_buffer([memoryview(p) for p in payload], threads=2)
-        frames = [out[k].tobytes() for k in range(len(out))]
-    else:
-        compress = _compressor().compress
-        frames = [compress(p.data) for p in payload]
+    frames = compressed(payload)
     ends = np.cumsum(np.fromiter(map(len, frames), END, len(frames)), dtype=END) + np.uint64(start)
     ends[shifted] |= SHIFTED
     return b"".join(frames), ends.reshape(count, per)
@@ -242,6 +248,7 @@ class Packed:
         outer = isinstance(agents, slice) or isinstance(rows, slice)
         agents = np.arange(self._per)[agents] if isinstance(agents, slice) else np.asarray(agents)
         rows = np.arange(self._rows)[rows] if isinstance(rows, slice) else np.asarray(rows)
+        agents, rows = (a if a.size else a.astype(np.intp) for a in (agents, rows))  # [] names no row
         if outer:
             agents = agents.reshape(*agents.shape, *(1,) * rows.ndim)
         if not (np.issubdtype(agents.dtype, np.integer) and np.issubdtype(rows.dtype, np.integer)):
@@ -275,7 +282,9 @@ class Packed:
             return np.asarray(self)[key]
         lead, rest = self._lead(key)
         out = self._decoded(self._frame(*lead))
-        return out[(Ellipsis,) + tuple(rest)] if rest else out
+        out = out[(Ellipsis,) + tuple(rest)] if rest else out
+        out.flags.writeable = False  # a copy: a write into it would be lost (numpy's would be a view)
+        return out
 
     def _lead(self, key: tuple[Any, ...]) -> tuple[tuple[Any, Any], tuple[Any, ...]]:
         """``key`` as the agents and rows it names (a global field's: agent 0), and what it

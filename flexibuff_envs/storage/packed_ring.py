@@ -1,7 +1,9 @@
 """A buffer's observations or states kept compressed in memory (``FlexibleBuffer(...,
 compress="auto")``): `PackedRing` holds each row (each agent's row) as a zstd frame of its own,
-compressed as it is written and decoded as it is read, and is written and read as the numpy
-array it stands for, so recorders, samplers and files use it unchanged.
+compressed as it is written and decoded as it is read. It is written (whole rows) and read as
+the numpy array it stands for, so recorders and samplers use it unchanged; what indexing reads is
+a read-only copy (a write into it would be lost), and files read and write it a block of rows at
+a time (`stored_form.Decoded`, `stored_form.Streamed`).
 
 Rows are kept whole (not a stack's newest frame alone, as a log keeps them): a ring overwrites
 its oldest rows, and a row rebuilt from the rows before it would lose them.
@@ -9,12 +11,14 @@ its oldest rows, and a row rebuilt from the rows before it would lose them.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
 from flexibuff_envs.errors import InvalidArgumentError
-from flexibuff_envs.storage.packed import END, PARALLEL, Packed, _compressor
+from flexibuff_envs.interrupts import HOLD
+from flexibuff_envs.storage.packed import END, Packed, compressed
 
 
 class PackedRing(Packed):
@@ -31,7 +35,7 @@ class PackedRing(Packed):
 
     @property
     def nbytes(self) -> int:
-        """Bytes the frames take in memory (and a reference a row)."""
+        """Bytes the frames take in memory (each a ``bytes`` object), and a reference a row."""
         return self._held + 8 * len(self._kept)
 
     def _stored(self, index: np.ndarray) -> list[Any]:
@@ -43,24 +47,19 @@ class PackedRing(Packed):
         if any(not (isinstance(k, slice) and k == slice(None)) for k in rest):
             raise InvalidArgumentError(f"{self._where}: a compressed field is written a whole row at a time")
         grid = self._frame(*lead)
-        frames = grid.reshape(-1)
         given = np.asarray(value, dtype=self.dtype)
-        kept, held = self._kept, self._held
-        if given.ndim == 0 and not given.any():  # cleared: rows of zeros keep no frame
-            for k in frames.tolist():
-                held -= len(kept[k] or b"")
-                kept[k] = None
-            self._held = held
+        rows = np.broadcast_to(given, (*grid.shape, *self._frame_shape))  # as numpy would, or raises
+        if not grid.size:  # no row named (a vector recorder's block of resets alone)
             return
-        rows = np.ascontiguousarray(np.broadcast_to(given, (*grid.shape, *self._frame_shape)))
-        flat = rows.reshape(frames.size, -1).view(np.uint8)
-        if frames.size >= PARALLEL:
-            out = _compressor().multi_compress_to_buffer([row.data for row in flat], threads=2)
-            packed = [out[k].tobytes() for k in range(len(out))]
+        frames: list[bytes | None]
+        if given.ndim == 0 and given.tobytes() == bytes(given.itemsize):  # cleared: rows of zeros keep no frame
+            frames = [None] * grid.size
         else:
-            compress = _compressor().compress
-            packed = [compress(row.data) for row in flat]
-        for k, frame in zip(frames.tolist(), packed):  # in order: where a row is named twice, the last wins
-            held += len(frame) - len(kept[k] or b"")
-            kept[k] = frame
-        self._held = held
+            frames = list(compressed(list(np.ascontiguousarray(rows).reshape(grid.size, -1).view(np.uint8))))
+        kept = self._kept
+        with HOLD:  # every row written, or none (a Ctrl-C waits)
+            for k, frame in zip(grid.reshape(-1).tolist(), frames):  # in order: a row named twice, the last wins
+                self._held += (0 if frame is None else sys.getsizeof(frame)) - (
+                    0 if kept[k] is None else sys.getsizeof(kept[k])
+                )
+                kept[k] = frame

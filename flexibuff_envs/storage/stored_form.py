@@ -107,34 +107,66 @@ class Part:
 
 
 @dataclass(frozen=True, eq=False)
-class Streamed(Part):
-    """A part a file is read into a block of rows at a time, each block written to ``target``
-    (a `PackedRing`) once filled (the last by `flush`): a loaded field kept compressed is never
-    whole in memory. ``pieces`` only stand for its shape (one zero, broadcast)."""
+class Blocked(Part):
+    """The rows ``segments`` of ``array`` (a `PackedRing`: rows kept compressed) as a file writes
+    or reads them, a block of rows at a time, so a field kept compressed is never whole in
+    memory. ``pieces`` only stand for its shape (one zero, broadcast)."""
 
-    target: Any = None
+    array: Any = None
     segments: Segments = ()
-    filling: list[tuple[Any, np.ndarray]] = dataclasses.field(default_factory=list)  # the block being read
 
     #: rows of a block
     BLOCK = 256
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        row = self.shape[1 + self.axis :]
+    @classmethod
+    def over(cls, name: str, array: Any, per_agent: bool, segments: Segments, **more: Any) -> Blocked:
+        """The rows ``segments`` of field ``name``'s ``array``."""
+        rows = sum(hi - lo for lo, hi in segments)
+        shape = (*array.shape[:per_agent], rows, *array.shape[1 + per_agent :])
+        return cls(name, None, per_agent, (np.broadcast_to(np.zeros((), array.dtype), shape),), array, segments, **more)
+
+    def spans(self) -> Iterator[tuple[Any, int]]:
+        """Where each block lies in ``array`` (an index), and its rows, in the order of `blocks`."""
         for agent in range(self.shape[0]) if self.axis else (None,):
             for lo, hi, _ in runs(self.segments):
                 for start in range(lo, hi, self.BLOCK):
-                    self.flush()
                     rows = slice(start, min(start + self.BLOCK, hi))
-                    block = np.empty((rows.stop - start, *row), self.dtype)
-                    self.filling.append(((agent, rows) if self.axis else rows, block))
-                    yield block
+                    yield ((agent, rows) if self.axis else rows), rows.stop - start
+
+
+@dataclass(frozen=True, eq=False)
+class Decoded(Blocked):
+    """`Blocked` rows read: each block decoded as it is asked for (a file being written)."""
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for where, _ in self.spans():
+            yield self.array[where]
+
+    def whole(self) -> np.ndarray:
+        """Every row at once (what `blocks` avoids)."""
+        return np.concatenate([self.array[where] for where, _ in self.spans()]).reshape(self.shape)
+
+
+@dataclass(frozen=True, eq=False)
+class Streamed(Blocked):
+    """`Blocked` rows written: each block a file's reader filled goes to ``array`` once the next
+    is asked for (the last by `flush`)."""
+
+    filling: list[tuple[Any, np.ndarray]] = dataclasses.field(default_factory=list)  # the block being read
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        row = self.shape[1 + self.axis :]
+        for where, n in self.spans():
+            self.flush()
+            block = np.empty((n, *row), self.dtype)
+            self.filling.append((where, block))
+            yield block
 
     def flush(self) -> None:
-        """Write the block read last to ``target``."""
+        """Write the block read last to ``array``."""
         while self.filling:
             where, block = self.filling.pop()
-            self.target[where] = block
+            self.array[where] = block
 
 
 class Stored:
@@ -191,11 +223,15 @@ class Stored:
         for name in self.storage.chains:
             yield from ((name, "index"), (name, "tail"))
 
-    def parts(self) -> list[Part]:
-        """Every part, made now."""
+    def parts(self, *, blocked: bool = False) -> list[Part]:
+        """Every part, made now; with ``blocked``, a field whose rows are kept compressed (no
+        numpy array) as `Decoded`: decoded a block of rows at a time as a file writer reads it."""
         fields, chains = self.storage.fields, self.storage.chains
+        arrays, segments = self.storage.arrays, self._segments
         return [
-            Part(
+            Decoded.over(name, arrays[name], fields[name].per_agent, segments)
+            if blocked and part is None and segments is not None and not isinstance(arrays[name], np.ndarray)
+            else Part(
                 name,
                 part,
                 chains[name].per_agent if part == "index" else part is None and fields[name].per_agent,
