@@ -308,6 +308,7 @@ class Packed:
                 f"{self._where}: decoding all of it takes {decoded:,} bytes, more than this machine has free"
             )
         out = self[:, :] if self.per_agent else self[:]
+        out.flags.writeable = True  # all of it, its own: what a buffer read into memory records on
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
@@ -341,6 +342,7 @@ class _Agent:
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self._packed[self._agent, :]
+        out.flags.writeable = True  # all of its rows, its own
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
