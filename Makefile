@@ -11,6 +11,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0   # the local CPU build; never let pip pick a CUDA one
 	$(PY) -m pip install -q -e '.[test,torch]'
+	# Debian's chromium for the episode browser's test (tests/test_view.py skips it without one)
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || echo "no chromium: the browser test will be skipped"
 	touch $@
 
 # into runs/ (ignored by git): each run a new log there, runs/connect_four_v3.log, -2.log, ...

@@ -4,7 +4,8 @@
 episode log (or a buffer file); "inspect PATH" describes a log, a buffer file, a vault or a
 Parquet dataset; "plot PATH" draws its episodes; "export PATH" writes it as Minari, a vault or
 Parquet; "verify DIR" and "repair DIR" check a log and cut a torn tail; "merge DIR... --out DIR"
-appends logs to one. Bad input is one line on stderr and a non-zero exit.
+appends logs to one; "view PATH..." browses them in a local web page. Bad input is one line on
+stderr and a non-zero exit.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from flexibuff_envs.cli.disk import guarded
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve, wrapped
 from flexibuff_envs.cli.files import cmd_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
 from flexibuff_envs.cli.report import record_report
+from flexibuff_envs.cli.view import add_view
 from flexibuff_envs.recording.rollout import Budget, play, progress_bar
 
 DEFAULT_EPISODES = 100
@@ -368,19 +370,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
     export.set_defaults(run=cmd_export)
 
-    verify = commands.add_parser(
-        "verify", help="check every commit and checksum of an episode log; exit 1 if its tail is torn"
-    )
+    verify = commands.add_parser("verify", help="check every commit and checksum of an episode log; exit 1 if torn")
     verify.add_argument("log", metavar="DIR")
     verify.set_defaults(run=cmd_verify)
     repair = commands.add_parser("repair", help="cut a torn tail off an episode log, keeping every whole episode")
     repair.add_argument("log", metavar="DIR")
     repair.set_defaults(run=cmd_repair)
-
     merge = commands.add_parser("merge", help="append the whole episodes of episode logs to one (made, or continued)")
     merge.add_argument("logs", metavar="DIR", nargs="+", help="the logs to merge, in order (only read)")
     merge.add_argument("--out", required=True, metavar="DIR", help="the log they are appended to")
     merge.set_defaults(run=cmd_merge)
+    add_view(commands)
     return parser
 
 

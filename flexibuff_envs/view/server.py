@@ -1,0 +1,124 @@
+"""The episode browser's server: the standard library's threading HTTP server, bound to
+127.0.0.1 only. It serves the page and its assets (a fixed list of files shipped in the package:
+no path from a request ever reaches the file system) and a JSON API over the runs it was given,
+which it only reads.
+
+    GET /                               the page
+    GET /static/<name>                  one of `ASSETS`
+    GET /api/runs                       every run's summary (a log appended to is read again)
+    GET /api/episodes?run=&sort=&desc=&agent=&ended=&offset=&limit=
+    GET /api/episode?run=&episode=
+    GET /api/frame?run=&episode=&step=&agent=
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from flexibuff_envs.errors import FlexibuffError, OutOfRangeError, UnknownNameError
+from flexibuff_envs.view.data import Run
+
+#: the files the page loads, by name: (file in the package, content type)
+ASSETS = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+    "uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "uPlot.min.css": "text/css; charset=utf-8",
+}
+#: the host served: this machine only
+HOST = "127.0.0.1"
+
+
+class Browser(ThreadingHTTPServer):
+    """The server of ``runs``; ``port`` 0 takes a free one (``server_address`` says which)."""
+
+    daemon_threads = True
+
+    def __init__(self, runs: list[Run], port: int = 0) -> None:
+        self.runs = runs
+        self.lock = threading.Lock()  # one request reads the runs at a time (a refresh replaces them)
+        super().__init__((HOST, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.server_address[1]}/"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Browser
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the terminal is the user's."""
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+        try:
+            if url.path == "/":
+                self._send(HTTPStatus.OK, "text/html; charset=utf-8", _asset("index.html"))
+            elif url.path.startswith("/static/") and url.path[len("/static/") :] in ASSETS:
+                name = url.path[len("/static/") :]
+                self._send(HTTPStatus.OK, ASSETS[name], _asset(name))
+            elif url.path.startswith("/api/"):
+                with self.server.lock:
+                    body = self._api(url.path[len("/api/") :], query)
+                self._send(HTTPStatus.OK, "application/json", json.dumps(body).encode())
+            else:
+                self._error(HTTPStatus.NOT_FOUND, f"no such page: {url.path}")
+        except (FlexibuffError, KeyError, ValueError) as exc:
+            self._error(HTTPStatus.BAD_REQUEST, str(exc))
+
+    def _api(self, name: str, query: dict[str, str]) -> Any:
+        runs = self.server.runs
+        if name == "runs":
+            for run in runs:
+                run.refresh()
+            return [run.summary() for run in runs]
+        run = runs[_index(query, "run", len(runs))]
+        if name == "episodes":
+            agent = query.get("agent", "")
+            return run.episodes(
+                sort=query.get("sort", "episode"),
+                descending=query.get("desc", "0") == "1",
+                agent=int(agent) if agent else None,
+                ended=query.get("ended") or None,
+                offset=int(query.get("offset", 0)),
+                limit=min(int(query.get("limit", 50)), 1000),
+            )
+        if name == "episode":
+            return run.episode(int(query["episode"]))
+        if name == "frame":
+            frame = run.frame(int(query["episode"]), int(query["step"]), int(query.get("agent", 0)))
+            if "pixels" in frame:
+                frame["pixels"] = base64.b64encode(frame["pixels"]).decode()
+            return frame
+        raise UnknownNameError(f"no such API: {name}")
+
+    def _send(self, status: HTTPStatus, kind: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self._send(status, "application/json", json.dumps({"error": message}).encode())
+
+
+def _index(query: dict[str, str], key: str, count: int) -> int:
+    value = int(query.get(key, 0))
+    if not 0 <= value < count:
+        raise OutOfRangeError(f"{key} {value} is not one of the {count} given")
+    return value
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("flexibuff_envs.view").joinpath("static").joinpath(name).read_bytes()
