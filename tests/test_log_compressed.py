@@ -255,3 +255,14 @@ def test_frame_stacks_are_kept_a_frame_a_row_and_read_back_exactly(tmp_path: Pat
             assert_same_batches(mine, want)
         assert_same_draws(opened, ram)
     assert log.verify(tmp_path / "packed").torn == ()
+
+
+def test_a_mapped_multi_agent_log_saves_to_a_buffer_file_that_holds_the_same(tmp_path: Path) -> None:
+    """A mapped log's per-agent columns are views in another order than a buffer's arrays:
+    saving writes their values, in the file's order."""
+    pytest.importorskip("pettingzoo")
+    _recorded("parallel", tmp_path / "log", None)
+    mapped = fe.FlexibleBuffer.open(tmp_path / "log")
+    loaded = fe.FlexibleBuffer.load(mapped.save(tmp_path / "saved.fbuf"))
+    for mine, want in zip(loaded.episodes(), mapped.episodes(), strict=True):
+        assert_same_batches(mine, want)

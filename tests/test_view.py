@@ -88,6 +88,7 @@ def _get(browser: Browser, path: str) -> Any:
 
 def test_the_api_answers_with_what_the_recordings_hold(served: tuple[Browser, Path]) -> None:
     browser, root = served
+    before = _files(root)
     assert browser.server_address[0] == "127.0.0.1"
     cartpole, pistonball = fe.FlexibleBuffer.open(root / "cartpole"), fe.FlexibleBuffer.open(root / "pistonball")
     runs = _get(browser, "api/runs")
@@ -103,6 +104,11 @@ def test_the_api_answers_with_what_the_recordings_hold(served: tuple[Browser, Pa
     pixels = np.frombuffer(__import__("base64").b64decode(frame["pixels"]), np.uint8)
     assert (frame["height"], frame["width"], frame["channels"]) == (457, 120, 3)
     np.testing.assert_array_equal(pixels, want.obs[2, 3].reshape(-1))
+    assert _files(root) == before  # it never writes into a log
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
 
 
 @pytest.mark.parametrize(
@@ -114,6 +120,11 @@ def test_the_api_answers_with_what_the_recordings_hold(served: tuple[Browser, Pa
         ("api/episode?run=7&episode=0", 400),
         ("api/frame?run=0&episode=99&step=0", 400),
         ("api/nothing?run=0", 400),
+        ("api/frame?run=1&episode=0&step=0&agent=4", 400),  # pistonball's 4 agents: 0 to 3
+        ("api/frame?run=1&episode=0&step=0&agent=-1", 400),
+        ("api/episodes?run=0&limit=-1", 400),
+        ("api/episodes?run=0&offset=-10", 400),
+        ("api/episode?run=0", 400),
     ],
 )
 def test_only_the_page_its_assets_and_the_api_are_served(served: tuple[Browser, Path], path: str, status: int) -> None:
@@ -122,6 +133,48 @@ def test_only_the_page_its_assets_and_the_api_are_served(served: tuple[Browser, 
         urllib.request.urlopen(browser.url + path)
     assert caught.value.code == status
     assert "error" in json.loads(caught.value.read())
+
+
+def test_a_request_for_another_host_is_refused(served: tuple[Browser, Path]) -> None:
+    """DNS rebinding: a page of another site, its name pointed at 127.0.0.1, gets nothing."""
+    browser, _ = served
+    request = urllib.request.Request(browser.url + "api/runs", headers={"Host": "attacker.example"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request)
+    assert caught.value.code == 403
+
+
+class _NotFinite(gym.Env):  # type: ignore[type-arg]
+    """An env whose third reward is NaN and whose observation holds inf: JSON has neither."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict[str, Any]]:
+        self.t = 0
+        return np.array([0.0, np.inf], np.float32), {}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        self.t += 1
+        return np.array([self.t, np.inf], np.float32), float("nan") if self.t == 3 else 1.0, self.t == 5, False, {}
+
+
+def test_values_that_are_not_finite_reach_the_page_as_null(tmp_path: Path) -> None:
+    env = fe.record(_NotFinite(), num_steps=100, log=tmp_path / "log")
+    for _ in range(2):
+        env.reset()
+        while not any(env.step(0)[2:4]):
+            pass
+    env.close()
+    browser = Browser([Run(str(tmp_path / "log"))])
+    threading.Thread(target=browser.serve_forever, daemon=True).start()
+    try:
+        assert _get(browser, "api/runs")[0]["team"] == [None, None]  # valid JSON: NaN is null
+        assert _get(browser, "api/episode?run=0&episode=0")["rewards"][0][2] is None
+        assert _get(browser, "api/frame?run=0&episode=0&step=1")["values"] == [1.0, None]
+    finally:
+        browser.shutdown()
+        browser.server_close()
 
 
 def test_a_bad_path_and_a_busy_port_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -170,6 +223,8 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         assert page.evaluate(frames) != first  # the frame moved on
         assert "step=40" in page.url  # the view is a link
         page.select_option("#run-select", "0")
+        page.wait_for_function("document.querySelector('#episode').hidden")  # the other run's episode closed
+        assert "episode=-1" in page.url and page.locator("#next").is_disabled()  # 12 episodes: one page
         _cartpole(root / "cartpole", 3, seed=100)  # appended while the page is open
         page.wait_for_function("document.querySelector('#count').textContent === '15 episodes'", timeout=15_000)
         assert errors == []

@@ -14,8 +14,9 @@ from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.index import EpisodeIndex
 from flexibuff_envs.index.lanes import Episode, Lane
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter, settle
+from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log
+from flexibuff_envs.log import settle as settle_journal
 from flexibuff_envs.log.ring_files import into_files
 from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.sampling import Half
@@ -90,7 +91,7 @@ class Logged(Half):
             writer.use_ring(self._store)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True) -> Self:
+    def open(cls, directory: str | os.PathLike[str], *, mmap: bool = True, settle: bool = True) -> Self:
         """Every whole episode of the episode log ``directory`` (a torn tail is left out), in a
         buffer that samples them in every mode, batches laid out as any buffer's. Episodes a
         killed recording left in the log's journal are folded into its columns first (unless a
@@ -100,12 +101,14 @@ class Logged(Half):
         only the few bytes per row that sampling uses as indices or flags (to check them), a
         batch reads the rows it touches, and a log larger than memory samples in place. Changes
         (priorities, weights, rows recorded on) stay in memory, copy-on-write, never in the log.
-        ``mmap=False`` reads every column into memory.
+        ``mmap=False`` reads every column into memory. ``settle=False`` writes nothing: episodes
+        left in the journal are left out (a reader that must not change the log: ``view``).
 
         Raises:
             BufferFileError: ``directory`` is not an episode log, or a damaged one.
         """
-        settle(os.fspath(directory))
+        if settle:
+            settle_journal(os.fspath(directory))
         logged = load_log(directory, mmap=mmap)
         probs = logged.arrays.get(("continuous_log_probs", None))
         width = probs.shape[-1] if probs is not None and probs.ndim == 3 else 0

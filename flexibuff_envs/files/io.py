@@ -132,7 +132,7 @@ def _save(
             if codec is not None and part.nbytes:
                 spill = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 - closed with the save, by `closing`
                 spills[k] = compressed = closing.enter_context(spill)
-                for frame in compression.encode(block.data for block in part.blocks()):
+                for frame in compression.encode(_bytes(block) for block in part.blocks()):
                     compressed.write(frame)
                 if compress != "auto" or compressed.tell() <= compression.WORTH * part.nbytes:
                     meta.update(codec=codec, stored=compressed.tell())
@@ -164,7 +164,7 @@ def _save(
                             position += len(data)
                         continue
                     for block in part.blocks():
-                        for piece in checksum.pieces(block.data.cast("B") if block.size else memoryview(b"")):
+                        for piece in checksum.pieces(_bytes(block) if block.size else memoryview(b"")):
                             out.write(piece)
                         position += block.nbytes
             finally:
@@ -221,3 +221,9 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _bytes(block: np.ndarray) -> memoryview:
+    """``block``'s bytes in C order (a copy only where it is a view that is not: a mapped log's
+    per-agent columns are stored agent-minor)."""
+    return np.ascontiguousarray(block).data.cast("B")

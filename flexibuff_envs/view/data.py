@@ -25,7 +25,8 @@ SORTS = ("episode", "length", "return", "ended")
 
 @dataclass
 class Table:
-    """The ended episodes of a run, as arrays (episode ``k`` is the ``k``-th to end)."""
+    """The ended episodes of a run, as arrays: episode ``k`` the ``k``-th to end in a log (one
+    lane); a buffer file's lane after lane, each oldest first."""
 
     lengths: np.ndarray  # [E]
     returns: np.ndarray  # [E, n_agents]
@@ -45,7 +46,7 @@ class Run:
 
     def _open(self) -> FlexibleBuffer:
         if self.is_log:
-            buffer = FlexibleBuffer.open(self.path)  # mapped: a batch reads the rows it touches
+            buffer = FlexibleBuffer.open(self.path, settle=False)  # mapped, and never written
             self._rows = len(buffer)
             return buffer
         return FlexibleBuffer.load(self.path, mmap=True)
@@ -132,8 +133,9 @@ class Run:
     def episode(self, k: int) -> dict[str, Any]:
         """Episode ``k``'s timeline: per agent and step, reward, return so far, action, active,
         legal actions; and its length."""
-        batch = self.buffer.gather(self._rows_of(k))
-        rewards = np.asarray(batch.individual_rewards, dtype=np.float64).reshape(-1, len(self._rows_of(k)))
+        rows = self._rows_of(k)
+        batch = self.buffer.gather(rows)
+        rewards = np.asarray(batch.individual_rewards, dtype=np.float64).reshape(-1, rows.size)
         out: dict[str, Any] = {
             "episode": k,
             "length": rewards.shape[1],
@@ -156,20 +158,20 @@ class Run:
         return episodes.rows(k)
 
     def image_shape(self) -> tuple[int, int, int] | None:
-        """(height, width, channels) of an agent's observation shown as an image, or None: an
-        integer observation of 2 axes, or 3 with 1, 3 or 4 channels last, or a stack of frames
-        (the newest is shown)."""
+        """(height, width, channels) of an agent's observation shown as an image, or None: bytes
+        (uint8) of 2 axes of 16 or more, or 3 with 1, 3 or 4 channels last, or a stack of frames
+        on its first or last axis, the shorter (the newest frame is shown)."""
         spec = self.buffer.spec
-        shape, kind = tuple(spec.obs_shape), np.dtype(spec.obs_dtype).kind
-        if kind not in "ui" or len(shape) not in (2, 3):
+        shape = tuple(spec.obs_shape)
+        if np.dtype(spec.obs_dtype) != np.uint8 or len(shape) not in (2, 3):
             return None
-        if len(shape) == 2:
-            return shape[0], shape[1], 1
-        if shape[-1] in (1, 3, 4):
-            return shape[0], shape[1], shape[2]
-        if shape[0] <= 16:  # FrameStackObservation: [k, height, width]
-            return shape[1], shape[2], 1
-        return shape[0], shape[1], 1  # SB3's and SuperSuit's stacks: [height, width, k]
+        if len(shape) == 3 and shape[-1] in (1, 3, 4):
+            height, width, channels = shape
+        elif len(shape) == 3:  # a stack: [k, height, width] (Gymnasium) or [height, width, k] (SB3, SuperSuit)
+            (height, width), channels = (shape[1:] if shape[0] < shape[-1] else shape[:2]), 1
+        else:
+            (height, width), channels = shape, 1
+        return (height, width, channels) if min(height, width) >= 16 else None
 
     def frame(self, k: int, step: int, agent: int) -> dict[str, Any]:
         """Agent ``agent``'s observation at ``step`` of episode ``k``: ``pixels`` (bytes, rows of
@@ -186,5 +188,5 @@ class Run:
         shape = tuple(self.buffer.spec.obs_shape)
         frame = np.asarray(obs).reshape(shape)
         if len(shape) == 3 and shape[-1] not in (1, 3, 4):
-            frame = frame[-1] if shape[0] <= 16 else frame[..., -1]
-        return {"width": width, "height": height, "channels": channels, "pixels": frame.astype(np.uint8).tobytes()}
+            frame = frame[-1] if shape[0] < shape[-1] else frame[..., -1]
+        return {"width": width, "height": height, "channels": channels, "pixels": frame.tobytes()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,6 +61,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+        port = self.server.server_address[1]
+        if self.headers.get("Host") not in (
+            f"{HOST}:{port}",
+            f"localhost:{port}",
+        ):  # DNS rebinding: another site's page
+            self._error(HTTPStatus.FORBIDDEN, "served to this machine's own addresses only")
+            return
         try:
             if url.path == "/":
                 self._send(HTTPStatus.OK, "text/html; charset=utf-8", _asset("index.html"))
@@ -69,10 +77,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path.startswith("/api/"):
                 with self.server.lock:
                     body = self._api(url.path[len("/api/") :], query)
-                self._send(HTTPStatus.OK, "application/json", json.dumps(body).encode())
+                self._send(HTTPStatus.OK, "application/json", _json(body))
             else:
                 self._error(HTTPStatus.NOT_FOUND, f"no such page: {url.path}")
-        except (FlexibuffError, KeyError, ValueError) as exc:
+        except (FlexibuffError, ValueError) as exc:
             self._error(HTTPStatus.BAD_REQUEST, str(exc))
 
     def _api(self, name: str, query: dict[str, str]) -> Any:
@@ -81,7 +89,7 @@ class _Handler(BaseHTTPRequestHandler):
             for run in runs:
                 run.refresh()
             return [run.summary() for run in runs]
-        run = runs[_index(query, "run", len(runs))]
+        run = runs[_index(query, "run", len(runs), 0)]
         if name == "episodes":
             agent = query.get("agent", "")
             return run.episodes(
@@ -89,13 +97,17 @@ class _Handler(BaseHTTPRequestHandler):
                 descending=query.get("desc", "0") == "1",
                 agent=int(agent) if agent else None,
                 ended=query.get("ended") or None,
-                offset=int(query.get("offset", 0)),
-                limit=min(int(query.get("limit", 50)), 1000),
+                offset=_index(query, "offset", 1 << 62, 0),
+                limit=_index(query, "limit", 1001, 50, least=1),
             )
         if name == "episode":
-            return run.episode(int(query["episode"]))
+            return run.episode(_index(query, "episode", 1 << 62))
         if name == "frame":
-            frame = run.frame(int(query["episode"]), int(query["step"]), int(query.get("agent", 0)))
+            frame = run.frame(
+                _index(query, "episode", 1 << 62),
+                _index(query, "step", 1 << 62),
+                _index(query, "agent", run.buffer.spec.n_agents, 0),
+            )
             if "pixels" in frame:
                 frame["pixels"] = base64.b64encode(frame["pixels"]).decode()
             return frame
@@ -113,10 +125,36 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, "application/json", json.dumps({"error": message}).encode())
 
 
-def _index(query: dict[str, str], key: str, count: int) -> int:
-    value = int(query.get(key, 0))
-    if not 0 <= value < count:
-        raise OutOfRangeError(f"{key} {value} is not one of the {count} given")
+def _index(query: dict[str, str], key: str, count: int, default: int | None = None, *, least: int = 0) -> int:
+    """The integer ``key`` of ``query`` (``default`` when absent), in ``[least, count)``."""
+    text = query.get(key)
+    if text is not None:
+        value = int(text)
+    elif default is not None:
+        value = default
+    else:
+        raise UnknownNameError(f"the request needs {key}=")
+    if not least <= value < count:
+        raise OutOfRangeError(f"{key}={value} is out of range ({least} to {count - 1})")
+    return value
+
+
+def _json(body: Any) -> bytes:
+    """``body`` as JSON, a value that is not finite (NaN, inf: JSON has none) as null."""
+    try:
+        return json.dumps(body, allow_nan=False).encode()
+    except ValueError:  # seldom: walk it only then
+        return json.dumps(_finite(body), allow_nan=False).encode()
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not finite (NaN, inf) as None: JSON has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
     return value
 
 

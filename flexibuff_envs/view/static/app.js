@@ -13,6 +13,8 @@ for (const key of ["run", "desc", "offset", "episode", "step"]) state[key] = Num
 let runs = [];
 let charts = [];
 let timeline = null;
+let total = 0;
+const number = (v, digits) => (v === null ? "–" : v.toFixed(digits)); // null: not finite (NaN, inf)
 
 const $ = (id) => document.getElementById(id);
 const api = async (path) => {
@@ -91,8 +93,11 @@ async function loadTable() {
     offset: state.offset, limit: PAGE,
   });
   const page = await api(`/api/episodes?${query}`);
+  total = page.total;
   $("count").textContent = `${page.total} episodes`;
-  $("page").textContent = `${state.offset + 1}-${Math.min(state.offset + PAGE, page.total)}`;
+  $("page").textContent = `${Math.min(state.offset + 1, page.total)}-${Math.min(state.offset + PAGE, page.total)}`;
+  $("prev").disabled = state.offset === 0;
+  $("next").disabled = state.offset + PAGE >= page.total;
   document.querySelectorAll("th[data-sort]").forEach((th) => {
     th.classList.toggle("sorted", th.dataset.sort === state.sort);
   });
@@ -100,7 +105,7 @@ async function loadTable() {
     const tr = document.createElement("tr");
     tr.dataset.episode = row.episode;
     tr.classList.toggle("chosen", row.episode === state.episode);
-    for (const value of [row.episode, row.length, row.return.toFixed(3), row.returns.map((v) => v.toFixed(2)).join(" "), row.ended]) {
+    for (const value of [row.episode, row.length, number(row.return, 3), row.returns.map((v) => number(v, 2)).join(" "), row.ended]) {
       const td = document.createElement("td");
       td.textContent = value;
       tr.append(td);
@@ -138,7 +143,6 @@ async function openEpisode(episode) {
     series: [{ label: "step" }, ...series],
     cursor: { bind: { mouseup: (u) => (e) => { if (u.cursor.idx != null) showStep(u.cursor.idx); return null; } } },
   }, values, $("timeline"));
-  $("timeline-png").href = timeline.root.querySelector("canvas").toDataURL("image/png");
   const header = ["step", ...series.map((s) => s.label)].join(",");
   const lines = steps.map((t) => [t, ...values.slice(1).map((v) => v[t])].join(","));
   $("episode-csv").href = URL.createObjectURL(new Blob([[header, ...lines].join("\n")], { type: "text/csv" }));
@@ -165,7 +169,7 @@ async function showStep(step) {
     figure.append(caption);
     if (frame.pixels === undefined) {
       const pre = document.createElement("pre");
-      pre.textContent = frame.values.map((v) => v.toFixed(3)).join(" ");
+      pre.textContent = frame.values.map((v) => number(v, 3)).join(" ");
       figure.append(pre);
       return figure;
     }
@@ -219,18 +223,40 @@ for (const [id, key] of [["run-select", "run"], ["agent-select", "agent"], ["end
     state[key] = key === "run" ? Number($(id).value) : $(id).value;
     state.offset = 0;
     remember();
-    if (key === "run") listRuns();
+    if (key === "run") { // the other run's episode is closed, its agent filter dropped
+      Object.assign(state, { episode: -1, step: 0, agent: "" });
+      $("episode").hidden = true;
+      if (timeline) timeline.destroy();
+      timeline = null;
+      remember();
+      listRuns();
+    }
     loadTable();
   });
 }
 $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); remember(); loadTable(); });
-$("next").addEventListener("click", () => { state.offset += PAGE; remember(); loadTable(); });
+$("next").addEventListener("click", () => {
+  if (state.offset + PAGE < total) { state.offset += PAGE; remember(); loadTable(); }
+});
+$("timeline-png").addEventListener("click", () => { // drawn by now
+  if (timeline) $("timeline-png").href = timeline.root.querySelector("canvas").toDataURL("image/png");
+});
 $("smooth").addEventListener("change", drawRuns);
 $("step").addEventListener("input", () => showStep(Number($("step").value)));
 
+async function poll() { // the next refresh only once this one is done: slow ones do not pile up
+  await refresh();
+  setTimeout(poll, 2000);
+}
+
 (async () => {
   $("ended-select").value = state.ended;
-  await refresh();
-  if (state.episode >= 0) await openEpisode(state.episode);
-  setInterval(refresh, 2000);
+  await poll();
+  if (state.episode >= 0) {
+    try {
+      await openEpisode(state.episode);
+    } catch (error) { // a link to an episode the run no longer holds
+      $("status").textContent = `error: ${error.message}`;
+    }
+  }
 })();
