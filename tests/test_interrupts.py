@@ -128,8 +128,9 @@ class Case:
     make: Callable[[], Any]
     replay: Callable[[Any], None]
     table: dict[bytes, list[dict[str, np.ndarray]]]
-    #: a replay ends by cutting running episodes (a vector env's sub-envs do not end together)
-    cuts: bool = False
+    #: how episodes are checked right after the interrupt (`assert_matches`): an interrupt that
+    #: lands inside a step ends the running episode there, as truncated
+    cuts: bool | None = True
     #: how episodes a reset cut are checked (`assert_matches`): as the first steps of the
     #: reference's, or left out (AEC: a cut drops the transitions opened by the last turns)
     cut_check: bool | None = True
@@ -166,8 +167,6 @@ class Vector(Case):
     """SyncVectorEnv of 8 CartPoles (NEXT_STEP autoreset): sub-env ``i`` is a bare CartPole
     seeded ``i``, whose step after an episode's end only resets it. ``same_step``: the sub-env
     resets within the step that ends an episode (SAME_STEP, and SB3's VecEnvs)."""
-
-    cuts = True
 
     def __init__(self, num_steps: int, n: int = 8, steps: int = 1500, *, same_step: bool = False) -> None:
         self.actions = np.random.default_rng(0).integers(0, 2, (steps, n))
@@ -265,7 +264,7 @@ class Parallel(Case):
 
 
 class AEC(Case):
-    cut_check = None
+    cuts = cut_check = None
 
     def __init__(self, num_steps: int, episodes: int = 40) -> None:
         from pettingzoo.classic import connect_four_v3
@@ -295,6 +294,8 @@ class AEC(Case):
 
 class SB3Replay(Case):
     """SB3's ``ReplayBuffer.add`` of a plain CartPole loop's transitions, one sub-env."""
+
+    cuts = False  # the adds are the steps: one is recorded whole or not at all
 
     def __init__(self, num_steps: int) -> None:
         log = play(gym.make("CartPole-v1"), seed=0, steps=3000)
@@ -405,3 +406,67 @@ def test_a_handler_put_back_by_whoever_replaced_it_still_gets_the_signal() -> No
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
     assert noted == []
+
+
+# ----------------------------------------------------- a loop that goes on after the interrupt
+
+
+class SlowToReturn(gym.Wrapper):
+    """CartPole that takes a millisecond to return from a step it has taken: most interrupts
+    land after the env moved and before the recorder saw the step."""
+
+    def step(self, action: Any) -> Any:
+        result = self.env.step(action)
+        time.sleep(0.001)
+        return result
+
+
+def skipped_steps(buffer: fe.FlexibleBuffer) -> int:
+    """Rows whose next observation is not what CartPole's dynamics make of the observation and
+    action (a transition that spans a step the recording lost)."""
+    sim = gym.make("CartPole-v1").unwrapped
+    sim.reset(seed=0)
+    wrong = 0
+    for episode in buffer.episodes():
+        for obs, action, obs_ in zip(episode.obs, episode.discrete_actions[:, 0], episode.obs_):
+            sim.state = obs.astype(np.float64)
+            wrong += not np.allclose(sim.step(int(action))[0], obs_, atol=1e-5)
+    return wrong
+
+
+@pytest.mark.parametrize("kind", ["gym", "vector", "sb3_vec_env"])
+def test_a_loop_that_goes_on_after_ctrl_c_records_no_transition_that_skips_a_step(kind: str) -> None:
+    """A notebook's interrupted cell, run again: the loop catches KeyboardInterrupt and steps on
+    without a reset. Whether the env moved in the interrupted step is unknown to the recorder, so
+    the running episode ends at its last recorded step; every row recorded, before and after,
+    is one CartPole step from its observation."""
+    rng = np.random.default_rng(list(CASES).index(kind))
+    make = lambda: SlowToReturn(gym.make("CartPole-v1"))
+    if kind == "gym":
+        env: Any = fe.record(make(), num_steps=10_000)
+    elif kind == "vector":
+        env = fe.record(gym.vector.SyncVectorEnv([make] * 2), num_steps=10_000)
+    else:
+        pytest.importorskip("stable_baselines3")
+        from stable_baselines3.common.vec_env import DummyVecEnv
+
+        from flexibuff_envs.integrations.sb3 import RecordingVecEnv
+
+        env = RecordingVecEnv(DummyVecEnv([make] * 2), num_steps=10_000)
+    env.reset(seed=0) if kind != "sb3_vec_env" else env.reset()
+    interrupts = 0
+    for _ in range(20):
+
+        def run() -> None:
+            while True:
+                if kind == "gym":
+                    _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+                    if terminated or truncated:
+                        env.reset()
+                else:
+                    env.step(rng.integers(0, 2, 2))
+
+        interrupted(run, rng.uniform(0.01, 0.1))
+        interrupts += 1
+    assert interrupts == 20 and sum(len(e.obs) for e in env.buffer.episodes()) > 200
+    assert skipped_steps(env.buffer) == 0

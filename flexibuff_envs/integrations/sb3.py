@@ -119,12 +119,16 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
         self.venv.step_async(actions)
 
     def step_wait(self) -> Any:
-        obs, rewards, dones, infos = self.venv.step_wait()
-        dones = np.asarray(dones, dtype=bool)
-        truncated = _timeouts(dones, infos)
-        ended = np.flatnonzero(dones)
-        final = (ended, [infos[i]["terminal_observation"] for i in ended.tolist()]) if ended.size else None
-        self._recorder.step(self._actions, obs, rewards, dones & ~truncated, truncated, final=final)
+        try:
+            obs, rewards, dones, infos = self.venv.step_wait()
+            dones = np.asarray(dones, dtype=bool)
+            truncated = _timeouts(dones, infos)
+            ended = np.flatnonzero(dones)
+            final = (ended, [infos[i]["terminal_observation"] for i in ended.tolist()]) if ended.size else None
+            self._recorder.step(self._actions, obs, rewards, dones & ~truncated, truncated, final=final)
+        except BaseException as error:  # Ctrl-C after the envs moved included (see `GymRecorder.step`)
+            self._recorder.step_failed(error)
+            raise
         return obs, rewards, dones, infos
 
     def close(self) -> None:

@@ -99,10 +99,14 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        result = self.env.step(action)
         recorder = self._recorder
-        if recorder.running:
-            recorder.step_single(action, *result)
+        try:
+            result = self.env.step(action)
+            if recorder.running:
+                recorder.step_single(action, *result)
+        except BaseException as error:  # Ctrl-C after the env moved included: `step_failed`
+            recorder.step_failed(error)
+            raise
         return result
 
     def truncate(self) -> None:

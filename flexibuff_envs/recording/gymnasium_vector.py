@@ -103,8 +103,15 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         return obs, info
 
     def step(self, actions: Any) -> Any:
-        result = self.env.step(actions)
-        obs, rewards, terminations, truncations, info = result
+        try:
+            result = self.env.step(actions)
+            self._record(actions, *result)
+        except BaseException as error:  # Ctrl-C after the envs moved included: `step_failed`
+            self._recorder.step_failed(error)
+            raise
+        return result
+
+    def _record(self, actions: Any, obs: Any, rewards: Any, terminations: Any, truncations: Any, info: Any) -> None:
         final = masks_ = None
         masks = batch_masks(info, self.num_envs)
         if self._same_step and "final_obs" in info:
@@ -115,7 +122,6 @@ class VectorRecorder(Unpicklable, VectorWrapper):
             if final_masks is not None:  # each finished sub-env's last mask in place of its reset one
                 masks_ = final_masks if masks is None else np.where(done[:, None], final_masks, masks)
         self._recorder.step(actions, obs, rewards, terminations, truncations, final=final, masks=masks, masks_=masks_)
-        return result
 
     def truncate(self) -> None:
         """End every sub-env's running episode at its last recorded step, as truncated (see

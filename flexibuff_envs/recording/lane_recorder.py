@@ -276,6 +276,15 @@ class LaneRecorder:
         for index in indices:
             self.writer.end_agent(self.lane, index, None if values is None else values[index])
 
+    @holding
+    def step_failed(self, error: BaseException) -> None:
+        """The env's step (or its recording) raised ``error``, Ctrl-C included, before the step
+        was recorded whole. Whether the env moved is unknown, so a step after it could not be
+        told from this one: the running episode ends at its last recorded step, as truncated,
+        and recording resumes at the next reset."""
+        if self.running:
+            self.abandon(len(self.rows), error)
+
     def abandon(self, rows: int, error: BaseException) -> None:
         """The step being recorded failed with ``error``: give back the rows it claimed (beyond
         the first ``rows`` of the episode), end the episode at its last whole step, and say so

@@ -144,15 +144,18 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     def step(self, action: Any) -> None:
         recorder = self._recorder
         acting = None
-        if recorder.running:
-            acting = self._index[self._source.agent_selection]
-            recorder.record(self._record, acting, action)
-        self._seen = None
         try:
+            if recorder.running:
+                acting = self._index[self._source.agent_selection]
+                recorder.record(self._record, acting, action)
+            self._seen = None
             self.env.step(action)
-        except BaseException:
-            if acting is not None:
-                self._actions[acting] = None  # the action did not happen: no transition starts
+        except Exception:
+            if acting is not None:  # the env refused the action: no transition starts, a retry may follow
+                self._actions[acting] = None
+            raise
+        except BaseException as error:  # Ctrl-C, wherever it landed: whether the env moved is unknown
+            recorder.step_failed(error)
             raise
         if recorder.running and not self._source.agents:
             recorder.cut()  # the env ended the episode without a dead step for every agent

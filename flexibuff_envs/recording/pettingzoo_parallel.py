@@ -92,10 +92,14 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
 
     @override
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
-        result = self.env.step(actions)
         recorder = self._recorder
-        if recorder.running:  # claiming the row may forget the oldest episode: part of the step
-            recorder.record(lambda: self._record(recorder.next_row(), actions, *result))
+        try:
+            result = self.env.step(actions)
+            if recorder.running:  # claiming the row may forget the oldest episode: part of the step
+                recorder.record(lambda: self._record(recorder.next_row(), actions, *result))
+        except BaseException as error:  # Ctrl-C after the env moved included: `step_failed`
+            recorder.step_failed(error)
+            raise
         return result
 
     def _record(

@@ -371,6 +371,13 @@ class BatchRecorder:
         self.running[:] = self._resetting[:] = False
         self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
 
+    def step_failed(self, error: BaseException) -> None:
+        """The vector env's step (or its recording) raised ``error``, Ctrl-C included, before
+        the step was recorded whole: which sub-envs moved is unknown, so every running episode
+        ends at its last recorded step (`abandon`)."""
+        if self._k or self.running.any():  # staged steps may begin episodes `running` does not show yet
+            self.abandon(error)
+
     def abandon(self, error: BaseException) -> None:
         """The step being staged failed with ``error``: the steps before it are written, every
         running episode ends there as truncated (no bootstrap), and ``error`` says so."""
