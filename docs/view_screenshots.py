@@ -1,5 +1,5 @@
 """The episode browser's screenshots in the docs (docs/images/view-*.png), made as a user would
-see them: CartPole, connect four and Pong recorded to logs (random actions, seed 0), served by
+see them: CartPole, connect four and pistonball recorded to logs (random actions, seed 0), served by
 ``flexibuff_envs.view`` and photographed in Debian's chromium through Playwright.
 
 Run: python docs/view_screenshots.py
@@ -12,9 +12,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-import ale_py
 import gymnasium as gym
 import numpy as np
+from pettingzoo.butterfly import pistonball_v6
 from pettingzoo.classic import connect_four_v3
 from playwright.sync_api import sync_playwright
 
@@ -26,7 +26,8 @@ IMAGES = Path(__file__).resolve().parent / "images"
 
 
 def record(root: Path) -> list[str]:
-    """Three logs in ``root``: 300 CartPole episodes, 200 connect four games, 4 Pong episodes."""
+    """Three logs in ``root``: 300 CartPole episodes, 200 connect four games, 3 pistonball
+    episodes of 10 pistons."""
     env = fe.record(gym.make("CartPole-v1"), num_steps=5000, log=root / "cartpole")
     env.action_space.seed(0)
     for k in range(300):
@@ -42,17 +43,13 @@ def record(root: Path) -> list[str]:
             obs, _, terminated, truncated, _ = games.last()
             games.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
     games.close()
-    gym.register_envs(ale_py)
-    pong = fe.record(
-        gym.make("ALE/Pong-v5", obs_type="grayscale", max_episode_steps=200), num_steps=1000, log=root / "pong"
-    )
-    pong.action_space.seed(0)
-    for k in range(4):
-        pong.reset(seed=k)
-        while not any(pong.step(pong.action_space.sample())[2:4]):
-            pass
-    pong.close()
-    return [str(root / name) for name in ("cartpole", "connect_four", "pong")]
+    pistons = fe.record(pistonball_v6.parallel_env(n_pistons=10, max_cycles=60), num_steps=200, log=root / "pistonball")
+    for k in range(3):
+        pistons.reset(seed=k)
+        while pistons.agents:
+            pistons.step({agent: rng.uniform(-1, 1, 1).astype(np.float32) for agent in pistons.agents})
+    pistons.close()
+    return [str(root / name) for name in ("cartpole", "connect_four", "pistonball")]
 
 
 def main() -> None:
@@ -71,12 +68,16 @@ def main() -> None:
             page.wait_for_function("document.querySelector('th[data-sort=return]').classList.contains('sorted')")
             page.wait_for_timeout(300)
             page.locator("#table").screenshot(path=str(IMAGES / "view-episodes.png"))
+            page.click("#episodes tbody tr >> nth=0")  # CartPole's best: its observation as small plots
+            page.wait_for_selector("#observation-plots .small")
+            page.wait_for_timeout(300)
+            page.locator("#episode").screenshot(path=str(IMAGES / "view-vector.png"))
             page.select_option("#run-select", "2")
-            page.wait_for_function("document.querySelector('#count').textContent === '4 episodes'")
+            page.wait_for_function("document.querySelector('#count').textContent === '3 episodes'")
             page.click("#episodes tbody tr >> nth=0")
             page.wait_for_selector("#observations canvas.frame")
-            page.eval_on_selector("#step", "s => { s.value = 120; s.dispatchEvent(new Event('input')); }")
-            page.wait_for_function("document.querySelector('#observations').dataset.step === '120'")
+            page.eval_on_selector("#step", "s => { s.value = 40; s.dispatchEvent(new Event('input')); }")
+            page.wait_for_function("document.querySelector('#observations').dataset.step === '40'")
             page.locator("#episode").screenshot(path=str(IMAGES / "view-episode.png"))
             chromium.close()
         server.shutdown()

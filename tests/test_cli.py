@@ -212,6 +212,22 @@ def test_plot_writes_a_png(capsys: pytest.CaptureFixture[str]) -> None:
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
+def test_plot_draws_a_line_per_group_of_many_agents() -> None:
+    """Pistonball's 10 pistons: one line, their mean, not a legend of 10 identical lines."""
+    pytest.importorskip("matplotlib")
+    from pettingzoo.butterfly import pistonball_v6
+
+    from flexibuff_envs.cli.plot import plot_buffer
+
+    env = fe.record(pistonball_v6.parallel_env(n_pistons=10, max_cycles=5), num_steps=50)
+    for k in range(3):
+        env.reset(seed=k)
+        while env.agents:
+            env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+    assert plot_buffer(env.buffer, "pistons.png", title="pistonball") == ["piston (mean of 10)"]
+    assert Path("pistons.png").read_bytes().startswith(b"\x89PNG")
+
+
 @pytest.mark.parametrize(
     "argv, names",
     [

@@ -125,6 +125,10 @@ def _files(root: Path) -> dict[str, tuple[int, int]]:
         ("api/episodes?run=0&limit=-1", 400),
         ("api/episodes?run=0&offset=-10", 400),
         ("api/episode?run=0", 400),
+        ("api/episodes?run=0&least=nan", 400),
+        ("api/curves?run=0&smooth=0", 400),
+        ("api/observations?run=1&episode=0&agent=9", 400),
+        ("api/export?run=0&episode=99", 400),
     ],
 )
 def test_only_the_page_its_assets_and_the_api_are_served(served: tuple[Browser, Path], path: str, status: int) -> None:
@@ -169,7 +173,7 @@ def test_values_that_are_not_finite_reach_the_page_as_null(tmp_path: Path) -> No
     browser = Browser([Run(str(tmp_path / "log"))])
     threading.Thread(target=browser.serve_forever, daemon=True).start()
     try:
-        assert _get(browser, "api/runs")[0]["team"] == [None, None]  # valid JSON: NaN is null
+        assert _get(browser, "api/curves?run=0")["returns"][0]["values"] == [None, None]  # valid JSON: NaN is null
         assert _get(browser, "api/episode?run=0&episode=0")["rewards"][0][2] is None
         assert _get(browser, "api/frame?run=0&episode=0&step=1")["values"] == [1.0, None]
     finally:
@@ -206,11 +210,25 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         page.wait_for_function("document.querySelector('#episodes tbody tr td').textContent !== '0'")
         returns = [float(cell) for cell in page.locator("#episodes tbody tr td:nth-child(3)").all_inner_texts()]
         assert returns == sorted(returns, reverse=True) and len(returns) == 12
+        least = sorted(returns)[6]  # a filter on the return: the 6 best
+        page.fill("#least", str(least))
+        page.dispatch_event("#least", "change")
+        page.wait_for_function("document.querySelector('#count').textContent === '6 episodes'")
+        page.fill("#least", "")
+        page.dispatch_event("#least", "change")
+        page.wait_for_function("document.querySelector('#count').textContent === '12 episodes'")
+        page.click("#episodes tbody tr >> nth=0")  # CartPole: its 4 observation values as a small plot
+        page.wait_for_selector("#observation-plots .small")
+        assert page.locator("#observation-plots .small").count() == 1
+        assert "/api/export?run=0&episode=" in page.get_attribute("#episode-parquet", "href")
         page.select_option("#run-select", "1")  # pistonball: image observations, an agent each
         page.wait_for_function("document.querySelector('#count').textContent === '2 episodes'")
         page.click("#episodes tbody tr >> nth=0")
         page.wait_for_selector("#observations canvas.frame")
         assert page.locator("#observations canvas.frame").count() == 4  # one a piston
+        page.uncheck("#agent-picker input >> nth=3")  # shown: the pistons chosen
+        page.wait_for_function("document.querySelectorAll('#observations canvas.frame').length === 3")
+        assert "agents=0%2C1%2C2" in page.url
         page.select_option("#run-select", "2")  # Pong: a ball that moves
         page.wait_for_function("document.querySelector('#run-select').value === '2'")
         page.click("#episodes tbody tr >> nth=0")
@@ -229,3 +247,125 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         page.wait_for_function("document.querySelector('#count').textContent === '15 episodes'", timeout=15_000)
         assert errors == []
         chromium.close()
+
+
+def test_curves_tables_filters_and_exports_hold_what_the_log_holds(served: tuple[Browser, Path]) -> None:
+    """The charts' lines are the moving means numpy makes, thinned; a return filter selects what
+    numpy selects; an episode's observations and its Parquet file are the episode's values."""
+    browser, root = served
+    cartpole = fe.FlexibleBuffer.open(root / "cartpole")
+    lengths = cartpole.episode_stats()["lengths"].astype(np.float64)
+    curves = _get(browser, "api/curves?run=0&smooth=3")
+    assert curves["x"] == list(range(1, 13)) and curves["deaths"] is None  # one agent: nothing dies
+    want = [lengths[max(0, k - 2) : k + 1].mean() for k in range(12)]
+    np.testing.assert_allclose(curves["lengths"], want, atol=1e-6)
+    np.testing.assert_allclose(curves["returns"][0]["values"], want, atol=1e-6)  # CartPole: 1 a step
+    least, most = np.percentile(lengths, [25, 75])
+    page = _get(browser, f"api/episodes?run=0&least={least}&most={most}&limit=100")
+    chosen = np.flatnonzero((lengths >= least) & (lengths <= most))
+    assert [row["episode"] for row in page["rows"]] == chosen.tolist() and page["total"] == chosen.size
+    first = next(iter(cartpole.episodes()))
+    series = _get(browser, "api/observations?run=0&episode=0&agent=0")
+    np.testing.assert_allclose(np.array(series["series"]).T, first.obs, atol=1e-5)
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+
+    with urllib.request.urlopen(browser.url + "api/export?run=1&episode=0") as response:
+        assert response.headers["Content-Disposition"] == 'attachment; filename="episode-0.parquet"'
+        table = pq.read_table(io.BytesIO(response.read()))
+    want_piston = next(iter(fe.FlexibleBuffer.open(root / "pistonball").episodes()))
+    assert table.num_rows == want_piston.individual_rewards.size  # a row per agent and step
+    np.testing.assert_allclose(
+        table.column("rewards").to_numpy().reshape(want_piston.individual_rewards.shape), want_piston.individual_rewards
+    )
+    obs = np.array(table.column("obs").to_pylist(), np.uint8)
+    np.testing.assert_array_equal(obs, want_piston.obs.reshape(obs.shape))
+
+
+class _Dying(__import__("pettingzoo").ParallelEnv):  # type: ignore[misc]
+    """Three agents; ``agent_2`` dies (terminates) at step 2, the others play on to step 5."""
+
+    def __init__(self) -> None:
+        self.metadata = {"name": "dying"}
+        self.possible_agents = ["agent_0", "agent_1", "agent_2"]
+
+    def observation_space(self, agent: str) -> gym.spaces.Box:
+        return gym.spaces.Box(0, 10, (2,), np.float32)
+
+    def action_space(self, agent: str) -> gym.spaces.Discrete:
+        return gym.spaces.Discrete(3)
+
+    def reset(self, seed: int | None = None, options: Any = None) -> tuple[dict, dict]:
+        self.agents, self.t = list(self.possible_agents), 0
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.t += 1
+        obs = {a: np.full(2, self.t, np.float32) for a in self.agents}
+        ended = {a: self.t == 5 or (a == "agent_2" and self.t == 2) for a in self.agents}
+        rewards = {a: float(i + 1) for i, a in enumerate(self.agents)}
+        self.agents = [a for a in self.agents if not ended[a]]
+        return obs, rewards, ended, dict.fromkeys(ended, False), {a: {} for a in ended}
+
+
+def test_deaths_and_steps_an_agent_sat_out(tmp_path: Path) -> None:
+    """An agent that dies mid-episode counts as a death (the table, its sort, the curve); after
+    it, its frames say it is not active and its actions are null, never a padded 0."""
+    pytest.importorskip("pettingzoo")
+    env = fe.record(_Dying(), num_steps=100, log=tmp_path / "log")
+    for _ in range(3):
+        env.reset()
+        while env.agents:
+            env.step({a: 1 for a in env.agents})
+    env.close()
+    run = Run(str(tmp_path / "log"))
+    assert run.table.deaths.tolist() == [1, 1, 1] and run.summary()["deaths"] == 3
+    assert run.episodes(sort="deaths")["rows"][0]["deaths"] == 1
+    assert run.curves()["deaths"] == [1.0, 1.0, 1.0]
+    timeline = run.episode(0)
+    np.testing.assert_array_equal(timeline["actions"][2], [1.0, 1.0, np.nan, np.nan, np.nan])  # the page gets null
+    assert timeline["active"][2] == [1, 1, 0, 0, 0]
+    assert run.frame(0, 3, 2) == {"inactive": True} and run.frame(0, 1, 2)["values"] == [1.0, 1.0]
+    from pettingzoo.classic import connect_four_v3
+
+    games = fe.record(connect_four_v3.env(), num_steps=200, log=tmp_path / "games")
+    for k in range(3):  # turns, not simultaneous steps: the loser's last turn comes before the winner's
+        games.reset(seed=k)
+        for _ in games.agent_iter():
+            obs, _, terminated, truncated, _ = games.last()
+            games.step(None if terminated or truncated else int(np.flatnonzero(obs["action_mask"])[0]))
+    games.close()
+    turns = Run(str(tmp_path / "games"))
+    assert turns.summary()["deaths"] is None and turns.curves()["deaths"] is None and not turns.table.deaths.any()
+
+
+def test_lines_are_per_agent_for_few_agents_and_per_group_for_many() -> None:
+    from flexibuff_envs.view.data import agent_groups
+
+    assert agent_groups(["player_0", "player_1"]) == [("player_0", [0]), ("player_1", [1])]
+    pistons = [f"piston_{k}" for k in range(20)]
+    assert agent_groups(pistons) == [("piston (mean of 20)", list(range(20)))]
+    mixed = [f"adversary_{k}" for k in range(3)] + [f"agent_{k}" for k in range(7)]
+    assert [name for name, _ in agent_groups(mixed)] == ["adversary (mean of 3)", "agent (mean of 7)"]
+
+
+def test_a_parquet_export_a_vault_and_a_compressed_file_open_as_the_log(served: tuple[Browser, Path]) -> None:
+    _, root = served
+    log = Run(str(root / "pong"))
+    buffer = fe.FlexibleBuffer.open(root / "pong")
+    packed = Run(buffer.save(root / "pong.fbuf", compress="auto"))
+    assert packed.kind == "file" and packed.table.lengths.tolist() == log.table.lengths.tolist()
+    assert packed.frame(1, 30, 0)["pixels"] == log.frame(1, 30, 0)["pixels"]
+    pytest.importorskip("pyarrow")
+    from flexibuff_envs.integrations.parquet import to_parquet
+
+    cartpole = Run(str(root / "cartpole"))
+    exported = Run(to_parquet(cartpole.buffer, root / "parquet"))
+    assert exported.kind == "parquet"
+    np.testing.assert_allclose(exported.table.returns, cartpole.table.returns)
+    pytest.importorskip("tensorstore")
+    from flexibuff_envs.integrations.vault import to_vault
+
+    vault = Run(to_vault(cartpole.buffer, root / "vaults", vault_name="cartpole.vlt"))
+    assert vault.kind == "vault"
+    np.testing.assert_allclose(vault.table.returns, cartpole.table.returns)

@@ -20,10 +20,20 @@ def add_view(commands: Any) -> None:
     view = commands.add_parser(
         "view", help="browse recordings in a local web page: runs, episodes, an episode's timeline and frames"
     )
-    view.add_argument("paths", metavar="PATH", nargs="+", help="episode logs or buffer files (only read)")
-    view.add_argument("--port", type=int, default=PORT, help=f"the port on 127.0.0.1 (default {PORT}; 0: a free one)")
+    view.add_argument(
+        "paths", metavar="PATH", nargs="+", help="episode logs, buffer files, vaults or Parquet exports (only read)"
+    )
+    view.add_argument("--port", type=port, default=PORT, help=f"the port on 127.0.0.1 (default {PORT}; 0: a free one)")
     view.add_argument("--no-browser", action="store_true", help="serve without opening a browser")
     view.set_defaults(run=cmd_view)
+
+
+def port(text: str) -> int:
+    """A TCP port number, 0 to 65535 (argparse's type for ``--port``)."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is no TCP port (0 to 65535)")
+    return value
 
 
 def cmd_view(args: argparse.Namespace) -> int:

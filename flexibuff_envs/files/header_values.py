@@ -81,6 +81,8 @@ def dtype_name(value: Any, what: str) -> str:
 
 
 _SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(BufferSpec))
+#: the APIs a spec may say it was recorded from ("": unknown)
+ENV_APIS = ("", "gymnasium", "vector", "parallel", "aec")
 
 
 def parse_spec(value: Any) -> BufferSpec:
@@ -138,7 +140,10 @@ def parse_spec(value: Any) -> BufferSpec:
         ),
         obs_categories=categories,
         extra_fields=_extra_fields(data.get("extra_fields", [])),
+        env_api=of_kind(data.get("env_api", ""), str, "spec env_api"),
     )
+    if spec.env_api not in ENV_APIS:
+        raise BadHeader(f"spec env_api must be one of {list(ENV_APIS)}, got {short_repr(spec.env_api)}")
     if spec.agent_obs_sizes and len(spec.agent_obs_sizes) != n_agents:
         raise BadHeader(f"spec agent_obs_sizes must have {n_agents} entries")
     return spec

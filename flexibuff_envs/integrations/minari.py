@@ -294,7 +294,7 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
     """
     dataset = minari.load_dataset(dataset_or_id) if isinstance(dataset_or_id, str) else dataset_or_id
     obs, action = obs_codec(dataset.observation_space), action_codec(dataset.action_space)
-    spec = spec_from_codecs(obs, action)
+    spec = spec_from_codecs(obs, action, env_api="gymnasium")
     buffer_options.setdefault("num_steps", max(int(dataset.total_steps), 1))
     buffer = FlexibleBuffer.from_spec(spec, **buffer_options)
     stored = stored_obs(spec, obs)

@@ -86,7 +86,7 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
         super().__init__(venv)
         obs, action = obs_codec(venv.observation_space), action_codec(venv.action_space)
         self.buffer = prepare_buffer(
-            spec_from_codecs(obs, action, n_envs=venv.num_envs),
+            spec_from_codecs(obs, action, n_envs=venv.num_envs, env_api="vector"),
             buffer,
             num_steps=num_steps,
             gamma=gamma,
@@ -178,7 +178,7 @@ class ReplayBuffer(buffers.ReplayBuffer):
         obs, action = obs_codec(observation_space), action_codec(action_space)
         # draws follow numpy's global generator, which SB3 seeds (set_random_seed), as its own buffer's do
         self.buffer = FlexibleBuffer.from_spec(
-            spec_from_codecs(obs, action, n_envs=n_envs),
+            spec_from_codecs(obs, action, n_envs=n_envs, env_api="vector"),
             num_steps=self.buffer_size,
             global_reward=False,
             seed=int(np.random.randint(2**31)),
@@ -278,7 +278,7 @@ class RolloutBuffer(buffers.RolloutBuffer):
         if not isinstance(observation_space, spaces.Box):
             raise ArgumentTypeError(f"RolloutBuffer keeps Box observations; got {observation_space!r}")
         obs, action = obs_codec(observation_space), action_codec(action_space)
-        spec = spec_from_codecs(obs, action, n_envs=n_envs)
+        spec = spec_from_codecs(obs, action, n_envs=n_envs, env_api="vector")
         self.buffer = FlexibleBuffer.from_spec(
             dataclasses.replace(spec, extra_fields=(("log_prob", (1,), "float32"),)),  # SB3's joint log prob
             num_steps=buffer_size,

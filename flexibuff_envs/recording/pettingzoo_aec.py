@@ -61,6 +61,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
     Args: as `ParallelRecorder`.
     """
 
+    API = "aec"
+
     def __init__(
         self,
         env: AECEnv,

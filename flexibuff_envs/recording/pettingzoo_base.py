@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,8 @@ class PettingZooRecorderMixin(Unpicklable):
 
     buffer: FlexibleBuffer
     env: Any
+    #: the API recorded, as `BufferSpec.env_api` says it
+    API: str
 
     def _setup(
         self,
@@ -54,7 +57,7 @@ class PettingZooRecorderMixin(Unpicklable):
     ) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
-        spec = combine_agents([str(a) for a in ids], obs, actions, state=state)
+        spec = dataclasses.replace(combine_agents([str(a) for a in ids], obs, actions, state=state), env_api=self.API)
         self.buffer = prepare_buffer(
             spec,
             buffer,

@@ -43,6 +43,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         agent_state_size: how many values ``agent_state`` returns (float32).
     """
 
+    API = "parallel"
+
     def __init__(
         self,
         env: ParallelEnv,

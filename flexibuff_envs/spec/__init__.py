@@ -44,6 +44,10 @@ class BufferSpec:
             the one-hot flattening (``obs_size = sum(obs_categories)`` float32 values).
         extra_fields: fields of your own, per agent, each ``(name, shape, dtype name)``: filled
             through ``annotate(name=value)``, returned by every sampling mode (`storage.extra_fields`).
+        env_api: the API the rows were recorded from: "gymnasium", "vector", "parallel" (row
+            ``k`` of an episode: the agents' ``k``-th simultaneous step) or "aec" (each agent's
+            ``k``-th turn); "" when unknown (a spec made by hand, an imported dataset). Not
+            part of the layout: buffers of any API can hold the same rows.
     """
 
     obs_size: int
@@ -63,6 +67,7 @@ class BufferSpec:
     agent_continuous_action_dimensions: tuple[int, ...] = ()
     obs_categories: tuple[int, ...] = ()
     extra_fields: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    env_api: str = ""
 
     #: Fields that decide array shapes; a user-supplied buffer must agree on these.
     LAYOUT_FIELDS = (
@@ -189,24 +194,29 @@ def infer_spec(env: Any, *, info: Mapping[str, Any] | None = None) -> BufferSpec
     """
     masked = info is not None and "action_mask" in info
     if isinstance(env, gym.Env):
-        return spec_from_codecs(obs_codec(env.observation_space), action_codec(env.action_space), action_mask=masked)
+        return spec_from_codecs(
+            obs_codec(env.observation_space), action_codec(env.action_space), action_mask=masked, env_api="gymnasium"
+        )
     if isinstance(env, gym.vector.VectorEnv):
         return spec_from_codecs(
             obs_codec(env.single_observation_space),
             action_codec(env.single_action_space),
             action_mask=masked,
             n_envs=env.num_envs,
+            env_api="vector",
         )
-    if env_kinds.env_kind(env) is None:
+    kind = env_kinds.env_kind(env)
+    if kind is None:
         raise NotAnEnvError(f"infer_spec(env): expected one of {ENV_KINDS}, got {type(env).__name__}")
     ids = list(env.possible_agents)
-    return combine_agents(
+    spec = combine_agents(
         [str(a) for a in ids],
         [obs_codec(env.observation_space(a), f"observation space of agent {a!r}") for a in ids],
         [action_codec(env.action_space(a), f"action space of agent {a!r}") for a in ids],
         state=state_codec(env),
         action_mask=masked,
     )
+    return dataclasses.replace(spec, env_api=kind)
 
 
 def state_codec(env: Any) -> ObsCodec | None:

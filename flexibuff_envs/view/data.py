@@ -1,12 +1,15 @@
-"""What the episode browser shows of a recording, read lazily: a `Run` opens a log mapped (or a
-buffer file mapped) and answers with plain JSON-ready values: the episodes' table (returns per
-agent and the team's, lengths, how each ended; sorted, filtered and paged with numpy), one
-episode's timeline per agent, and one observation as pixels or values. A log another process is
-still appending to is opened again when it holds more than what was read."""
+"""What the episode browser shows of a recording, read lazily: a `Run` opens a log mapped (a
+buffer file mapped, a vault or a Parquet export read) and answers with plain JSON-ready values:
+the runs' curves (smoothed and thinned to what a chart draws), the episodes' table (returns per
+agent and the team's, lengths, how each ended, deaths; sorted, filtered and paged with numpy),
+one episode's timeline per agent, its observations as small plots, and one observation as
+pixels or values. A log another process is still appending to is opened again when it holds
+more than what was read."""
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,13 +17,41 @@ import numpy as np
 
 from flexibuff_envs import log
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.errors import InvalidArgumentError, OutOfRangeError
-from flexibuff_envs.index import episode_table
+from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, OutOfRangeError, needs
+from flexibuff_envs.files.format import BufferFile
+from flexibuff_envs.index import EpisodeTable, episode_table
 
 #: how an episode ended, by its last row's flags: every agent's, the team's
 ENDINGS = ("terminated", "truncated", "cut")
 #: the columns the table sorts by
-SORTS = ("episode", "length", "return", "ended")
+SORTS = ("episode", "length", "return", "ended", "deaths")
+#: agents drawn one line each; more are drawn one line per group (`agent_groups`)
+SHOWN_AGENTS = 8
+#: the points a curve is thinned to
+POINTS = 2000
+#: annotations a timeline shows, when recorded
+ANNOTATIONS = ("values", "discrete_log_probs", "continuous_log_probs")
+
+
+def agent_groups(agent_ids: list[str]) -> list[tuple[str, list[int]]]:
+    """Agents as the lines of a chart: each its own when there are few, else one group per name
+    without its number (``piston_0`` ... ``piston_19``: ``piston``), in order of first sight."""
+    if len(agent_ids) <= SHOWN_AGENTS:
+        return [(agent, [a]) for a, agent in enumerate(agent_ids)]
+    groups: dict[str, list[int]] = {}
+    for a, agent in enumerate(agent_ids):
+        groups.setdefault(re.sub(r"[_\-]?\d+$", "", agent) or agent, []).append(a)
+    return [
+        (f"{name} (mean of {len(members)})" if len(members) > 1 else name, members) for name, members in groups.items()
+    ]
+
+
+def moving_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """The mean of the ``window`` values up to each (fewer at the start)."""
+    sums = np.cumsum(np.concatenate([[0.0], values.astype(np.float64)]))
+    ends = np.arange(1, values.size + 1)
+    starts = np.maximum(ends - window, 0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
 
 
 @dataclass
@@ -32,62 +63,106 @@ class Table:
     returns: np.ndarray  # [E, n_agents]
     team: np.ndarray  # [E]: the team's return (the global reward's sum, else the agents')
     ended: np.ndarray  # [E]: an index into ENDINGS
+    deaths: np.ndarray  # [E]: agents terminated before the episode's last step
 
 
 class Run:
-    """One recording (an episode log's directory, or a ``.fbuf`` file) opened for the browser."""
+    """One recording opened for the browser: an episode log's directory, a ``.fbuf`` file, a
+    vault or a Parquet export (these two read into memory)."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
-        self.is_log = os.path.isdir(self.path)
+        self.kind = kind_of(self.path)
         self._rows = -1  # rows the opened buffer holds (a log: its newest whole commit's)
-        self.buffer = self._open()
-        self.table = self._table()
+        self._open()
 
-    def _open(self) -> FlexibleBuffer:
-        if self.is_log:
-            buffer = FlexibleBuffer.open(self.path, settle=False)  # mapped, and never written
-            self._rows = len(buffer)
-            return buffer
-        return FlexibleBuffer.load(self.path, mmap=True)
+    def _open(self) -> None:
+        if self.kind == "log":
+            self.buffer = FlexibleBuffer.open(self.path, settle=False)  # mapped, and never written
+            self._rows = len(self.buffer)
+        elif self.kind == "file":  # mapped; compressed parts kept compressed in memory instead
+            with BufferFile(self.path) as file:
+                packed = any("codec" in meta for meta in file.header.fields)
+            self.buffer = (
+                FlexibleBuffer.load(self.path, compress="auto") if packed else FlexibleBuffer.load(self.path, mmap=True)
+            )
+        elif self.kind == "vault":
+            from flexibuff_envs.integrations.vault import from_vault
+
+            self.buffer = from_vault(self.path)
+        else:
+            from flexibuff_envs.integrations.parquet import from_parquet
+
+            self.buffer = from_parquet(self.path)
+        self.index: EpisodeTable = episode_table(self.buffer._index.read())
+        self.table = self._table()
 
     def refresh(self) -> bool:
         """Open a log again if another process appended whole episodes since; whether it did."""
-        if not self.is_log or log.report(self.path).rows <= self._rows:
+        if self.kind != "log" or log.report(self.path).rows <= self._rows:
             return False
-        self.buffer = self._open()
-        self.table = self._table()
+        self._open()
         return True
 
     def _table(self) -> Table:
-        buffer = self.buffer
-        stats = buffer.episode_stats()
-        episodes = episode_table(buffer._index.read())
+        buffer, episodes = self.buffer, self.index
+        lengths = episodes.lengths
         rows, last = episodes.all_rows()
-        ends = rows[last]
+        first = last - lengths + 1
         store = buffer._store.arrays
-        terminated = store["terminated"][:, ends].any(axis=0)
-        truncated = store["truncated"][:, ends].any(axis=0)
-        ended = np.where(terminated, 0, np.where(truncated, 1, 2)).astype(np.int8)
-        team = stats["returns"].sum(axis=1)
+        rewards = buffer._store.ensure("individual_rewards").take(rows, axis=1).astype(np.float64)
+        returns = np.add.reduceat(rewards, first, axis=1).T if rows.size else np.zeros((0, buffer.spec.n_agents))
+        terminated = store["terminated"][:, rows]  # [n_agents, rows]
+        truncated = store["truncated"][:, rows[last]].any(axis=0)
+        ended = np.where(terminated[:, last].any(axis=0), 0, np.where(truncated, 1, 2)).astype(np.int8)
+        deaths = np.zeros(len(lengths), np.int64)
+        if rows.size and self.dies:  # an agent terminates once in an episode
+            deaths = np.add.reduceat(terminated.sum(axis=0), first) - terminated[:, last].sum(axis=0)
+        team = returns.sum(axis=1)
         if "global_rewards" in store and rows.size:
-            team = np.add.reduceat(store["global_rewards"][rows].astype(np.float64), last - stats["lengths"] + 1)
-        return Table(stats["lengths"], stats["returns"], team, ended)
+            team = np.add.reduceat(store["global_rewards"][rows].astype(np.float64), first)
+        return Table(lengths, returns, team, ended, deaths)
+
+    @property
+    def dies(self) -> bool:
+        """Whether an agent can end before its episode: a parallel recording's (its rows are
+        simultaneous steps; an AEC recording's are turns, which end where each agent's do)."""
+        return self.buffer.spec.env_api == "parallel" and self.buffer.spec.n_agents > 1
 
     def summary(self) -> dict[str, Any]:
-        """The run as the page's charts draw it: a value per episode."""
+        """The run at a glance, cheap enough to poll: its episodes, how they ended, its agents."""
         t = self.table
+        counts = np.bincount(t.ended, minlength=len(ENDINGS))
         return {
             "path": self.path,
-            "kind": "log" if self.is_log else "file",
+            "kind": self.kind,
             "agents": list(self.buffer.spec.agent_ids),
             "episodes": len(t.lengths),
-            "lengths": t.lengths.tolist(),
-            "returns": t.returns.T.round(6).tolist(),  # [n_agents][E]
-            "team": t.team.round(6).tolist(),
-            "ended": [ENDINGS[k] for k in t.ended.tolist()],
+            "ended": {name: int(n) for name, n in zip(ENDINGS, counts) if n},
+            "deaths": int(t.deaths.sum()) if self.dies else None,
             "image": self.image_shape() is not None,
         }
+
+    def curves(self, smooth: int = 1, points: int = POINTS) -> dict[str, Any]:
+        """The charts' lines over episodes, each the mean of the last ``smooth`` episodes, thinned
+        to at most ``points`` (episode numbers from 1): the team's return, the agents' (or their
+        groups'), lengths and deaths."""
+        t = self.table
+        n = len(t.lengths)
+        at = np.unique(np.linspace(0, n - 1, min(n, points)).round().astype(np.int64)) if n else np.zeros(0, np.int64)
+        line = lambda values: moving_mean(values, smooth)[at].round(6).tolist()
+        returns = [("team", line(t.team))]
+        returns += [(name, line(t.returns[:, members].mean(axis=1))) for name, members in agent_groups(self.agent_ids)]
+        return {
+            "x": (at + 1).tolist(),
+            "returns": [{"label": label, "values": values} for label, values in returns],
+            "lengths": line(t.lengths),
+            "deaths": line(t.deaths) if self.dies else None,
+        }
+
+    @property
+    def agent_ids(self) -> list[str]:
+        return list(self.buffer.spec.agent_ids)
 
     def episodes(
         self,
@@ -96,25 +171,40 @@ class Run:
         descending: bool = False,
         agent: int | None = None,
         ended: str | None = None,
+        least: float | None = None,
+        most: float | None = None,
         offset: int = 0,
         limit: int = 50,
     ) -> dict[str, Any]:
         """A page of the table: ``limit`` episodes from ``offset``, sorted by ``sort`` (by
-        ``agent``'s return, or the team's), only those that ended as ``ended``."""
+        ``agent``'s return, or the team's), only those that ended as ``ended`` with a return in
+        ``[least, most]``."""
         t = self.table
         if sort not in SORTS:
             raise InvalidArgumentError(f"sort must be one of {list(SORTS)}, got {sort!r}")
         if agent is not None and not 0 <= agent < t.returns.shape[1]:
             raise OutOfRangeError(f"agent {agent} is not one of the {t.returns.shape[1]} agents")
         value = t.team if agent is None else t.returns[:, agent]
-        keys = {"episode": np.arange(len(t.lengths)), "length": t.lengths, "return": value, "ended": t.ended}[sort]
+        keys = {
+            "episode": np.arange(len(t.lengths)),
+            "length": t.lengths,
+            "return": value,
+            "ended": t.ended,
+            "deaths": t.deaths,
+        }[sort]
         order = np.argsort(keys, kind="stable")
         if descending:
             order = order[::-1]
+        keep = np.ones(order.size, bool)
         if ended is not None:
             if ended not in ENDINGS:
                 raise InvalidArgumentError(f"ended must be one of {list(ENDINGS)}, got {ended!r}")
-            order = order[t.ended[order] == ENDINGS.index(ended)]
+            keep &= t.ended[order] == ENDINGS.index(ended)
+        if least is not None:
+            keep &= value[order] >= least
+        if most is not None:
+            keep &= value[order] <= most
+        order = order[keep]
         page = order[offset : offset + limit]
         return {
             "total": int(order.size),
@@ -125,37 +215,71 @@ class Run:
                     "return": float(value[k]),
                     "returns": t.returns[k].round(6).tolist(),
                     "ended": ENDINGS[t.ended[k]],
+                    "deaths": int(t.deaths[k]),
                 }
                 for k in page.tolist()
             ],
         }
 
+    def rows_of(self, k: int) -> np.ndarray:
+        """Episode ``k``'s buffer rows, in time order."""
+        if not 0 <= k < len(self.index):
+            raise OutOfRangeError(f"episode {k} is not one of the {len(self.index)} episodes of {self.path}")
+        return self.index.rows(k)
+
     def episode(self, k: int) -> dict[str, Any]:
         """Episode ``k``'s timeline: per agent and step, reward, return so far, action, active,
-        legal actions; and its length."""
-        rows = self._rows_of(k)
+        legal actions and the annotations recorded (values, log probs); a step an agent sat out
+        has no action (null)."""
+        rows = self.rows_of(k)
         batch = self.buffer.gather(rows)
-        rewards = np.asarray(batch.individual_rewards, dtype=np.float64).reshape(-1, rows.size)
+        n = rows.size
+        rewards = np.asarray(batch.individual_rewards, dtype=np.float64).reshape(-1, n)
+        active = np.asarray(batch.active).reshape(rewards.shape).astype(bool)
         out: dict[str, Any] = {
             "episode": k,
-            "length": rewards.shape[1],
-            "agents": list(self.buffer.spec.agent_ids),
+            "length": n,
+            "agents": self.agent_ids,
             "rewards": rewards.round(6).tolist(),
             "return_so_far": np.cumsum(rewards, axis=1).round(6).tolist(),
-            "active": np.asarray(batch.active).reshape(rewards.shape).astype(int).tolist(),
+            "active": active.astype(int).tolist(),
         }
+
+        def per_step(values: Any) -> list[list[float | None]]:
+            values = np.asarray(values, dtype=np.float64).reshape(rewards.shape[0], n, -1).sum(axis=2)
+            return np.where(active, values.round(6), np.nan).tolist()
+
         if batch.discrete_actions is not None:
-            out["actions"] = np.asarray(batch.discrete_actions)[..., 0].reshape(rewards.shape).tolist()
+            out["actions"] = per_step(np.asarray(batch.discrete_actions)[..., :1])
+        elif batch.continuous_actions is not None:
+            out["actions"] = per_step(np.asarray(batch.continuous_actions)[..., :1])
         if batch.action_mask is not None:
-            legal = sum(np.asarray(head).sum(axis=-1) for head in batch.action_mask)
-            out["legal"] = np.asarray(legal).reshape(rewards.shape).tolist()
+            out["legal"] = per_step(sum(np.asarray(head).sum(axis=-1) for head in batch.action_mask))
+        for name in ANNOTATIONS:
+            value = getattr(batch, name)
+            if value is not None and name in self.buffer._store.fields:
+                out[name] = per_step(value)
         return out
 
-    def _rows_of(self, k: int) -> np.ndarray:
-        episodes = episode_table(self.buffer._index.read())
-        if not 0 <= k < len(episodes):
-            raise OutOfRangeError(f"episode {k} is not one of the {len(episodes)} episodes of {self.path}")
-        return episodes.rows(k)
+    def observations(self, k: int, agent: int, dims: int = 16) -> dict[str, Any]:
+        """Agent ``agent``'s observation over episode ``k``, as up to ``dims`` series (its first
+        values; null where it sat out), for small plots of a vector observation."""
+        rows = self.rows_of(k)
+        obs = np.asarray(self.buffer.gather(rows, fields=["obs", "active"]).obs)
+        obs = obs[agent] if self.buffer.spec.n_agents > 1 else obs
+        size = self._size(agent)
+        values = obs.reshape(rows.size, -1)[:, : min(size, dims)].astype(np.float64).T
+        active = self._active(rows, agent)
+        return {"size": size, "series": np.where(active, values.round(6), np.nan).tolist()}
+
+    def _size(self, agent: int) -> int:
+        """Agent ``agent``'s own observation size (a smaller agent's rows are padded)."""
+        sizes = self.buffer.spec.agent_obs_sizes
+        return int(sizes[agent]) if sizes else int(np.prod(self.buffer.spec.obs_shape))
+
+    def _active(self, rows: np.ndarray, agent: int) -> np.ndarray:
+        active = np.asarray(self.buffer.gather(rows, fields=["active"]).active).reshape(-1, rows.size)
+        return active[agent if active.shape[0] > 1 else 0].astype(bool)
 
     def image_shape(self) -> tuple[int, int, int] | None:
         """(height, width, channels) of an agent's observation shown as an image, or None: bytes
@@ -175,18 +299,65 @@ class Run:
 
     def frame(self, k: int, step: int, agent: int) -> dict[str, Any]:
         """Agent ``agent``'s observation at ``step`` of episode ``k``: ``pixels`` (bytes, rows of
-        ``width`` x ``channels``) for an image, else its ``values``."""
-        rows = self._rows_of(k)
+        ``width`` x ``channels``) for an image, else its ``values`` (its own size); only
+        ``inactive`` at a step it sat out."""
+        rows = self.rows_of(k)
         if not 0 <= step < rows.size:
             raise OutOfRangeError(f"step {step} is not one of episode {k}'s {rows.size} steps")
-        obs = np.asarray(self.buffer.gather(rows[step : step + 1], fields=["obs"]).obs)
+        row = rows[step : step + 1]
+        if not self._active(row, agent)[0]:
+            return {"inactive": True}
+        obs = np.asarray(self.buffer.gather(row, fields=["obs"]).obs)
         obs = obs[agent, 0] if self.buffer.spec.n_agents > 1 else obs[0]
         image = self.image_shape()
         if image is None:
-            return {"values": np.asarray(obs, dtype=np.float64).reshape(-1).round(6).tolist()}
+            return {"values": np.asarray(obs, dtype=np.float64).reshape(-1)[: self._size(agent)].round(6).tolist()}
         height, width, channels = image
         shape = tuple(self.buffer.spec.obs_shape)
         frame = np.asarray(obs).reshape(shape)
         if len(shape) == 3 and shape[-1] not in (1, 3, 4):
             frame = frame[-1] if shape[0] < shape[-1] else frame[..., -1]
         return {"width": width, "height": height, "channels": channels, "pixels": frame.tobytes()}
+
+
+def kind_of(path: str) -> str:
+    """What ``path`` holds, by its files: "log", "file", "vault" or "parquet"."""
+    if os.path.isfile(path):
+        return "file"
+    if os.path.isfile(os.path.join(path, "metadata.json")):
+        return "vault"
+    if os.path.isdir(os.path.join(path, "agents")):
+        return "parquet"
+    return "log"
+
+
+def episode_parquet(run: Run, k: int) -> bytes:
+    """Episode ``k`` of ``run`` as a Parquet file: a row per agent and step (its timeline's
+    values and its observation, as a list of its own size)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise MissingExtraError(needs("an episode as Parquet", "pyarrow>=14", "parquet")) from exc
+    timeline = run.episode(k)
+    n, agents = timeline["length"], timeline["agents"]
+    obs = np.asarray(run.buffer.gather(run.rows_of(k), fields=["obs"]).obs)
+    obs = obs.reshape(len(agents), n, -1)
+    columns: dict[str, Any] = {
+        "episode": np.full(len(agents) * n, k),
+        "agent": np.repeat(agents, n),
+        "step": np.tile(np.arange(n), len(agents)),
+    }
+    for name in ("rewards", "return_so_far", "active", "actions", "legal", *ANNOTATIONS):
+        if name in timeline:
+            columns[name] = np.asarray(timeline[name], dtype=np.float64 if name != "active" else bool).reshape(-1)
+    kind = pa.list_(pa.from_numpy_dtype(obs.dtype))
+    columns["obs"] = pa.concat_arrays(  # each agent's of its own size
+        [
+            pa.FixedSizeListArray.from_arrays(pa.array(obs[a, :, : run._size(a)].reshape(-1)), run._size(a)).cast(kind)
+            for a in range(len(agents))
+        ]
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table(columns), sink)
+    return bytes(sink.getvalue().to_pybytes())

@@ -6,9 +6,12 @@ which it only reads.
     GET /                               the page
     GET /static/<name>                  one of `ASSETS`
     GET /api/runs                       every run's summary (a log appended to is read again)
-    GET /api/episodes?run=&sort=&desc=&agent=&ended=&offset=&limit=
-    GET /api/episode?run=&episode=
+    GET /api/curves?run=&smooth=        a run's lines over episodes, thinned to what a chart draws
+    GET /api/episodes?run=&sort=&desc=&agent=&ended=&least=&most=&offset=&limit=
+    GET /api/episode?run=&episode=      an episode's timeline per agent
+    GET /api/observations?run=&episode=&agent=   an agent's observation over the episode
     GET /api/frame?run=&episode=&step=&agent=
+    GET /api/export?run=&episode=       the episode as a Parquet file
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from flexibuff_envs.errors import FlexibuffError, OutOfRangeError, UnknownNameError
-from flexibuff_envs.view.data import Run
+from flexibuff_envs.view.data import Run, episode_parquet
 
 #: the files the page loads, by name: (file in the package, content type)
 ASSETS = {
@@ -74,6 +77,12 @@ class _Handler(BaseHTTPRequestHandler):
             elif url.path.startswith("/static/") and url.path[len("/static/") :] in ASSETS:
                 name = url.path[len("/static/") :]
                 self._send(HTTPStatus.OK, ASSETS[name], _asset(name))
+            elif url.path == "/api/export":
+                with self.server.lock:
+                    run = self.server.runs[_index(query, "run", len(self.server.runs), 0)]
+                    episode = _index(query, "episode", 1 << 62)
+                    body = episode_parquet(run, episode)
+                self._send(HTTPStatus.OK, "application/vnd.apache.parquet", body, f"episode-{episode}.parquet")
             elif url.path.startswith("/api/"):
                 with self.server.lock:
                     body = self._api(url.path[len("/api/") :], query)
@@ -90,6 +99,8 @@ class _Handler(BaseHTTPRequestHandler):
                 run.refresh()
             return [run.summary() for run in runs]
         run = runs[_index(query, "run", len(runs), 0)]
+        if name == "curves":
+            return run.curves(_index(query, "smooth", 100_001, 1, least=1))
         if name == "episodes":
             agent = query.get("agent", "")
             return run.episodes(
@@ -97,11 +108,17 @@ class _Handler(BaseHTTPRequestHandler):
                 descending=query.get("desc", "0") == "1",
                 agent=int(agent) if agent else None,
                 ended=query.get("ended") or None,
+                least=_number(query, "least"),
+                most=_number(query, "most"),
                 offset=_index(query, "offset", 1 << 62, 0),
                 limit=_index(query, "limit", 1001, 50, least=1),
             )
         if name == "episode":
             return run.episode(_index(query, "episode", 1 << 62))
+        if name == "observations":
+            return run.observations(
+                _index(query, "episode", 1 << 62), _index(query, "agent", run.buffer.spec.n_agents, 0)
+            )
         if name == "frame":
             frame = run.frame(
                 _index(query, "episode", 1 << 62),
@@ -113,9 +130,11 @@ class _Handler(BaseHTTPRequestHandler):
             return frame
         raise UnknownNameError(f"no such API: {name}")
 
-    def _send(self, status: HTTPStatus, kind: str, body: bytes) -> None:
+    def _send(self, status: HTTPStatus, kind: str, body: bytes, download: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
+        if download is not None:
+            self.send_header("Content-Disposition", f'attachment; filename="{download}"')
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
@@ -136,6 +155,17 @@ def _index(query: dict[str, str], key: str, count: int, default: int | None = No
         raise UnknownNameError(f"the request needs {key}=")
     if not least <= value < count:
         raise OutOfRangeError(f"{key}={value} is out of range ({least} to {count - 1})")
+    return value
+
+
+def _number(query: dict[str, str], key: str) -> float | None:
+    """The finite number ``key`` of ``query``, None when absent or empty."""
+    text = query.get(key, "")
+    if not text:
+        return None
+    value = float(text)
+    if not math.isfinite(value):
+        raise OutOfRangeError(f"{key}={text} is not a finite number")
     return value
 
 
