@@ -55,6 +55,13 @@ def needs(what: str, requirement: str, extra: str) -> str:
     return f"{what} needs {requirement}: pip install -e '.[{extra}]' in a clone of flexibuff_envs, or pip install '{requirement}'"
 
 
+def note(error: BaseException, text: str) -> None:
+    """Add "flexibuff_envs: ``text``" to ``error``'s notes (Python 3.11+; 3.10 has none)."""
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(f"flexibuff_envs: {text}")
+
+
 class InvalidArgumentError(FlexibuffError, ValueError):
     """An argument out of its range or at odds with the buffer (a size that is not positive, a
     field the buffer does not hold, an option that does not apply); the message names it."""

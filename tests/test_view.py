@@ -282,37 +282,43 @@ def test_curves_tables_filters_and_exports_hold_what_the_log_holds(served: tuple
     np.testing.assert_array_equal(obs, want_piston.obs.reshape(obs.shape))
 
 
-class _Dying(__import__("pettingzoo").ParallelEnv):  # type: ignore[misc]
-    """Three agents; ``agent_2`` dies (terminates) at step 2, the others play on to step 5."""
+def _dying() -> Any:
+    """A ParallelEnv whose ``agent_2`` dies (terminates) at step 2; the others play on to step 5."""
+    from pettingzoo import ParallelEnv
 
-    def __init__(self) -> None:
-        self.metadata = {"name": "dying"}
-        self.possible_agents = ["agent_0", "agent_1", "agent_2"]
+    class Dying(ParallelEnv):  # type: ignore[misc]
+        """Three agents; ``agent_2`` dies (terminates) at step 2, the others play on to step 5."""
 
-    def observation_space(self, agent: str) -> gym.spaces.Box:
-        return gym.spaces.Box(0, 10, (2,), np.float32)
+        def __init__(self) -> None:
+            self.metadata = {"name": "dying"}
+            self.possible_agents = ["agent_0", "agent_1", "agent_2"]
 
-    def action_space(self, agent: str) -> gym.spaces.Discrete:
-        return gym.spaces.Discrete(3)
+        def observation_space(self, agent: str) -> gym.spaces.Box:
+            return gym.spaces.Box(0, 10, (2,), np.float32)
 
-    def reset(self, seed: int | None = None, options: Any = None) -> tuple[dict, dict]:
-        self.agents, self.t = list(self.possible_agents), 0
-        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+        def action_space(self, agent: str) -> gym.spaces.Discrete:
+            return gym.spaces.Discrete(3)
 
-    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
-        self.t += 1
-        obs = {a: np.full(2, self.t, np.float32) for a in self.agents}
-        ended = {a: self.t == 5 or (a == "agent_2" and self.t == 2) for a in self.agents}
-        rewards = {a: float(i + 1) for i, a in enumerate(self.agents)}
-        self.agents = [a for a in self.agents if not ended[a]]
-        return obs, rewards, ended, dict.fromkeys(ended, False), {a: {} for a in ended}
+        def reset(self, seed: int | None = None, options: Any = None) -> tuple[dict, dict]:
+            self.agents, self.t = list(self.possible_agents), 0
+            return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+        def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+            self.t += 1
+            obs = {a: np.full(2, self.t, np.float32) for a in self.agents}
+            ended = {a: self.t == 5 or (a == "agent_2" and self.t == 2) for a in self.agents}
+            rewards = {a: float(i + 1) for i, a in enumerate(self.agents)}
+            self.agents = [a for a in self.agents if not ended[a]]
+            return obs, rewards, ended, dict.fromkeys(ended, False), {a: {} for a in ended}
+
+    return Dying()
 
 
 def test_deaths_and_steps_an_agent_sat_out(tmp_path: Path) -> None:
     """An agent that dies mid-episode counts as a death (the table, its sort, the curve); after
     it, its frames say it is not active and its actions are null, never a padded 0."""
     pytest.importorskip("pettingzoo")
-    env = fe.record(_Dying(), num_steps=100, log=tmp_path / "log")
+    env = fe.record(_dying(), num_steps=100, log=tmp_path / "log")
     for _ in range(3):
         env.reset()
         while env.agents:

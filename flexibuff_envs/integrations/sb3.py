@@ -127,7 +127,7 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
             final = (ended, [infos[i]["terminal_observation"] for i in ended.tolist()]) if ended.size else None
             self._recorder.step(self._actions, obs, rewards, dones & ~truncated, truncated, final=final)
         except BaseException as error:  # Ctrl-C after the envs moved included (see `GymRecorder.step`)
-            self._recorder.step_failed(error)
+            self._recorder.abandon(error)
             raise
         return obs, rewards, dones, infos
 

@@ -106,8 +106,8 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         try:
             result = self.env.step(actions)
             self._record(actions, *result)
-        except BaseException as error:  # Ctrl-C after the envs moved included: `step_failed`
-            self._recorder.step_failed(error)
+        except BaseException as error:  # Ctrl-C after the envs moved included: `abandon`
+            self._recorder.abandon(error)
             raise
         return result
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.errors import FlexibuffError, InvalidArgumentError, note
 from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.recording.agent_slots import NUMBERS, AgentSlot, number
 from flexibuff_envs.recording.agent_state import AgentStates
@@ -284,6 +284,10 @@ class LaneRecorder:
         and recording resumes at the next reset."""
         if self.running:
             self.abandon(len(self.rows), error)
+        try:  # the episode cut, here or by the recording that failed, goes to the log now
+            self.writer.flush_log([self.lane])
+        except (FlexibuffError, OSError) as failure:  # a log that fails too must not hide ``error``
+            note(error, f"the episode it cut could not be appended to the log: {failure}")
 
     def abandon(self, rows: int, error: BaseException) -> None:
         """The step being recorded failed with ``error``: give back the rows it claimed (beyond
@@ -305,12 +309,11 @@ class LaneRecorder:
                 self.steps[index] = max(self.steps[index] - 1, 0)
         if self.running:
             self.cut(bootstrap=False, flush=False)  # a log that fails too must not hide ``error``
-        add_note = getattr(error, "add_note", None)  # Python 3.11+
-        if add_note is not None:
-            add_note(
-                f"flexibuff_envs: this step was not recorded; the episode is kept up to step "
-                f"{len(self.rows)} (as truncated) and recording resumes at the next reset"
-            )
+        note(
+            error,
+            f"this step was not recorded; the episode is kept up to step {len(self.rows)} (as truncated) and "
+            "recording resumes at the next reset",
+        )
 
     @holding
     def cut(self, bootstrap: bool = True, *, flush: bool = True) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from flexibuff_envs.errors import note
 from flexibuff_envs.index.lanes import span_rows
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.recording.annotations import StagedAnnotations, lane_feedback
@@ -371,23 +372,13 @@ class BatchRecorder:
         self.running[:] = self._resetting[:] = False
         self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
 
-    def step_failed(self, error: BaseException) -> None:
-        """The vector env's step (or its recording) raised ``error``, Ctrl-C included, before
-        the step was recorded whole: which sub-envs moved is unknown, so every running episode
-        ends at its last recorded step (`abandon`)."""
-        if self._k or self.running.any():  # staged steps may begin episodes `running` does not show yet
-            self.abandon(error)
-
     def abandon(self, error: BaseException) -> None:
-        """The step being staged failed with ``error``: the steps before it are written, every
-        running episode ends there as truncated (no bootstrap), and ``error`` says so."""
-        self.truncate(bootstrap=False)
-        add_note = getattr(error, "add_note", None)  # Python 3.11+
-        if add_note is not None:
-            add_note(
-                "flexibuff_envs: this vector step was not recorded; each sub-env's episode is kept up to "
-                "its last whole step (as truncated) and its recording resumes at its next reset"
-            )
+        """The step staged, or the vector env's (a Ctrl-C: which sub-env moved is unknown), failed
+        with ``error``: every running episode ends at its last whole step as truncated, ``error`` says so."""
+        if self._k or self.running.any():  # staged steps may begin episodes `running` does not show yet
+            self.truncate(bootstrap=False)
+            resumes = "its last whole step (as truncated) and its recording resumes at its next reset"
+            note(error, f"this vector step was not recorded; each sub-env's episode is kept up to {resumes}")
 
     # ----------------------------------------------------------------- what the agent adds
 
