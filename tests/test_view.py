@@ -375,3 +375,21 @@ def test_a_parquet_export_a_vault_and_a_compressed_file_open_as_the_log(served: 
     vault = Run(to_vault(cartpole.buffer, root / "vaults", vault_name="cartpole.vlt"))
     assert vault.kind == "vault"
     np.testing.assert_allclose(vault.table.returns, cartpole.table.returns)
+
+
+def test_the_table_of_a_ring_that_wrapped_in_several_lanes_equals_the_episodes(tmp_path: Path) -> None:
+    """A vector recording's file whose lanes wrapped: each episode's return, length and ending
+    equal those of the episodes the buffer hands out."""
+    env = fe.record(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3), num_steps=70)
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        env.step(rng.integers(0, 2, 3))
+    run = Run(env.buffer.save(tmp_path / "wrapped.fbuf"))
+    episodes = list(env.buffer.episodes())
+    assert len(run.table.lengths) == len(episodes) >= 5
+    np.testing.assert_allclose(run.table.returns[:, 0], [e.individual_rewards.sum() for e in episodes])
+    assert run.table.lengths.tolist() == [len(e.individual_rewards) for e in episodes]
+    assert [("terminated", "truncated", "cut")[k] for k in run.table.ended] == [
+        "terminated" if e.terminated[-1] else "truncated" if e.truncated[-1] else "cut" for e in episodes
+    ]

@@ -20,6 +20,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, OutOfRangeError, needs
 from flexibuff_envs.files.format import BufferFile
 from flexibuff_envs.index import EpisodeTable, episode_table
+from flexibuff_envs.index.lanes import Lane
 
 #: how an episode ended, by its last row's flags: every agent's, the team's
 ENDINGS = ("terminated", "truncated", "cut")
@@ -105,22 +106,25 @@ class Run:
         return True
 
     def _table(self) -> Table:
+        """Every ended episode's outcome. Sums run over each lane's rows where they lie (a log's:
+        its mapped columns, never copied); only their last rows are gathered."""
         buffer, episodes = self.buffer, self.index
         lengths = episodes.lengths
-        rows, last = episodes.all_rows()
-        first = last - lengths + 1
         store = buffer._store.arrays
-        rewards = buffer._store.ensure("individual_rewards").take(rows, axis=1).astype(np.float64)
-        returns = np.add.reduceat(rewards, first, axis=1).T if rows.size else np.zeros((0, buffer.spec.n_agents))
-        terminated = store["terminated"][:, rows]  # [n_agents, rows]
-        truncated = store["truncated"][:, rows[last]].any(axis=0)
-        ended = np.where(terminated[:, last].any(axis=0), 0, np.where(truncated, 1, 2)).astype(np.int8)
+        lanes = buffer._index.read()
+        returns = episode_sums(buffer._store.ensure("individual_rewards"), lanes).T
+        last = episodes.offsets + (episodes.ends - 1) % episodes.capacity
+        terminated = store["terminated"][:, last].any(axis=0)
+        truncated = store["truncated"][:, last].any(axis=0)
+        ended = np.where(terminated, 0, np.where(truncated, 1, 2)).astype(np.int8)
         deaths = np.zeros(len(lengths), np.int64)
-        if rows.size and self.dies:  # an agent terminates once in an episode
-            deaths = np.add.reduceat(terminated.sum(axis=0), first) - terminated[:, last].sum(axis=0)
+        if len(lengths) and self.dies:  # an agent terminates once in an episode
+            deaths = (
+                (episode_sums(store["terminated"], lanes) - store["terminated"][:, last]).sum(axis=0).astype(np.int64)
+            )
         team = returns.sum(axis=1)
-        if "global_rewards" in store and rows.size:
-            team = np.add.reduceat(store["global_rewards"][rows].astype(np.float64), first)
+        if "global_rewards" in store:
+            team = episode_sums(store["global_rewards"][None], lanes)[0]
         return Table(lengths, returns, team, ended, deaths)
 
     @property
@@ -318,6 +322,23 @@ class Run:
         if len(shape) == 3 and shape[-1] not in (1, 3, 4):
             frame = frame[-1] if shape[0] < shape[-1] else frame[..., -1]
         return {"width": width, "height": height, "channels": channels, "pixels": frame.tobytes()}
+
+
+def episode_sums(values: np.ndarray, lanes: list[Lane]) -> np.ndarray:
+    """``values`` (``[k, rows]``) summed over each ended whole episode of ``lanes`` (``[k,
+    episodes]``, in `episode_table`'s order), in float64, read where the rows lie: a lane's rows
+    are one or two ranges, never gathered."""
+    sums = []
+    for lane in lanes:
+        keep = lane.ended.whole
+        starts, ends = lane.ended.starts[keep], lane.ended.ends[keep]
+        if not starts.size:
+            continue
+        pieces = [values[:, lo:hi] for lo, hi in lane.segments(int(starts[0]), int(ends[-1]))]
+        rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)  # a ring that wrapped
+        bounds = np.column_stack([starts, ends]).reshape(-1) - starts[0]
+        sums.append(np.add.reduceat(rows, bounds[:-1], axis=1, dtype=np.float64)[:, ::2])
+    return np.concatenate(sums, axis=1) if sums else np.zeros((values.shape[0], 0))
 
 
 def kind_of(path: str) -> str:
