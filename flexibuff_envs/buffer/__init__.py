@@ -14,7 +14,6 @@ from flexibuff_envs.buffer.logged import Logged
 from flexibuff_envs.errors import (
     BufferMemoryError,
     InvalidArgumentError,
-    SpecMismatchError,
     plain_dtype,
     positive_int,
 )
@@ -151,6 +150,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         self.alpha = check_alpha(alpha)
         self._priorities: Prioritized | None = None  # the prioritized sampler, made on its first use
         self._log: Follower | None = None  # the episode log ended episodes go to (`log_to`)
+        self._sessions: list[dict[str, Any]] = []  # the recording sessions that wrote it (`sessions`)
         self.gamma = check_gamma(gamma)
         self.gae_lambda = check_gamma(gae_lambda, "gae_lambda")
         self.path, self.name = path, name
@@ -223,20 +223,6 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         )
         buffer.spec = buffer._store.spec = spec
         return buffer
-
-    def check_matches(self, spec: BufferSpec) -> None:
-        """Raise `SpecMismatchError` naming the first layout field where this buffer differs (the
-        number of lanes aside: recorders claim lanes, see `Writer.claim_lanes`)."""
-        for name in BufferSpec.LAYOUT_FIELDS:
-            if name == "n_envs" or (name == "extra_fields" and not spec.extra_fields):
-                continue  # recorders claim lanes; a recorder need not fill every field of your own
-            mine, theirs = getattr(self.spec, name), getattr(spec, name)
-            if name == "action_mask" and mine and not theirs and spec.discrete_action_cardinalities:
-                continue  # masks may still arrive through info["action_mask"]
-            if mine != theirs:
-                raise SpecMismatchError(
-                    f"buffer does not match the env: {name} is {mine!r} in the buffer but the env needs {theirs!r}"
-                )
 
     # ------------------------------------------------------------------ sampling
 
@@ -343,6 +329,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
             "name": self.name,
             "rng": self.rng.bit_generator.state,
             "alpha": self.alpha,
+            "sessions": self._sessions,
         }
         lanes = self._index.read()
         priorities = None if self._priorities is None else self._priorities.saved(lanes, self._store.rows)
@@ -383,7 +370,7 @@ class FlexibleBuffer(Filling, Logged, Sampling):
                     f"its ring of {header.num_steps:,} rows x {header.spec.n_envs} lanes cannot be allocated "
                     "on this machine"
                 )
-            buffer.path, buffer.name = header.path, header.name
+            buffer.path, buffer.name, buffer._sessions = header.path, header.name, list(header.sessions)
             buffer.rng.bit_generator.state = header.rng
             leaves = io.fill(file, buffer._store, buffer._index.ring, mmap=mmap)
         if leaves is not None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.errors import InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.files import chunk
 from flexibuff_envs.files.chunk import Chunk
 from flexibuff_envs.index import episode_table, newest_rows
@@ -18,6 +18,7 @@ from flexibuff_envs.index.lanes import ALL, Episode, Lane
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.sampling import Half
 from flexibuff_envs.sampling.samplers import live_rows
+from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage.fields import NEXT
 
 #: rows of a lane given their allocated values at a time, as recording reaches them
@@ -32,6 +33,20 @@ class Filling(Half):
         def _flush_log(self, lanes: Sequence[int] | None = None) -> None: ...
 
         def _settle_log(self, rows: np.ndarray | slice | None = None) -> None: ...
+
+    def check_matches(self, spec: BufferSpec) -> None:
+        """Raise `SpecMismatchError` naming the first layout field where this buffer differs (the
+        number of lanes aside: recorders claim lanes, see `Writer.claim_lanes`)."""
+        for name in BufferSpec.LAYOUT_FIELDS:
+            if name == "n_envs" or (name == "extra_fields" and not spec.extra_fields):
+                continue  # recorders claim lanes; a recorder need not fill every field of your own
+            mine, theirs = getattr(self.spec, name), getattr(spec, name)
+            if name == "action_mask" and mine and not theirs and spec.discrete_action_cardinalities:
+                continue  # masks may still arrive through info["action_mask"]
+            if mine != theirs:
+                raise SpecMismatchError(
+                    f"buffer does not match the env: {name} is {mine!r} in the buffer but the env needs {theirs!r}"
+                )
 
     @holding
     def field(self, name: str, *, width: int | None = None) -> np.ndarray:

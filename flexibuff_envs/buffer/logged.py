@@ -20,6 +20,7 @@ from flexibuff_envs.log import settle as settle_journal
 from flexibuff_envs.log.ring_files import into_files
 from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.sampling import Half
+from flexibuff_envs.spec import provenance
 from flexibuff_envs.storage import Storage
 from flexibuff_envs.storage.compression import Compress
 from flexibuff_envs.storage.fields import NEXT
@@ -35,6 +36,7 @@ class Logged(Half):
 
     _ring: list[Lane]
     _log: Follower | None
+    _sessions: list[dict[str, Any]]
 
     if TYPE_CHECKING:  # given by `FlexibleBuffer`
 
@@ -46,6 +48,25 @@ class Logged(Half):
         def _open(self, lane: Lane, needed: int) -> None: ...
 
         def compact(self) -> None: ...
+
+    @property
+    def sessions(self) -> list[dict[str, Any]]:
+        """The recording sessions that wrote this buffer (and, opened from a log, its episodes),
+        oldest first, as `flexibuff_envs.spec.provenance` describes them: env id and keywords,
+        wrappers, versions, host, process, start time, policy tag, and in a log the number of the
+        first episode each recorded. Copies: a recorder adds one with `add_session`."""
+        return [dict(s) for s in self._sessions]
+
+    @holding
+    def add_session(self, session: dict[str, Any]) -> int:
+        """Keep ``session`` (`provenance.session`: a recorder begins writing this buffer), and name
+        it in the log the buffer appends to, as the session of the episodes appended from now on.
+        Returns its number."""
+        (checked,) = provenance.sessions([dict(session)], "session")
+        if self._log is not None:
+            (checked,) = self._log.writer.add_sessions([checked])
+        self._sessions.append(checked)
+        return len(self._sessions) - 1
 
     @holding
     def log_to(
@@ -84,6 +105,7 @@ class Logged(Half):
             raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         header = LogHeader(self.spec, self.gamma, self.gae_lambda)
         writer = LogWriter(directory, header, fsync=fsync, every=every, compress=compress)
+        writer.add_sessions([{**s, "first_episode": None} for s in self._sessions])  # its episodes from now on
         self._log = Follower(writer, self._index.read(), per_block=per_block)
         # no recorder writes to it yet: its ring goes in files, an episode's end a marker ("always"
         # syncs each episode's rows with it: records)
@@ -121,6 +143,7 @@ class Logged(Half):
             global_reward=False,
             individual_reward=False,
         )
+        buffer._sessions = list(logged.header.sessions)
         rows = logged.rows
         if rows:  # one lane, as long as the log, holding its episodes back to back
             buffer.num_steps = rows

@@ -103,7 +103,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     seed = _resumed_seed(out, args.seed) if args.resume else args.seed
-    try:  # seeded, so that the same command writes the same file
+    try:  # seeded, so that the same command writes the same rows (its session says when and where)
         buffer = fe.FlexibleBuffer.from_spec(spec, num_steps=capacity, gamma=args.gamma, seed=seed)
     except MemoryError as exc:
         raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller --capacity") from exc

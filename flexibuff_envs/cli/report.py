@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import math
 import os
 import signal
@@ -117,7 +119,36 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
         )
     if buffer.max_priority is not None:
         lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
-    return "\n".join(lines)
+    return "\n".join(lines + _session_lines(buffer))
+
+
+def _session_lines(buffer: FlexibleBuffer) -> list[str]:
+    """A line per recording session (the first 20, the last 5 of more): who recorded what, from which env."""
+    sessions = buffer.sessions
+    if not sessions:
+        return [_line("recorded", "by no session this file knows of (made before flexibuff_envs kept them)")]
+    shown = list(enumerate(sessions))
+    if len(shown) > 25:
+        shown = shown[:20] + shown[-5:]
+    lines = []
+    for k, s in shown:
+        made = s["env_id"] or "an env made by hand"
+        kwargs = f" {json.dumps(s['env_kwargs'])}" if s["env_kwargs"] else ""
+        when = datetime.datetime.fromtimestamp(s["started"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        versions = ", ".join(f"{name} {version}" for name, version in s["versions"].items())
+        first = f"from episode {s['first_episode']}, " if s["first_episode"] is not None else ""
+        policy = f"policy {s['policy']!r}, " if s["policy"] else ""
+        lines.append(
+            _line(
+                "recorded" if k == 0 else "",
+                f"{first}{policy}{made}{kwargs} ({s['api']}), {when} on {s['host']} (pid {s['pid']}); {versions}",
+            )
+        )
+        if s["wrappers"]:
+            lines.append(_line("", f"  wrapped in {', '.join(w.rsplit('.', 1)[-1] for w in s['wrappers'])}"))
+    if len(sessions) > 25:
+        lines.insert(2 * 20, _line("", f"... {len(sessions) - 25} sessions more"))
+    return lines
 
 
 def _stored(path: str) -> str:
@@ -167,6 +198,7 @@ def inspect_log_report(path: str) -> str:
     lines.append(_line("stored", _log_stored(path)))
     if logged.live:
         lines.append(_line("writer", "open: a recording appends to it (readers see what it had folded)"))
+    lines += _session_lines(buffer)
     for torn in logged.torn:
         lines.append(
             _line(

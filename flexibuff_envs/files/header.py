@@ -34,6 +34,7 @@ from flexibuff_envs.files.header_values import (
 )
 from flexibuff_envs.sampling.priorities import ALPHA
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.spec.provenance import sessions
 from flexibuff_envs.storage import Storage
 from flexibuff_envs.storage.compression import CODECS, MAX_RATIO, chunks
 from flexibuff_envs.storage.fields import MASKS, NEXT, field_table
@@ -78,6 +79,15 @@ class Header:
     alpha: float = ALPHA
     #: the highest priority given, when the file holds priorities
     max_priority: float | None = None
+    #: the recording sessions that wrote it (`spec.provenance`)
+    sessions: tuple[dict[str, Any], ...] = ()
+
+
+def _sessions(value: Any) -> list[dict[str, Any]]:
+    try:
+        return sessions(value, "sessions")
+    except ValueError as exc:
+        raise BadHeader(str(exc)) from None
 
 
 def stored_range(live_start: int, written: int, capacity: int) -> tuple[int, int]:
@@ -269,7 +279,7 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         data,
         "the header",
         _TOP | ({"data_bytes"} if version >= 2 else set()),
-        frozenset({"gae_lambda", "alpha", "max_priority"}),
+        frozenset({"gae_lambda", "alpha", "max_priority", "sessions"}),
     )
     if version >= 2 and data["data_bytes"] != data_bytes:
         raise Truncated(
@@ -303,4 +313,5 @@ def parse(blob: bytes, version: int, data_bytes: int) -> Header:
         log_prob_width=width,
         alpha=finite(data.get("alpha", ALPHA), "alpha", 0.0),
         max_priority=finite(data["max_priority"], "max_priority", 0.0) if holds_priorities else None,
+        sessions=tuple(_sessions(data.get("sessions", []))),
     )

@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import ArgumentTypeError, MissingExtraError, needs
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.recording.setup import prepare_buffer
+from flexibuff_envs.recording.setup import Sourced, prepare_buffer
 from flexibuff_envs.recording.single_agent import SingleLaneRecorder
 from flexibuff_envs.recording.vector import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.recording.writer import Unpicklable, Writer
@@ -61,14 +61,14 @@ def _per_env(infos: list[dict[str, Any]] | Mapping[str, Any], n: int) -> list[di
     return out
 
 
-class RecordingVecEnv(Unpicklable, VecEnvWrapper):
+class RecordingVecEnv(Sourced, Unpicklable, VecEnvWrapper):
     """``venv`` as it is, with every sub-env step recorded into ``self.buffer`` (lane ``i`` for
     sub-env ``i``, its episodes whole): pass it to any SB3 algorithm in place of ``venv``.
 
     Args:
         venv: an SB3 ``VecEnv``.
         buffer: a buffer to record into (a free lane per sub-env); None: a new one.
-        num_steps, gamma, gae_lambda, bootstrap_fn, seed: as `flexibuff_envs.record`
+        num_steps, gamma, gae_lambda, bootstrap_fn, seed, policy: as `flexibuff_envs.record`
             (``num_steps`` per sub-env; ``bootstrap_fn(obs_)`` values time-limited episodes).
     """
 
@@ -82,6 +82,7 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
         gae_lambda: float | None = None,
         bootstrap_fn: VectorBootstrapFn | None = None,
         seed: int | None = None,
+        policy: str = "",
     ) -> None:
         super().__init__(venv)
         obs, action = obs_codec(venv.observation_space), action_codec(venv.action_space)
@@ -93,6 +94,7 @@ class RecordingVecEnv(Unpicklable, VecEnvWrapper):
             gae_lambda=gae_lambda,
             seed=seed,
         )
+        self._begin_session(venv, "vector", policy)
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
             writer,

@@ -18,6 +18,7 @@ from flexibuff_envs.errors import BufferFileError, plain_dtype, short_repr
 from flexibuff_envs.files.header import BadHeader, parse_spec
 from flexibuff_envs.files.header_values import with_stored_state
 from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.spec.provenance import sessions
 from flexibuff_envs.storage import Storage
 from flexibuff_envs.storage.compression import CODECS
 from flexibuff_envs.storage.fields import NEXT
@@ -40,11 +41,13 @@ FsyncPolicy = Literal["interval", "always", "close"]
 
 @dataclass(frozen=True)
 class LogHeader:
-    """The layout and discounts a log's episodes were recorded with."""
+    """The layout and discounts a log's episodes were recorded with, and the recording sessions
+    that appended them (`spec.provenance`; not part of what must match to append)."""
 
     spec: BufferSpec
     gamma: float
     gae_lambda: float
+    sessions: tuple[dict[str, Any], ...] = dataclasses.field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,7 @@ def header_bytes(header: LogHeader, columns: Sequence[Column]) -> bytes:
             "gamma": header.gamma,
             "gae_lambda": header.gae_lambda,
             "columns": [c.to_dict() for c in columns],
+            "sessions": list(header.sessions),
         }
     ).encode()
     version = VERSIONS[any(c.codec is not None for c in columns)]
@@ -217,12 +221,21 @@ def read_header(directory: str) -> tuple[LogHeader, list[Column]]:
         raise fail(path, "corrupt header (checksum mismatch)")
     try:
         data = json.loads(blob)
-        if not isinstance(data, dict) or set(data) != {"format", "spec", "gamma", "gae_lambda", "columns"}:
-            raise BadHeader(f"a log header holds format, spec, gamma, gae_lambda and columns, got {short_repr(data)}")
+        if not isinstance(data, dict) or set(data) - {"sessions"} != {
+            "format",
+            "spec",
+            "gamma",
+            "gae_lambda",
+            "columns",
+        }:
+            raise BadHeader(
+                f"a log header holds format, spec, gamma, gae_lambda, columns and sessions, got {short_repr(data)}"
+            )
         gamma, lam = data["gamma"], data["gae_lambda"]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in (gamma, lam)):
             raise BadHeader(f"gamma and gae_lambda must be numbers in [0, 1], got {short_repr((gamma, lam))}")
-        header = LogHeader(with_stored_state(parse_spec(data["spec"]), data["columns"]), float(gamma), float(lam))
+        spec = with_stored_state(parse_spec(data["spec"]), data["columns"])
+        header = LogHeader(spec, float(gamma), float(lam), tuple(sessions(data.get("sessions", []), "sessions")))
         return header, columns_of(header.spec, data["columns"])
     except (ValueError, RecursionError, BadHeader) as exc:  # JSON errors are ValueErrors
         raise fail(path, f"corrupt header: {exc}") from None

@@ -38,9 +38,8 @@ from flexibuff_envs.log.format import (
 from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.markers import Marks
 from flexibuff_envs.log.read import State, blocks, check_values, repaired, state_of, sync_file
-from flexibuff_envs.log.ring_files import RING, left
-from flexibuff_envs.log.stage_files import Layout, StageFile, replayers
-from flexibuff_envs.log.stage_files import left as stages_left
+from flexibuff_envs.log.ring_files import RING
+from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.writer_journal import Journaling
 from flexibuff_envs.storage.compression import Compress, plan
@@ -85,7 +84,7 @@ class LogWriter(Journaling):
         plan(compress, "", np.dtype(np.uint8), 0)  # a policy, or raises
         self.compress = compress
         self.directory = os.fspath(directory)
-        self.header = header
+        self.header = dataclasses.replace(header, sessions=())  # sessions: the log's, then `add_sessions`
         self.fsync, self.every = fsync, float(every)
         os.makedirs(self.directory, exist_ok=True)
         path = os.path.join(self.directory, JOURNAL)
@@ -102,6 +101,7 @@ class LogWriter(Journaling):
             os.close(self._journal.fd)  # and its lock
             raise
         self.columns, self.commit = state.columns, state.commit
+        self.header = dataclasses.replace(self.header, sessions=state.header.sessions)
         self._fills = allocated(header.spec)
         self._tails = {c.key: self._tail(c) for c in state.files}
         self._frames = {
@@ -133,18 +133,6 @@ class LogWriter(Journaling):
             self._finalizer()
             raise
 
-    def _replay(self) -> None:
-        """Append the episodes that ended in the steps a killed recording's vector recorders
-        staged (`log.stage_files`), replayed over the ring it left."""
-        stages = list(stages_left(os.path.join(self.directory, RING), self.commit.episodes))
-        ring = left(self.directory, self.header.spec) if stages else None
-        if ring is None:  # none, or written before the system last booted: lost, as markers are
-            return
-        for stage in stages:
-            chunk = replayers["vector"](stage, ring, self.header)
-            if chunk is not None:
-                self.append(chunk)
-
     def stage(self, layout: Layout, lanes: list[int]) -> StageFile | None:
         """A vector recorder's stage in a file beside the ring (`log.stage_files`), for its ``lanes``;
         None where the buffer's ring is not in files."""
@@ -166,7 +154,7 @@ class LogWriter(Journaling):
                     f"({header.gamma}, {header.gae_lambda})"
                 )
         else:
-            state = State(self.directory, header, [], Commit())
+            state = State(self.directory, self.header, [], Commit())
             self._write_header([])
         listed = {c.file for c in state.files} | {HEADER, COMMITS}
         for name in os.listdir(self.directory):  # a column a kill caught before the header named it
@@ -256,6 +244,9 @@ class LogWriter(Journaling):
                 )
         if not state.commit.episodes:
             return
+        self.add_sessions(
+            [{**s, "first_episode": self.next_episode + (s["first_episode"] or 0)} for s in state.header.sessions]
+        )
         if any(c.key not in self._tails for c in state.columns):
             self._add([c for c in state.columns if c.key not in self._tails])
         theirs = {c.key: c for c in state.files}

@@ -3,6 +3,7 @@ markers, when the buffer's ring is in files) and folded into the columns (`LogWr
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from functools import partial
@@ -18,7 +19,9 @@ from flexibuff_envs.log.append_window import Tail
 from flexibuff_envs.log.format import EPISODE_LENGTHS, Column, Commit, LogHeader
 from flexibuff_envs.log.journal import FOLD, RECORD_BYTES, Record, batches, parts, parts_of, record
 from flexibuff_envs.log.markers import Marks, in_records, parse
-from flexibuff_envs.log.ring_files import left
+from flexibuff_envs.log.ring_files import RING, left
+from flexibuff_envs.log.stage_files import left as stages_left
+from flexibuff_envs.log.stage_files import replayers
 from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.storage import Storage
 from flexibuff_envs.storage.stored_form import Segments, Stored, segment_rows
@@ -52,6 +55,33 @@ class Journaling:
         def _commit(self, pieces: Any, rows: int, episodes: int, added: tuple[int, ...]) -> None: ...
 
         def _maybe_sync(self) -> None: ...
+
+        def _write_header(self, columns: Any) -> None: ...
+
+    def _replay(self) -> None:
+        """Append the episodes that ended in the steps a killed recording's vector recorders
+        staged (`log.stage_files`), replayed over the ring it left."""
+        stages = list(stages_left(os.path.join(self.directory, RING), self.commit.episodes))
+        ring = left(self.directory, self.header.spec) if stages else None
+        if ring is None:  # none, or written before the system last booted: lost, as markers are
+            return
+        for stage in stages:
+            chunk = replayers["vector"](stage, ring, self.header)
+            if chunk is not None:
+                self.append(chunk)
+
+    @holding
+    def add_sessions(self, sessions: Any) -> list[dict[str, Any]]:
+        """Name recording ``sessions`` (`spec.provenance`) in the header, rewritten whole: each
+        one's ``first_episode`` as given, or this log's next episode. Returns them so."""
+        given = [
+            {**s, "first_episode": self.next_episode if s["first_episode"] is None else s["first_episode"]}
+            for s in sessions
+        ]
+        if given:
+            self.header = dataclasses.replace(self.header, sessions=(*self.header.sessions, *given))
+            self._write_header(self.columns)
+        return given
 
     @holding
     def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:

@@ -40,6 +40,7 @@ def record(
     alpha: float | None = None,
     extra_fields: Mapping[str, Any] | None = None,
     log: LogPath | None = None,
+    policy: str = "",
 ) -> GymRecorder: ...
 
 
@@ -56,6 +57,7 @@ def record(
     alpha: float | None = None,
     extra_fields: Mapping[str, Any] | None = None,
     log: LogPath | None = None,
+    policy: str = "",
 ) -> VectorRecorder: ...
 
 
@@ -76,6 +78,7 @@ def record(
     log: LogPath | None = None,
     agent_state: AgentStateFn | None = None,
     agent_state_size: int | None = None,
+    policy: str = "",
 ) -> Any: ...
 
 
@@ -95,6 +98,7 @@ def record(
     log: LogPath | None = None,
     agent_state: AgentStateFn | None = None,
     agent_state_size: int | None = None,
+    policy: str = "",
 ) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
@@ -122,6 +126,9 @@ def record(
             the fields ``agent_state`` (beside the row's ``obs``) and ``agent_state_`` (beside its
             ``obs_``), ``[n_agents, batch, agent_state_size]`` in a batch.
         agent_state_size: how many values ``agent_state`` returns (float32).
+        policy: a tag for the policy acting (a checkpoint's name, ``"ppo-step-120000"``), kept
+            with the episodes that end under it (`FlexibleBuffer.sessions`, a log's header);
+            ``env.set_policy(tag)`` changes it mid-run.
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
@@ -164,6 +171,7 @@ def record(
             alpha=alpha,
             extra_fields=extra_fields,
             log=log,
+            policy=policy,
         )
     if kind in ("parallel", "aec"):
         if kind == "parallel":
@@ -185,6 +193,7 @@ def record(
             log=log,
             agent_state=agent_state,
             agent_state_size=agent_state_size,
+            policy=policy,
         )
     got = f"{type(env).__module__}.{type(env).__qualname__}"
     sb3 = sys.modules.get("stable_baselines3.common.vec_env")

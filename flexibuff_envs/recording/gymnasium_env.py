@@ -9,7 +9,7 @@ import gymnasium as gym
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError
-from flexibuff_envs.recording.setup import BootstrapFn, LogPath, prepare_buffer
+from flexibuff_envs.recording.setup import BootstrapFn, LogPath, Sourced, prepare_buffer
 from flexibuff_envs.recording.single_agent import SingleLaneRecorder
 from flexibuff_envs.recording.writer import Unpicklable, Writer
 from flexibuff_envs.spec import BufferSpec, infer_spec
@@ -17,7 +17,7 @@ from flexibuff_envs.spec.actions import action_codec
 from flexibuff_envs.spec.observations import obs_codec
 
 
-class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
+class GymRecorder(Sourced, Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Records every step of a Gymnasium env into ``self.buffer``; otherwise the bare env.
 
     ``reset`` starts an episode (a reset before the last one ended closes it as truncated);
@@ -36,6 +36,8 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         seed: seed of the buffer's sampler (also reseeds a given buffer's).
         log: an episode log directory every whole episode is appended to as it ends
             (`FlexibleBuffer.log_to`; ``env.close()`` closes it).
+        policy: a tag for the policy acting (a checkpoint's name), kept with the episodes
+            (`FlexibleBuffer.sessions`); ``set_policy(tag)`` changes it mid-run.
 
     Several recorders can share one buffer, each writing a lane of its own: the buffer needs as
     many lanes (``n_envs``) as recorders. A recorder frees its lane when closed or dropped.
@@ -54,6 +56,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
         alpha: float | None = None,
         extra_fields: Mapping[str, Any] | None = None,
         log: LogPath | None = None,
+        policy: str = "",
     ) -> None:
         gym.utils.RecordConstructorArgs.__init__(
             self,
@@ -78,6 +81,7 @@ class GymRecorder(Unpicklable, gym.Wrapper, gym.utils.RecordConstructorArgs):
             log=log,
         )
         self._log_opened = log is not None
+        self._begin_session(env, "gymnasium", policy)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
         self._recorder = SingleLaneRecorder(

@@ -10,7 +10,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError
-from flexibuff_envs.recording.setup import LogPath, prepare_buffer
+from flexibuff_envs.recording.setup import LogPath, Sourced, prepare_buffer
 from flexibuff_envs.recording.vector import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.recording.writer import Unpicklable, Writer
 from flexibuff_envs.spec import BufferSpec, infer_spec
@@ -32,7 +32,7 @@ def batch_masks(info: Mapping[str, Any], n: int) -> np.ndarray | None:
     return flags
 
 
-class VectorRecorder(Unpicklable, VectorWrapper):
+class VectorRecorder(Sourced, Unpicklable, VectorWrapper):
     """Records every sub-env step of a Gymnasium vector env into ``self.buffer``.
 
     Sub-env ``i`` writes lane ``i`` of the buffer, so its episodes are contiguous and whole. A
@@ -59,6 +59,7 @@ class VectorRecorder(Unpicklable, VectorWrapper):
         alpha: float | None = None,
         extra_fields: Mapping[str, Any] | None = None,
         log: LogPath | None = None,
+        policy: str = "",
     ) -> None:
         super().__init__(env)
         self.buffer = prepare_buffer(
@@ -73,6 +74,7 @@ class VectorRecorder(Unpicklable, VectorWrapper):
             log=log,
         )
         self._log_opened = log is not None
+        self._begin_session(env, "vector", policy)
         mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._same_step = mode == AutoresetMode.SAME_STEP
         writer = Writer(self.buffer, self)

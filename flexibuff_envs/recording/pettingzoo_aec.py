@@ -80,6 +80,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         log: LogPath | None = None,
         agent_state: AgentStateFn | None = None,
         agent_state_size: int | None = None,
+        policy: str = "",
     ) -> None:
         BaseWrapper.__init__(self, env)
         self._setup(
@@ -97,6 +98,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
             log=log,
             agent_state=agent_state,
             agent_state_size=agent_state_size,
+            policy=policy,
         )
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward

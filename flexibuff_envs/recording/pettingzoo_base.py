@@ -11,7 +11,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError
 from flexibuff_envs.recording.agent_state import AgentStateFn, AgentStates, with_agent_state
 from flexibuff_envs.recording.lane_recorder import LaneRecorder
-from flexibuff_envs.recording.setup import BootstrapFn, GlobalReward, LogPath, prepare_buffer
+from flexibuff_envs.recording.setup import BootstrapFn, GlobalReward, LogPath, Sourced, prepare_buffer
 from flexibuff_envs.recording.writer import Unpicklable, Writer
 from flexibuff_envs.spec import BufferSpec, combine_agents, state_codec
 from flexibuff_envs.spec.actions import action_codec
@@ -29,7 +29,7 @@ def agent_codecs(env: Any) -> tuple[list[str], list[Any], list[Any], Any]:
     )
 
 
-class PettingZooRecorderMixin(Unpicklable):
+class PettingZooRecorderMixin(Sourced, Unpicklable):
     """What both PettingZoo recorders share: construction from the env and the public surface."""
 
     buffer: FlexibleBuffer
@@ -54,6 +54,7 @@ class PettingZooRecorderMixin(Unpicklable):
         log: LogPath | None,
         agent_state: AgentStateFn | None,
         agent_state_size: int | None,
+        policy: str = "",
     ) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
@@ -71,6 +72,7 @@ class PettingZooRecorderMixin(Unpicklable):
             log=log,
         )
         self._log_opened = log is not None
+        self._begin_session(env, self.API, policy)
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)

@@ -41,6 +41,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             "FP" state): called whenever an agent observes, recorded as the fields of your own
             ``agent_state`` (with the row's ``obs``) and ``agent_state_`` (with its ``obs_``).
         agent_state_size: how many values ``agent_state`` returns (float32).
+        policy: a tag for the policy acting (a checkpoint's name), kept with the episodes
+            (`FlexibleBuffer.sessions`); ``set_policy(tag)`` changes it mid-run.
     """
 
     API = "parallel"
@@ -62,6 +64,7 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         log: LogPath | None = None,
         agent_state: AgentStateFn | None = None,
         agent_state_size: int | None = None,
+        policy: str = "",
     ) -> None:
         BaseParallelWrapper.__init__(self, env)
         self._setup(
@@ -79,6 +82,7 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             log=log,
             agent_state=agent_state,
             agent_state_size=agent_state_size,
+            policy=policy,
         )
 
     @override

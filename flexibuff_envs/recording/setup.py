@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.index.returns import check_gamma
 from flexibuff_envs.sampling.priorities import check_alpha
-from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.spec import BufferSpec, provenance
 from flexibuff_envs.storage.fields import extra_fields as extra_fields_of
 
 #: ``bootstrap_fn(obs_)`` (``bootstrap_fn(obs_, agent_id)`` for PettingZoo): V of the observation
@@ -86,3 +87,22 @@ def prepare_buffer(
     if log is not None:
         buffer.log_to(log)
     return buffer
+
+
+class Sourced:
+    """A recorder's session in its buffer (`FlexibleBuffer.sessions`: where its episodes came
+    from), and the policy tag its episodes carry."""
+
+    buffer: FlexibleBuffer
+    _session: int
+
+    def _begin_session(self, env: Any, api: str, policy: str, env_kwargs: Mapping[str, Any] | None = None) -> None:
+        self._session = self.buffer.add_session(provenance.session(env, api, policy=policy, env_kwargs=env_kwargs))
+
+    def set_policy(self, tag: str) -> None:
+        """Tag the episodes that end from now on with ``tag`` (the policy acting, a checkpoint's
+        name: ``"ppo-step-120000"``): a new session of the buffer and of its log, the same env's,
+        begun now (`FlexibleBuffer.sessions`)."""
+        begun = self.buffer._sessions[self._session]
+        tagged = {**begun, "policy": provenance.policy_tag(tag), "started": time.time(), "first_episode": None}
+        self._session = self.buffer.add_session(tagged)

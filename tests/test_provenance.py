@@ -1,0 +1,132 @@
+"""Provenance: every recorder keeps a session (env id, keywords, wrappers, versions, host,
+process, start, policy tag) in its buffer and in the log it appends to; the sessions survive
+save and load, a log's opening, merging and continuing; policy tags change mid-run and name the
+episodes that end under them; a crafted header's sessions are refused with the path named."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import flexibuff_envs as fe
+from flexibuff_envs import log
+from flexibuff_envs.cli import main
+
+
+def _episodes(env: Any, n: int, seed: int = 0) -> None:
+    env.reset(seed=seed)
+    done = 0
+    while done < n:
+        if any(env.step(env.action_space.sample())[2:4]):
+            done += 1
+            env.reset()
+
+
+def test_each_recorder_keeps_what_its_env_was_made_from() -> None:
+    pytest.importorskip("pettingzoo")
+    from mpe2 import simple_spread_v3
+    from pettingzoo.classic import connect_four_v3
+
+    cases = [
+        (gym.make("CartPole-v1", max_episode_steps=50), "gymnasium", "CartPole-v1"),
+        (gym.make_vec("CartPole-v1", num_envs=2), "vector", "CartPole-v1"),
+        (simple_spread_v3.parallel_env(N=2), "parallel", "mpe2.simple_spread_v3"),
+        (connect_four_v3.env(), "aec", "pettingzoo.classic.connect_four_v3"),
+    ]
+    for env, api, env_id in cases:
+        (session,) = fe.record(env, num_steps=100).buffer.sessions
+        assert (session["api"], session["env_id"]) == (api, env_id)
+        assert session["host"] == socket.gethostname() and session["pid"] == os.getpid()
+        assert session["versions"]["flexibuff_envs"] == fe.__version__ and "numpy" in session["versions"]
+        assert session["policy"] == "" and session["first_episode"] is None
+    gym_session = fe.record(gym.make("CartPole-v1", max_episode_steps=50), num_steps=10).buffer.sessions[0]
+    assert gym_session["wrappers"][0] == "gymnasium.wrappers.common.TimeLimit"
+    remade = gym.make(gym.envs.registration.EnvSpec.from_json(gym_session["gym_spec"]))
+    assert remade.spec.max_episode_steps == 50  # Gymnasium's own spec makes the env again
+
+
+def test_policy_tags_name_the_episodes_that_end_under_them_through_save_merge_and_resume(tmp_path: Path) -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=1000, log=tmp_path / "log", policy="ppo-step-0")
+    env.action_space.seed(0)
+    _episodes(env, 4)
+    env.set_policy("ppo-step-100")
+    _episodes(env, 3, seed=1)
+    env.close()
+    opened = fe.FlexibleBuffer.open(tmp_path / "log")
+    tags = [(s["policy"], s["first_episode"]) for s in opened.sessions]
+    assert tags == [("ppo-step-0", 0), ("ppo-step-100", 4)] and opened.n_episodes == 7
+    assert fe.FlexibleBuffer.load(opened.save(tmp_path / "log.fbuf")).sessions == opened.sessions
+    # continued by another recording: the log's sessions kept, the new one from its next episode
+    again = fe.record(gym.make("CartPole-v1"), num_steps=1000, log=tmp_path / "log", policy="ppo-step-200")
+    _episodes(again, 2, seed=2)
+    again.close()
+    tags = [(s["policy"], s["first_episode"]) for s in fe.FlexibleBuffer.open(tmp_path / "log").sessions]
+    assert tags == [("ppo-step-0", 0), ("ppo-step-100", 4), ("ppo-step-200", 7)]
+    # merged twice: the second copy's sessions numbered after the first's 9 episodes
+    fe.merge_logs([tmp_path / "log", tmp_path / "log"], tmp_path / "merged")
+    tags = [(s["policy"], s["first_episode"]) for s in fe.FlexibleBuffer.open(tmp_path / "merged").sessions]
+    assert tags == [("ppo-step-0", 0), ("ppo-step-100", 4), ("ppo-step-200", 7)] + [
+        ("ppo-step-0", 9),
+        ("ppo-step-100", 13),
+        ("ppo-step-200", 16),
+    ]
+    with pytest.raises(fe.InvalidArgumentError, match="policy"):
+        env.set_policy(3)  # type: ignore[arg-type]
+
+
+def test_inspect_says_who_recorded_what(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=500, log=tmp_path / "log", policy="random")
+    _episodes(env, 2)
+    env.close()
+    assert main(["inspect", str(tmp_path / "log")]) == 0
+    out = capsys.readouterr().out
+    assert "recorded  from episode 0, policy 'random', CartPole-v1 (gymnasium)" in out
+    assert f"on {socket.gethostname()} (pid {os.getpid()})" in out and "wrapped in TimeLimit" in out
+
+
+@pytest.mark.parametrize(
+    "sessions",
+    [
+        "not a list",
+        [{"api": "gymnasium"}],
+        [{"started": float("nan")}],
+        [{"first_episode": -4}],
+        [{"wrappers": [3]}],
+        [{"env_kwargs": {"deep": "x" * 70_000}}],
+    ],
+)
+def test_a_crafted_header_s_sessions_are_refused_naming_the_path(tmp_path: Path, sessions: Any) -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=200, log=tmp_path / "log")
+    _episodes(env, 2)
+    env.close()
+    real = fe.FlexibleBuffer.open(tmp_path / "log").sessions[0]
+    if isinstance(sessions, list) and len(sessions[0]) == 1 and "api" not in sessions[0]:
+        sessions = [{**real, **sessions[0]}]
+    path = tmp_path / "log" / log.HEADER
+    raw = path.read_bytes()
+    data = json.loads(raw[20:-4])
+    data["sessions"] = sessions
+    blob = json.dumps(data).encode()
+    prefix = struct.pack("<8sIQ", b"FBLOGHDR", struct.unpack("<I", raw[8:12])[0], len(blob)) + blob
+    path.write_bytes(prefix + struct.pack("<I", zlib.crc32(prefix)))
+    with pytest.raises(fe.BufferFileError, match=f"{path}: corrupt header: sessions"):
+        fe.FlexibleBuffer.open(tmp_path / "log")
+
+
+def test_a_buffer_file_keeps_its_sessions_and_old_files_have_none(tmp_path: Path) -> None:
+    env = fe.record(gym.make_vec("CartPole-v1", num_envs=2), num_steps=100, policy="random")
+    env.reset(seed=0)
+    for _ in range(50):
+        env.step(np.zeros(2, np.int64))
+    loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "v.fbuf"), mmap=True)
+    assert loaded.sessions == env.buffer.sessions and loaded.sessions[0]["policy"] == "random"
+    assert fe.FlexibleBuffer.load(Path(__file__).parent / "data" / "format1.fbuf").sessions == []
