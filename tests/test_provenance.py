@@ -130,3 +130,23 @@ def test_a_buffer_file_keeps_its_sessions_and_old_files_have_none(tmp_path: Path
     loaded = fe.FlexibleBuffer.load(env.buffer.save(tmp_path / "v.fbuf"), mmap=True)
     assert loaded.sessions == env.buffer.sessions and loaded.sessions[0]["policy"] == "random"
     assert fe.FlexibleBuffer.load(Path(__file__).parent / "data" / "format1.fbuf").sessions == []
+
+
+def test_parquet_and_vault_exports_keep_the_sessions(tmp_path: Path) -> None:
+    env = fe.record(gym.make("CartPole-v1"), num_steps=2000, log=tmp_path / "log", policy="a")
+    _episodes(env, 3)
+    env.set_policy("b")
+    _episodes(env, 2, seed=1)
+    env.close()
+    source = fe.FlexibleBuffer.open(tmp_path / "log")
+    pytest.importorskip("pyarrow")
+    from flexibuff_envs.integrations.parquet import from_parquet, to_parquet
+
+    back = from_parquet(to_parquet(source, tmp_path / "parquet"))
+    assert back.sessions == source.sessions
+    logged = from_parquet(tmp_path / "parquet", log=tmp_path / "again")  # into a new log: numbered as they were
+    assert fe.FlexibleBuffer.open(tmp_path / "again").sessions == source.sessions == logged.sessions
+    pytest.importorskip("tensorstore")
+    from flexibuff_envs.integrations.vault import from_vault, to_vault
+
+    assert from_vault(to_vault(source, tmp_path / "vaults", vault_name="v.vlt")).sessions == source.sessions

@@ -49,6 +49,8 @@ class Logged(Half):
 
         def compact(self) -> None: ...
 
+        def __len__(self) -> int: ...
+
     @property
     def sessions(self) -> list[dict[str, Any]]:
         """The recording sessions that wrote this buffer (and, opened from a log, its episodes),
@@ -105,7 +107,11 @@ class Logged(Half):
             raise InvalidArgumentError(f"this buffer already logs to {self._log.writer.directory}; close_log() first")
         header = LogHeader(self.spec, self.gamma, self.gae_lambda)
         writer = LogWriter(directory, header, fsync=fsync, every=every, compress=compress)
-        writer.add_sessions([{**s, "first_episode": None} for s in self._sessions])  # its episodes from now on
+        # the episodes it appends from now on: a dataset's own numbering kept while none is held yet
+        base = writer.next_episode if not len(self) else None
+        writer.add_sessions(
+            [{**s, "first_episode": None if base is None else base + (s["first_episode"] or 0)} for s in self._sessions]
+        )
         self._log = Follower(writer, self._index.read(), per_block=per_block)
         # no recorder writes to it yet: its ring goes in files, an episode's end a marker ("always"
         # syncs each episode's rows with it: records)

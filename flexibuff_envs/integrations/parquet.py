@@ -50,7 +50,7 @@ from flexibuff_envs.integrations.tables import (
     into_buffer,
     open_source,
 )
-from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.spec import BufferSpec, provenance
 
 try:
     import pyarrow as pa
@@ -94,7 +94,7 @@ def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
         for part, block in enumerate(blocks(buffer, PART_STEPS)):
             for table, columns in _tables(block, buffer.spec, episodes).items():
                 if columns:
-                    meta = {KEY: json.dumps(_layout(buffer.spec, buffer.gamma, buffer.gae_lambda, block)).encode()}
+                    meta = {KEY: json.dumps(_layout(buffer, block)).encode()}
                     pq.write_table(
                         pa.table(columns).replace_schema_metadata(meta),
                         os.path.join(partial, table, f"part-{part:05d}.parquet"),
@@ -112,13 +112,14 @@ def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
     return path
 
 
-def _layout(spec: BufferSpec, gamma: float, gae_lambda: float, block: Block) -> dict[str, Any]:
+def _layout(buffer: FlexibleBuffer, block: Block) -> dict[str, Any]:
     arrays = block[1]
     return {
         "format": 1,
-        "spec": spec.to_dict(),
-        "gamma": gamma,
-        "gae_lambda": gae_lambda,
+        "spec": buffer.spec.to_dict(),
+        "gamma": buffer.gamma,
+        "gae_lambda": buffer.gae_lambda,
+        "sessions": buffer.sessions,
         "fields": {
             name: {"shape": list(values.shape[1 if name in GLOBAL else 2 :]), "dtype": values.dtype.name}
             for name, values in arrays.items()
@@ -183,7 +184,14 @@ def from_parquet(directory: str | os.PathLike[str], **buffer_options: Any) -> Fl
         raise BufferFileError(f"{path}: a part cannot be read ({exc})") from None
     width = int(np.prod(fields["continuous_log_probs"]["shape"])) if "continuous_log_probs" in fields else 0
     return into_buffer(
-        spec, fields.keys(), _blocks(parts, spec, fields), rows=rows, where=path, log_prob_width=width, **buffer_options
+        spec,
+        fields.keys(),
+        _blocks(parts, spec, fields),
+        rows=rows,
+        where=path,
+        log_prob_width=width,
+        sessions=layout["sessions"],
+        **buffer_options,
     )
 
 
@@ -207,6 +215,7 @@ def _read_layout(file: str) -> dict[str, Any]:
         BufferSpec.from_dict(layout["spec"])
         if layout["format"] != 1:
             raise InvalidArgumentError(f"format {layout['format']}; this reads 1")
+        provenance.sessions(layout.setdefault("sessions", []), "sessions")
         for name, field in layout["fields"].items():
             plain_dtype(f"field {name!r} dtype", field["dtype"])
             if not all(isinstance(n, int) and 0 < n < 1 << 31 for n in field["shape"]):

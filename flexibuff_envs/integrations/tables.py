@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +107,7 @@ def into_buffer(
     where: str,
     log_prob_width: int = 0,
     log: str | os.PathLike[str] | None = None,
+    sessions: Sequence[dict[str, Any]] = (),
     **options: object,
 ) -> FlexibleBuffer:
     """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
@@ -113,7 +115,8 @@ def into_buffer(
     values) computed, unless the blocks give them. ``options`` go to `FlexibleBuffer.from_spec`
     (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes). With ``log``,
     every episode is also appended to that episode log (made, or continued) as it is added, so
-    a ring smaller than the source turns a dataset larger than memory into a log.
+    a ring smaller than the source turns a dataset larger than memory into a log. ``sessions``:
+    the recording sessions the dataset names (`FlexibleBuffer.sessions`).
 
     Raises:
         BufferFileError: the values do not fit ``spec`` (a dataset whose layout and arrays
@@ -135,6 +138,8 @@ def into_buffer(
         log_prob_continuous=log_prob_width,
         **{**allocated, **options},  # type: ignore[arg-type]
     )
+    for session in sessions:  # the recordings the dataset came from, named in the log too
+        buffer.add_session(session)
     if log is not None:
         buffer.log_to(log)
     try:

@@ -79,7 +79,7 @@ from flexibuff_envs.integrations.vault_format import (
     ts,
 )
 from flexibuff_envs.integrations.vault_read import Values, flat, foreign, open_leaves, streams, vault_path, whole
-from flexibuff_envs.spec import BufferSpec
+from flexibuff_envs.spec import BufferSpec, provenance
 
 #: the leaf saying where a sparse next-value field is given (`to_vault`'s ``next_values="sparse"``)
 GIVEN = "{}_given"
@@ -212,6 +212,7 @@ def _write(
         "gae_lambda": buffer.gae_lambda,
         "fields": leaves,
         "next_values": next_values,
+        "sessions": buffer.sessions,
     }
     with open(os.path.join(base, "metadata.json"), "w") as out:
         json.dump(
@@ -307,6 +308,10 @@ def from_vault(
             raise BufferFileError(f"{path}: its layout names leaf {missing[0]!r}, which the vault does not hold")
         fields = {name: leaves[leaf] for name, leaf in ours["fields"].items()}
         last = leaves[EPISODE_ENDS].read() != 0 if EPISODE_ENDS in leaves else None
+        try:
+            buffer_options.setdefault("sessions", provenance.sessions(ours.get("sessions", []), "sessions"))
+        except ValueError as exc:
+            raise BufferFileError(f"{meta_path}: {exc}") from None
         given = {name: fields.pop(GIVEN.format(name)) for name, _ in NEXTS if GIVEN.format(name) in fields}
     else:
         spec, fields = foreign(path, leaves)
