@@ -150,3 +150,32 @@ def test_parquet_and_vault_exports_keep_the_sessions(tmp_path: Path) -> None:
     from flexibuff_envs.integrations.vault import from_vault, to_vault
 
     assert from_vault(to_vault(source, tmp_path / "vaults", vault_name="v.vlt")).sessions == source.sessions
+
+
+def test_a_dataset_card_says_what_the_dataset_holds_and_who_recorded_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.classic import connect_four_v3
+
+    games = fe.record(connect_four_v3.env(), num_steps=500, log=tmp_path / "c4", policy="random")
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        games.reset(seed=k)
+        for _ in games.agent_iter():
+            obs, _, terminated, truncated, _ = games.last()
+            games.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+    games.close()
+    assert main(["inspect", str(tmp_path / "c4"), "--card", str(tmp_path / "README.md")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    text = (tmp_path / "README.md").read_text()
+    buffer = fe.FlexibleBuffer.open(tmp_path / "c4")
+    returns = buffer.episode_stats()["returns"]
+    assert text.startswith("---\ntask_categories:\n- reinforcement-learning\n")
+    assert "12 episodes" in text and "`pettingzoo.classic.connect_four_v3` (PettingZoo AEC, 2 agents)" in text
+    for a, agent in enumerate(buffer.spec.agent_ids):  # the table's means are numpy's
+        assert f"| {agent} | {returns[:, a].mean():.3g} |" in text
+    assert "| 0 | random | `pettingzoo.classic.connect_four_v3` (aec) | unknown |" in text
+    assert 'fe.FlexibleBuffer.open("c4")' in text
+    assert main(["inspect", str(tmp_path / "c4"), "--card", "-"]) == 0
+    assert capsys.readouterr().out == text  # the same card on stdout

@@ -27,7 +27,7 @@ import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.disk import guarded
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve, wrapped
-from flexibuff_envs.cli.files import cmd_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
+from flexibuff_envs.cli.files import add_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
 from flexibuff_envs.cli.report import record_report
 from flexibuff_envs.cli.view import add_view
 from flexibuff_envs.recording.rollout import Budget, play, progress_bar
@@ -310,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ins = commands.add_parser("inspect", help="describe a saved buffer, an episode log, a vault or a Parquet dataset")
     ins.add_argument("file")
+    ins.add_argument("--card", metavar="FILE", help="write a dataset card (a Markdown README) to FILE; - prints it")
     ins.set_defaults(run=cmd_inspect)
 
     plot = commands.add_parser("plot", help="plot a saved buffer's episode returns and lengths to a PNG")
@@ -317,58 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", metavar="PNG", help="image to write (default: FILE with .png)")
     plot.set_defaults(run=cmd_plot)
 
-    export = commands.add_parser(
-        "export",
-        help="write the whole episodes of a buffer file or episode log as a "
-        "Minari dataset, a flashbax vault or Parquet tables",
-    )
-    export.add_argument("file")
-    target = export.add_mutually_exclusive_group(required=True)
-    target.add_argument(
-        "--minari",
-        metavar="DATASET_ID",
-        help="the dataset id, like cartpole/recorded-v0 (pip install -e '.[minari]')",
-    )
-    target.add_argument(
-        "--vault",
-        metavar="DIR",
-        help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's rel_dir; pip install -e '.[vault]')",
-    )
-    target.add_argument(
-        "--parquet",
-        metavar="DIR",
-        help="Parquet tables in the new directory DIR (pip install -e '.[parquet]')",
-    )
-    export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
-    export.add_argument(
-        "--next-values",
-        choices=["all", "sparse"],
-        default="all",
-        help="the vault's next observations at every step (default), or only where the next step's differ (sparse)",
-    )
-    export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
-    export.add_argument(
-        "--compression",
-        choices=["lz4", "zstd", "gzip", "none"],
-        default="lz4",
-        help="the vault's compressor: lz4 (default) writes fastest, zstd smallest, gzip as flashbax does by default",
-    )
-    export.add_argument(
-        "--env",
-        help="the env the buffer recorded, as record takes it: its spaces, and Minari's "
-        "record of a Gymnasium env (default: spaces rebuilt from the buffer's layout)",
-    )
-    export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")
-    export.add_argument(
-        "--all-agents",
-        action="store_true",
-        help="one Minari dataset per agent, NAME/AGENT-v0 each, under the namespace --minari NAME",
-    )
-    export.add_argument("--author", help="who made the dataset (Minari's author)")
-    export.add_argument("--author-email", help="how to reach them (Minari's author_email)")
-    export.add_argument("--code-permalink", help="a link to the code that recorded it (Minari's code_permalink)")
-    export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
-    export.set_defaults(run=cmd_export)
+    add_export(commands)
 
     verify = commands.add_parser("verify", help="check every commit and checksum of an episode log; exit 1 if torn")
     verify.add_argument("log", metavar="DIR")

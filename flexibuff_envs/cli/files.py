@@ -9,6 +9,7 @@ import os
 import re
 import sys
 import warnings
+from typing import Any
 
 import flexibuff_envs as fe
 from flexibuff_envs.cli.envs import UsageError, make, resolve
@@ -22,6 +23,17 @@ from flexibuff_envs.cli.report import (
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = args.file
+    if args.card is not None:
+        from flexibuff_envs.cli.card import card
+
+        text = card(path)
+        if args.card == "-":
+            print(text, end="")
+            return 0
+        with open(args.card, "w") as out:
+            out.write(text)
+        print(f"wrote {args.card}: the dataset card of {path}")
+        return 0
     if not os.path.isdir(path):
         print(inspect_report(path, fe.FlexibleBuffer.load(path, mmap=True)))
         return 0
@@ -216,3 +228,59 @@ def cmd_merge(args: argparse.Namespace) -> int:
         f"{report.episodes:,} episodes and {report.rows:,} rows ({size(report.nbytes)})"
     )
     return 0
+
+
+def add_export(commands: Any) -> None:
+    """The ``export`` command, among ``commands``."""
+    export = commands.add_parser(
+        "export",
+        help="write the whole episodes of a buffer file or episode log as a "
+        "Minari dataset, a flashbax vault or Parquet tables",
+    )
+    export.add_argument("file")
+    target = export.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--minari",
+        metavar="DATASET_ID",
+        help="the dataset id, like cartpole/recorded-v0 (pip install -e '.[minari]')",
+    )
+    target.add_argument(
+        "--vault",
+        metavar="DIR",
+        help="a flashbax vault in OG-MARL's layout, under DIR (flashbax's rel_dir; pip install -e '.[vault]')",
+    )
+    target.add_argument(
+        "--parquet",
+        metavar="DIR",
+        help="Parquet tables in the new directory DIR (pip install -e '.[parquet]')",
+    )
+    export.add_argument("--vault-name", help="the vault's name (default: FILE's name with .vlt)")
+    export.add_argument(
+        "--next-values",
+        choices=["all", "sparse"],
+        default="all",
+        help="the vault's next observations at every step (default), or only where the next step's differ (sparse)",
+    )
+    export.add_argument("--vault-uid", help="the vault's uid (default: the time, as flashbax names it)")
+    export.add_argument(
+        "--compression",
+        choices=["lz4", "zstd", "gzip", "none"],
+        default="lz4",
+        help="the vault's compressor: lz4 (default) writes fastest, zstd smallest, gzip as flashbax does by default",
+    )
+    export.add_argument(
+        "--env",
+        help="the env the buffer recorded, as record takes it: its spaces, and Minari's "
+        "record of a Gymnasium env (default: spaces rebuilt from the buffer's layout)",
+    )
+    export.add_argument("--agent", help="for a multi-agent buffer: the agent to export (a dataset per agent)")
+    export.add_argument(
+        "--all-agents",
+        action="store_true",
+        help="one Minari dataset per agent, NAME/AGENT-v0 each, under the namespace --minari NAME",
+    )
+    export.add_argument("--author", help="who made the dataset (Minari's author)")
+    export.add_argument("--author-email", help="how to reach them (Minari's author_email)")
+    export.add_argument("--code-permalink", help="a link to the code that recorded it (Minari's code_permalink)")
+    export.add_argument("--description", help="what the dataset holds (default: the episodes recorded)")
+    export.set_defaults(run=cmd_export)
