@@ -179,3 +179,42 @@ def test_a_dataset_card_says_what_the_dataset_holds_and_who_recorded_it(
     assert 'fe.FlexibleBuffer.open("c4")' in text
     assert main(["inspect", str(tmp_path / "c4"), "--card", "-"]) == 0
     assert capsys.readouterr().out == text  # the same card on stdout
+
+
+def test_an_episode_hashes_the_same_in_every_form_and_a_changed_reward_changes_only_its_own(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hash covers what was recorded: a log, its file, a compressed copy and a Parquet export
+    of the same episodes hash alike (and other discounts too); a reward changed by hand changes
+    its episode's hash and no other."""
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.butterfly import pistonball_v6
+
+    env = fe.record(pistonball_v6.parallel_env(n_pistons=3, max_cycles=8), num_steps=200, log=tmp_path / "log")
+    for k in range(4):
+        env.reset(seed=k)
+        while env.agents:
+            env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+    env.close()
+    hashes = env.buffer.episode_hashes()
+    assert len(hashes) == 4 == len(set(hashes)) and all(len(h) == 32 for h in hashes)
+    opened = fe.FlexibleBuffer.open(tmp_path / "log")
+    forms = [
+        opened,
+        fe.FlexibleBuffer.open(tmp_path / "log", mmap=False),
+        fe.FlexibleBuffer.load(opened.save(tmp_path / "raw.fbuf", compress=None)),
+        fe.FlexibleBuffer.load(opened.save(tmp_path / "packed.fbuf"), compress="auto"),  # frames kept as zstd
+    ]
+    pytest.importorskip("pyarrow")
+    from flexibuff_envs.integrations.parquet import from_parquet, to_parquet
+
+    forms.append(from_parquet(to_parquet(opened, tmp_path / "parquet"), gamma=0.5))  # other discounts
+    for form in forms:
+        assert form.episode_hashes() == hashes
+    changed = fe.FlexibleBuffer.open(tmp_path / "log", mmap=False)
+    field = changed.field("individual_rewards")
+    first_row_of_third = sum(len(e.individual_rewards[0]) for e in list(changed.episodes())[:2])
+    field[1, first_row_of_third + 3] += 1.0
+    assert [a == b for a, b in zip(changed.episode_hashes(), hashes)] == [True, True, False, True]
+    assert main(["inspect", str(tmp_path / "log"), "--hashes"]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{k}\t{h}" for k, h in enumerate(hashes)]

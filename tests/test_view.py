@@ -100,6 +100,7 @@ def test_the_api_answers_with_what_the_recordings_hold(served: tuple[Browser, Pa
     episode = _get(browser, "api/episode?run=1&episode=0")
     want = next(iter(pistonball.episodes()))
     np.testing.assert_allclose(episode["rewards"], want.individual_rewards, atol=1e-6)
+    assert episode["hash"] == pistonball.episode_hashes()[0]  # the episode cited as the dataset hashes it
     frame = _get(browser, "api/frame?run=1&episode=0&step=3&agent=2")
     pixels = np.frombuffer(__import__("base64").b64decode(frame["pixels"]), np.uint8)
     assert (frame["height"], frame["width"], frame["channels"]) == (457, 120, 3)

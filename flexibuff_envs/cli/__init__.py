@@ -311,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     ins = commands.add_parser("inspect", help="describe a saved buffer, an episode log, a vault or a Parquet dataset")
     ins.add_argument("file")
     ins.add_argument("--card", metavar="FILE", help="write a dataset card (a Markdown README) to FILE; - prints it")
+    ins.add_argument("--hashes", action="store_true", help="print each episode's content hash, one a line")
     ins.set_defaults(run=cmd_inspect)
 
     plot = commands.add_parser("plot", help="plot a saved buffer's episode returns and lengths to a PNG")

@@ -23,6 +23,12 @@ from flexibuff_envs.cli.report import (
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     path = args.file
+    if args.hashes:  # one a line, numbered as the view and the card number them: `diff` compares two datasets
+        from flexibuff_envs.view.data import Run
+
+        for k, digest in enumerate(Run(path).buffer.episode_hashes()):
+            print(f"{k}\t{digest}")
+        return 0
     if args.card is not None:
         from flexibuff_envs.cli.card import card
 

@@ -7,6 +7,7 @@ rows (which rows: `flexibuff_envs.sampling.samplers`)."""
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
@@ -227,6 +228,14 @@ class Sampling(Half):
         """
         return self.draw(Episodes(every=True), as_torch=as_torch, device=device)
 
+    def episode_hashes(self) -> list[str]:
+        """A content hash of every whole ended episode, in `episodes`' order: BLAKE2b (128 bits,
+        hex) of what was recorded (each of `HASHED` the buffer holds, as a batch gives it: its
+        name, dtype, shape and bytes), so the same episode hashes the same in a log, a file, a
+        compressed buffer or an export, whatever its discounts, and a dataset's episodes can be
+        compared with another's or cited."""
+        return [episode_hash(episode) for episode in self.episodes()]
+
     def sample_episodes(
         self,
         max_batch_size: int = 256,
@@ -278,3 +287,34 @@ class Sampling(Half):
         return self.draw(
             sampler, as_torch=as_torch, device=device, normalize_advantages=normalize_advantages, fields=fields
         )
+
+
+#: the fields an episode's hash covers: what was recorded, not what was computed from it
+HASHED = (
+    "obs",
+    "obs_",
+    "state",
+    "state_",
+    "discrete_actions",
+    "continuous_actions",
+    "action_mask",
+    "individual_rewards",
+    "terminated",
+    "truncated",
+    "active",
+)
+
+
+def episode_hash(episode: FlexiBatch) -> str:
+    """`Sampling.episode_hashes`' hash of one episode."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name in HASHED:
+        value = getattr(episode, name)
+        if value is None:
+            continue
+        for part in value if isinstance(value, list) else [value]:  # masks: one array per head
+            array = np.ascontiguousarray(part)
+            array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+            digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()

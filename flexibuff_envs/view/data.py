@@ -21,6 +21,7 @@ from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, OutOf
 from flexibuff_envs.files.format import BufferFile
 from flexibuff_envs.index import EpisodeTable, episode_table
 from flexibuff_envs.index.lanes import Lane
+from flexibuff_envs.sampling import episode_hash
 
 #: how an episode ended, by its last row's flags: every agent's, the team's
 ENDINGS = ("terminated", "truncated", "cut")
@@ -238,11 +239,13 @@ class Run:
         rows = self.rows_of(k)
         batch = self.buffer.gather(rows)
         n = rows.size
+        content = episode_hash(batch)
         rewards = np.asarray(batch.individual_rewards, dtype=np.float64).reshape(-1, n)
         active = np.asarray(batch.active).reshape(rewards.shape).astype(bool)
         out: dict[str, Any] = {
             "episode": k,
             "length": n,
+            "hash": content,
             "agents": self.agent_ids,
             "rewards": rewards.round(6).tolist(),
             "return_so_far": np.cumsum(rewards, axis=1).round(6).tolist(),

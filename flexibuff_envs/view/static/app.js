@@ -144,6 +144,7 @@ async function openEpisode(episode) {
   const data = await api(`/api/episode?run=${state.run}&episode=${episode}`);
   $("episode").hidden = false;
   $("episode-title").textContent = `Episode ${episode} of run ${state.run}: ${data.length} steps`;
+  $("episode-hash").textContent = `content hash ${data.hash}`;
   pickAgents();
   const steps = Array.from({ length: data.length }, (_, i) => i);
   const series = [], values = [steps];
