@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 import flexibuff_envs as fe
 from flexibuff_envs.buffer import rows_that_fit
 from flexibuff_envs.cli.disk import guarded
+from flexibuff_envs.cli.edit import add_edit
 from flexibuff_envs.cli.envs import DEFAULT_ENV, UsageError, make, resolve, wrapped
 from flexibuff_envs.cli.files import add_export, cmd_inspect, cmd_merge, cmd_plot, cmd_repair, cmd_verify
 from flexibuff_envs.cli.report import record_report
@@ -320,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.set_defaults(run=cmd_plot)
 
     add_export(commands)
+    add_edit(commands)
 
     verify = commands.add_parser("verify", help="check every commit and checksum of an episode log; exit 1 if torn")
     verify.add_argument("log", metavar="DIR")

@@ -134,6 +134,8 @@ def _session_lines(buffer: FlexibleBuffer) -> list[str]:
     for k, s in shown:
         made = s["env_id"] or "an env made by hand"
         kwargs = f" {json.dumps(s['env_kwargs'])}" if s["env_kwargs"] else ""
+        if s["api"] == "edit":  # a log an edit wrote (`integrations.editing`)
+            made, kwargs = f"edited: {(s['env_kwargs'] or {}).get('edit', '')}", ""
         when = datetime.datetime.fromtimestamp(s["started"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         versions = ", ".join(f"{name} {version}" for name, version in s["versions"].items())
         first = f"from episode {s['first_episode']}, " if s["first_episode"] is not None else ""

@@ -78,6 +78,15 @@ class Run:
         self._rows = -1  # rows the opened buffer holds (a log: its newest whole commit's)
         self._open()
 
+    @classmethod
+    def over(cls, buffer: FlexibleBuffer, path: str = "") -> Run:
+        """The run of a buffer already open (a table of its episodes, nothing read again)."""
+        run = cls.__new__(cls)
+        run.path, run.kind, run._rows, run.buffer = path, "buffer", len(buffer), buffer
+        run.index = episode_table(buffer._index.read())
+        run.table = run._table()
+        return run
+
     def _open(self) -> None:
         if self.kind == "log":
             self.buffer = FlexibleBuffer.open(self.path, settle=False)  # mapped, and never written

@@ -1,0 +1,265 @@
+"""Editing a dataset without rewriting it by hand: the episodes a condition on their outcomes
+selects (`where`), and a new episode log of chosen episodes (`select`), of all but some (`drop`)
+or of random shares (`split`). The source is only read; each new log keeps the sessions that
+recorded its episodes, numbered as its own, and names the source and the edit in a session of
+its own.
+
+A condition is a Python-like expression over one agent of one episode (an episode is chosen when
+it holds for any of its agents): ``return`` (that agent's), ``team_return``, ``length`` (the
+episode's rows), ``steps`` (the agent's active rows), ``ended`` ("terminated", "truncated",
+"cut": the agent's), ``deaths`` (agents terminated before the episode ended, parallel
+recordings), ``agent`` (its name), ``episode`` (its number), ``policy`` (the tag of the session
+that recorded it); comparisons, ``and``, ``or``, ``not``, parentheses, numbers and strings.
+Nothing else is evaluated: it is parsed, never run as code.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import socket
+import time
+import tokenize
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import InvalidArgumentError, UnknownNameError
+from flexibuff_envs.integrations.tables import Block, Source, episode_arrays, into_buffer, open_source
+from flexibuff_envs.sampling.samplers import Draw, Live
+from flexibuff_envs.spec import provenance
+from flexibuff_envs.view.data import ENDINGS, Run, episode_sums
+
+#: the names a condition may use
+NAMES = ("return", "team_return", "length", "steps", "ended", "deaths", "agent", "episode", "policy")
+_COMPARE = {
+    ast.Eq: np.equal,
+    ast.NotEq: np.not_equal,
+    ast.Lt: np.less,
+    ast.LtE: np.less_equal,
+    ast.Gt: np.greater,
+    ast.GtE: np.greater_equal,
+}
+#: rows gathered at a time when a selection is copied
+BLOCK_ROWS = 65_536
+#: the session an edit adds to the log it writes, before the sessions of the episodes it keeps
+_EDIT: dict[str, Any] = {
+    "api": "edit",
+    "env_id": "",
+    "gym_spec": "",
+    "wrappers": [],
+    "policy": "",
+    "first_episode": 0,
+}
+
+
+def outcomes(buffer: FlexibleBuffer) -> dict[str, np.ndarray]:
+    """Each agent's outcome in each whole episode (`episodes` order), as `NAMES` name them: arrays
+    of ``[episodes, agents]``."""
+    run = Run.over(buffer)
+    t, lanes = run.table, buffer._index.read()
+    store = buffer._store.arrays
+    n, agents = len(t.lengths), list(buffer.spec.agent_ids)
+    terminated, truncated = episode_sums(store["terminated"], lanes).T, episode_sums(store["truncated"], lanes).T
+    ended = np.where(terminated > 0, 0, np.where(truncated > 0, 1, 2))
+    return {
+        "return": t.returns,
+        "team_return": np.repeat(t.team[:, None], len(agents), axis=1),
+        "length": np.repeat(t.lengths[:, None], len(agents), axis=1),
+        "steps": episode_sums(store["active"], lanes).T.astype(np.int64),
+        "ended": np.array(ENDINGS, dtype=object)[ended].astype(str),
+        "deaths": np.repeat(t.deaths[:, None], len(agents), axis=1),
+        "agent": np.broadcast_to(np.array(agents), (n, len(agents))),
+        "episode": np.repeat(np.arange(n)[:, None], len(agents), axis=1),
+        "policy": np.repeat(policies(buffer.sessions, n)[:, None], len(agents), axis=1),
+    }
+
+
+def policies(sessions: list[dict[str, Any]], n: int) -> np.ndarray:
+    """The policy tag of each of ``n`` episodes, by the session that recorded it (the last whose
+    ``first_episode`` is at most its number; without numbers, the only session's, else "")."""
+    numbered = [s for s in sessions if s["first_episode"] is not None]
+    if not numbered:
+        return np.full(n, sessions[0]["policy"] if len(sessions) == 1 else "", dtype=object).astype(str)
+    firsts = np.array([s["first_episode"] for s in numbered])
+    which = np.searchsorted(firsts, np.arange(n), side="right") - 1
+    tags = np.array(["", *(s["policy"] for s in numbered)], dtype=object)
+    return tags[which + 1].astype(str)
+
+
+def where(source: Source, condition: str) -> np.ndarray:
+    """The numbers of the whole episodes of ``source`` for which ``condition`` holds for some
+    agent, in order.
+
+    Raises:
+        InvalidArgumentError: ``condition`` is not a condition over `NAMES` (it says where).
+    """
+    values = outcomes(open_source(source))
+    values["_return"] = values.pop("return")  # a keyword of Python's: renamed to parse
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(condition).readline)
+        text = tokenize.untokenize(
+            (t.type, "_return" if t.type == tokenize.NAME and t.string == "return" else t.string) for t in tokens
+        )
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, tokenize.TokenError) as exc:
+        raise InvalidArgumentError(f"--where {condition!r}: not a condition ({exc.args[0]})") from None
+    chosen = _evaluate(tree.body, values, condition)
+    if np.ndim(chosen) != 2 or np.asarray(chosen).dtype != bool:
+        raise InvalidArgumentError(f"--where {condition!r}: a condition compares values (return > 100), not a value")
+    return np.flatnonzero(np.asarray(chosen).any(axis=1))
+
+
+def _evaluate(node: ast.AST, values: dict[str, np.ndarray], text: str) -> Any:
+    if isinstance(node, ast.BoolOp):
+        parts = [np.asarray(_evaluate(v, values, text), dtype=bool) for v in node.values]
+        return np.logical_and.reduce(parts) if isinstance(node.op, ast.And) else np.logical_or.reduce(parts)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return ~np.asarray(_evaluate(node.operand, values, text), dtype=bool)
+    if isinstance(node, ast.Compare):
+        left, out = _evaluate(node.left, values, text), None
+        for op, right_node in zip(node.ops, node.comparators):
+            compare = _COMPARE.get(type(op))
+            if compare is None:
+                raise InvalidArgumentError(f"--where {text!r}: {type(op).__name__} is no comparison it takes")
+            right = _evaluate(right_node, values, text)
+            try:
+                step = compare(left, right)
+            except TypeError:  # a name compared with a number
+                raise InvalidArgumentError(
+                    f"--where {text!r}: cannot compare {ast.unparse(node).replace('_return', 'return')}: agent, ended "
+                    "and policy compare with text ('player_0', 'terminated'), the rest with numbers"
+                ) from None
+            out = step if out is None else out & step
+            left = right
+        return out
+    if isinstance(node, ast.Name):
+        if node.id not in values or node.id == "return":
+            raise UnknownNameError(f"--where {text!r}: {node.id!r} is none of {list(NAMES)}")
+        return values[node.id]
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float, str))
+        and not isinstance(node.value, bool)
+    ):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -_evaluate(node.operand, values, text)
+    raise InvalidArgumentError(f"--where {text!r}: {ast.unparse(node)!r} is not part of a condition")
+
+
+def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.PathLike[str], *, edit: str) -> int:
+    """A new episode log ``out`` of the whole episodes ``episodes`` of ``source`` (numbers, as
+    `where` gives them), in order, as recorded (``G`` included); ``edit`` says what chose them,
+    kept in a session of the new log. Returns how many it holds.
+
+    Raises:
+        InvalidArgumentError: a number is not one of the source's episodes, or ``out`` exists.
+    """
+    buffer = open_source(source)
+    chosen = np.unique(np.asarray(episodes, dtype=np.int64))
+    total = buffer.n_episodes
+    if chosen.size and not 0 <= chosen[0] <= chosen[-1] < total:
+        raise InvalidArgumentError(f"episodes {chosen.tolist()[:5]}...: the source holds episodes 0 to {total - 1}")
+    if os.path.exists(out):
+        raise InvalidArgumentError(f"{os.fspath(out)}: exists already; an edit writes a new log")
+    named = _name(source)
+    origin = {**_EDIT, "env_kwargs": {"edit": edit, "source": named}, "host": socket.gethostname()}
+    origin.update(pid=os.getpid(), started=time.time(), versions=provenance.session(buffer, "")["versions"])
+    lengths = Run.over(buffer).table.lengths[chosen]
+    probs = buffer._store.arrays.get("continuous_log_probs")
+    into_buffer(
+        buffer.spec,
+        buffer.fields,
+        _chosen_blocks(buffer, chosen),
+        rows=int(lengths.sum()),
+        where=named,
+        log_prob_width=probs.shape[-1] if probs is not None and probs.ndim == 3 else 0,
+        log=out,
+        sessions=[origin, *renumbered(buffer.sessions, chosen)],
+        num_steps=max(2 * int(lengths.max(initial=1)), 1 << 12),  # a ring for the longest: the log holds the rest
+        gamma=buffer.gamma,
+        gae_lambda=buffer.gae_lambda,
+    )
+    return int(chosen.size)
+
+
+def renumbered(sessions: list[dict[str, Any]], chosen: np.ndarray) -> list[dict[str, Any]]:
+    """``sessions`` with each ``first_episode`` counted among the ``chosen`` episodes only (those
+    that recorded none of them left out)."""
+    out = []
+    numbered = [s for s in sessions if s["first_episode"] is not None]
+    for k, s in enumerate(numbered):
+        end = numbered[k + 1]["first_episode"] if k + 1 < len(numbered) else None
+        first = int(np.searchsorted(chosen, s["first_episode"]))
+        last = len(chosen) if end is None else int(np.searchsorted(chosen, end))
+        if last > first:
+            out.append({**s, "first_episode": first})
+    return out or [dict(s) for s in sessions]
+
+
+class _Chosen:
+    """A sampler (`FlexibleBuffer.draw`): the ``chosen`` whole episodes in order, about
+    `BLOCK_ROWS` rows a batch; ``lengths`` holds each batch's episode lengths once drawn."""
+
+    def __init__(self, chosen: np.ndarray) -> None:
+        self.chosen, self.lengths = chosen, []  # type: ignore[var-annotated]
+
+    def draws(self, live: Live, rng: np.random.Generator) -> Iterator[Draw]:
+        pool = live.episodes()
+        ends = np.cumsum(pool.lengths[self.chosen])
+        first = 0
+        while first < self.chosen.size:
+            done = ends[first - 1] if first else 0
+            stop = max(first + 1, int(np.searchsorted(ends, done + BLOCK_ROWS, side="right")))
+            these = self.chosen[first:stop]
+            self.lengths.append(pool.lengths[these])
+            yield Draw(np.concatenate([pool.rows(int(k)) for k in these]))
+            first = stop
+
+
+def _chosen_blocks(buffer: FlexibleBuffer, chosen: np.ndarray) -> Iterator[Block]:
+    sampler = _Chosen(chosen)
+    for k, batch in enumerate(buffer.draw(sampler)):
+        yield sampler.lengths[k], episode_arrays(batch, buffer.spec)
+
+
+def drop(source: Source, episodes: Sequence[int], out: str | os.PathLike[str]) -> int:
+    """A new log ``out`` of every whole episode of ``source`` but ``episodes``; returns how many."""
+    buffer = open_source(source)
+    gone = np.asarray(episodes, dtype=np.int64)
+    if gone.size and not (0 <= gone.min() and gone.max() < buffer.n_episodes):
+        raise InvalidArgumentError(f"drop: the source holds episodes 0 to {buffer.n_episodes - 1}, not {gone.tolist()}")
+    kept = np.setdiff1d(np.arange(buffer.n_episodes), gone)
+    return select(
+        buffer, kept, out, edit=f"drop episodes {', '.join(map(str, sorted(set(gone.tolist()))))} of {_name(source)}"
+    )
+
+
+def split(source: Source, shares: dict[str, float], out: str | os.PathLike[str], *, seed: int = 0) -> dict[str, int]:
+    """New logs ``out/NAME`` of random whole episodes of ``source``, ``shares[NAME]`` of them each
+    (fractions adding up to at most 1; rounded down, the first share takes what rounding leaves
+    of a total of 1), drawn with ``seed``; each in the source's order. Returns how many each holds."""
+    buffer = open_source(source)
+    if not shares or any(not 0 < f <= 1 for f in shares.values()) or sum(shares.values()) > 1 + 1e-9:
+        raise InvalidArgumentError(f"split: shares are fractions in (0, 1] adding up to at most 1, got {shares}")
+    n = buffer.n_episodes
+    counts = {name: int(f * n) for name, f in shares.items()}
+    if abs(sum(shares.values()) - 1) < 1e-9:  # every episode goes somewhere
+        counts[next(iter(counts))] += n - sum(counts.values())
+    order = np.random.default_rng(seed).permutation(n)
+    os.makedirs(out, exist_ok=True)
+    held, start = {}, 0
+    for name, count in counts.items():
+        chosen = np.sort(order[start : start + count])
+        start += count
+        edit = f"split {_name(source)} with seed {seed}: {name}, {shares[name]:g} of its episodes"
+        held[name] = select(buffer, chosen, os.path.join(out, name), edit=edit)
+    return held
+
+
+def _name(source: Source) -> str:
+    return "a buffer" if isinstance(source, FlexibleBuffer) else os.path.abspath(os.fspath(source))
