@@ -28,7 +28,8 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from stamp import commit, machine  # beside this script
+from bench_log_read import record as cartpole  # beside this script: CartPole x64, random actions
+from stamp import commit, machine
 
 import flexibuff_envs as fe
 from flexibuff_envs.view.data import Run
@@ -48,19 +49,6 @@ class Frames(gym.Env):  # type: ignore[type-arg]
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         self.t += 1
         return self.np_random.integers(0, 256, (84, 84, 4), np.uint8), 1.0, False, self.t == 100, {}
-
-
-def cartpole(directory: Path, rows: int) -> None:
-    venv = gym.make_vec("CartPole-v1", num_envs=64, vectorization_mode="vector_entry_point")
-    buffer = fe.FlexibleBuffer.from_spec(fe.infer_spec(venv), num_steps=4096)
-    buffer.log_to(directory, per_block=True)
-    env = fe.record(venv, buffer)
-    env.reset(seed=0)
-    rng = np.random.default_rng(0)
-    for _ in range(rows // 64 + 1):
-        env.step(rng.integers(0, 2, 64))
-    env.close()
-    buffer.close_log()
 
 
 def frames(directory: Path, steps: int) -> None:

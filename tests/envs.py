@@ -135,12 +135,7 @@ def recorded(kind: str) -> fe.FlexibleBuffer:
         from pettingzoo.classic import connect_four_v3
 
         recorder = fe.record(connect_four_v3.env(), num_steps=2000, gamma=RECORDED_GAMMA)
-        rng = np.random.default_rng(0)
-        for episode in range(6):
-            recorder.reset(seed=episode)
-            for _ in recorder.agent_iter():
-                obs, _, terminated, truncated, _ = recorder.last()
-                recorder.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+        random_games(recorder, 6)
         return recorder.buffer
     recorder = fe.record(gym.make("CartPole-v1"), num_steps=2000, gamma=RECORDED_GAMMA)
     recorder.reset(seed=0)
@@ -151,3 +146,14 @@ def recorded(kind: str) -> fe.FlexibleBuffer:
 
 
 RECORDED_KINDS = ["spread", "adversary", "dying", "spawning", "pistonball", "pursuit", "connect_four", "cartpole"]
+
+
+def random_games(env: Any, games: int, seed: int = 0) -> None:
+    """``games`` games of an AEC env with masks (connect four), each reset with its number as the
+    seed, every move a random legal one."""
+    rng = np.random.default_rng(seed)
+    for game in range(games):
+        env.reset(seed=game)
+        for _ in env.agent_iter():
+            obs, _, terminated, truncated, _ = env.last()
+            env.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))

@@ -21,6 +21,8 @@ import flexibuff_envs as fe
 from flexibuff_envs import log
 from flexibuff_envs.cli import main
 
+from tests.envs import random_games
+
 
 def _episodes(env: Any, n: int, seed: int = 0) -> None:
     env.reset(seed=seed)
@@ -159,12 +161,7 @@ def test_a_dataset_card_says_what_the_dataset_holds_and_who_recorded_it(
     from pettingzoo.classic import connect_four_v3
 
     games = fe.record(connect_four_v3.env(), num_steps=500, log=tmp_path / "c4", policy="random")
-    rng = np.random.default_rng(0)
-    for k in range(12):
-        games.reset(seed=k)
-        for _ in games.agent_iter():
-            obs, _, terminated, truncated, _ = games.last()
-            games.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+    random_games(games, 12)
     games.close()
     assert main(["inspect", str(tmp_path / "c4"), "--card", str(tmp_path / "README.md")]) == 0
     assert "wrote" in capsys.readouterr().out
