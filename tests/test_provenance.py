@@ -20,7 +20,6 @@ import pytest
 import flexibuff_envs as fe
 from flexibuff_envs import log
 from flexibuff_envs.cli import main
-
 from tests.envs import random_games
 
 
