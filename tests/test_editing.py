@@ -95,7 +95,9 @@ def test_split_and_drop_partition_the_episodes(pistons: Path, tmp_path: Path) ->
     [
         ("retrn > 3", "'retrn' is none of"),
         ("agent > 3", "cannot compare agent > 3"),
-        ("return", "a condition compares values"),
+        ("return", "is a value, not a condition"),
+        ("length > 5 and 3", "'3' is a value, not a condition"),
+        ("agent == -'x'", "is not part of a condition"),
         ("__import__('os').system('true')", "is not part of a condition"),
         ("(return >", "not a condition"),
     ],

@@ -102,7 +102,7 @@ def test_inspect_says_who_recorded_what(tmp_path: Path, capsys: pytest.CaptureFi
         [{"started": float("nan")}],
         [{"first_episode": -4}],
         [{"wrappers": [3]}],
-        [{"env_kwargs": {"deep": "x" * 70_000}}],
+        [{"env_kwargs": {"deep": "x" * (5 << 20)}}],
     ],
 )
 def test_a_crafted_header_s_sessions_are_refused_naming_the_path(tmp_path: Path, sessions: Any) -> None:

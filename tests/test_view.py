@@ -100,7 +100,8 @@ def test_the_api_answers_with_what_the_recordings_hold(served: tuple[Browser, Pa
     episode = _get(browser, "api/episode?run=1&episode=0")
     want = next(iter(pistonball.episodes()))
     np.testing.assert_allclose(episode["rewards"], want.individual_rewards, atol=1e-6)
-    assert episode["hash"] == pistonball.episode_hashes()[0]  # the episode cited as the dataset hashes it
+    assert "obs" not in str(sorted(episode))  # the timeline reads no observation
+    assert _get(browser, "api/hash?run=1&episode=0")["hash"] == pistonball.episode_hashes()[0]  # as the dataset's
     frame = _get(browser, "api/frame?run=1&episode=0&step=3&agent=2")
     pixels = np.frombuffer(__import__("base64").b64decode(frame["pixels"]), np.uint8)
     assert (frame["height"], frame["width"], frame["channels"]) == (457, 120, 3)
@@ -130,6 +131,7 @@ def _files(root: Path) -> dict[str, tuple[int, int]]:
         ("api/curves?run=0&smooth=0", 400),
         ("api/observations?run=1&episode=0&agent=9", 400),
         ("api/export?run=0&episode=99", 400),
+        ("api/hash?run=0&episode=99", 400),
     ],
 )
 def test_only_the_page_its_assets_and_the_api_are_served(served: tuple[Browser, Path], path: str, status: int) -> None:
@@ -227,6 +229,10 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         page.click("#episodes tbody tr >> nth=0")
         page.wait_for_selector("#observations canvas.frame")
         assert page.locator("#observations canvas.frame").count() == 4  # one a piston
+        page.click("#episode-hash-button")  # read only when asked: it reads the whole episode
+        shown = int(page.get_attribute("#episodes tbody tr.chosen", "data-episode") or -1)
+        hashed = fe.FlexibleBuffer.open(root / "pistonball").episode_hashes()[shown]
+        page.wait_for_function(f"document.querySelector('#episode-hash').textContent === '{hashed}'")
         page.uncheck("#agent-picker input >> nth=3")  # shown: the pistons chosen
         page.wait_for_function("document.querySelectorAll('#observations canvas.frame').length === 3")
         assert "agents=0%2C1%2C2" in page.url
@@ -257,7 +263,7 @@ def test_curves_tables_filters_and_exports_hold_what_the_log_holds(served: tuple
     cartpole = fe.FlexibleBuffer.open(root / "cartpole")
     lengths = cartpole.episode_stats()["lengths"].astype(np.float64)
     curves = _get(browser, "api/curves?run=0&smooth=3")
-    assert curves["x"] == list(range(1, 13)) and curves["deaths"] is None  # one agent: nothing dies
+    assert curves["x"] == list(range(12)) and curves["deaths"] is None  # numbered as the table; one agent: no deaths
     want = [lengths[max(0, k - 2) : k + 1].mean() for k in range(12)]
     np.testing.assert_allclose(curves["lengths"], want, atol=1e-6)
     np.testing.assert_allclose(curves["returns"][0]["values"], want, atol=1e-6)  # CartPole: 1 a step

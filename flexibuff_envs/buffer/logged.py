@@ -65,8 +65,10 @@ class Logged(Half):
         it in the log the buffer appends to, as the session of the episodes appended from now on.
         Returns its number."""
         (checked,) = provenance.sessions([dict(session)], "session")
-        if self._log is not None:
-            (checked,) = self._log.writer.add_sessions([checked])
+        if self._log is not None:  # the log numbers its episodes; a ring forgets its oldest: its copy is unnumbered
+            writer = self._log.writer
+            writer.add_sessions([{**checked, "first_episode": writer.next_episode}])
+            checked = {**checked, "first_episode": None}
         self._sessions.append(checked)
         return len(self._sessions) - 1
 
@@ -108,9 +110,16 @@ class Logged(Half):
         header = LogHeader(self.spec, self.gamma, self.gae_lambda)
         writer = LogWriter(directory, header, fsync=fsync, every=every, compress=compress)
         # the episodes it appends from now on: a dataset's own numbering kept while none is held yet
-        base = writer.next_episode if not len(self) else None
+        # an empty buffer's sessions (a dataset read in) keep their numbering, shifted; else the newest
+        # session records the episodes appended from now on, and which episodes the others did is unknown
+        base, fresh, newest = writer.next_episode, not len(self), len(self._sessions) - 1
         writer.add_sessions(
-            [{**s, "first_episode": None if base is None else base + (s["first_episode"] or 0)} for s in self._sessions]
+            [
+                {**s, "first_episode": base + s["first_episode"] if s["first_episode"] is not None else None}
+                if fresh
+                else {**s, "first_episode": base if k == newest else None}
+                for k, s in enumerate(self._sessions)
+            ]
         )
         self._log = Follower(writer, self._index.read(), per_block=per_block)
         # no recorder writes to it yet: its ring goes in files, an episode's end a marker ("always"

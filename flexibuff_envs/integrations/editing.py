@@ -104,21 +104,23 @@ def where(source: Source, condition: str) -> np.ndarray:
         text = tokenize.untokenize(
             (t.type, "_return" if t.type == tokenize.NAME and t.string == "return" else t.string) for t in tokens
         )
+        if len(text) > 10_000:
+            raise SyntaxError("longer than 10,000 characters")
         tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, tokenize.TokenError) as exc:
+    except (SyntaxError, tokenize.TokenError, RecursionError, MemoryError) as exc:
         raise InvalidArgumentError(f"--where {condition!r}: not a condition ({exc.args[0]})") from None
-    chosen = _evaluate(tree.body, values, condition)
-    if np.ndim(chosen) != 2 or np.asarray(chosen).dtype != bool:
-        raise InvalidArgumentError(f"--where {condition!r}: a condition compares values (return > 100), not a value")
-    return np.flatnonzero(np.asarray(chosen).any(axis=1))
+    try:
+        return np.flatnonzero(_condition(tree.body, values, condition).any(axis=1))
+    except RecursionError:
+        raise InvalidArgumentError(f"--where {condition[:80]!r}...: nested too deeply") from None
 
 
 def _evaluate(node: ast.AST, values: dict[str, np.ndarray], text: str) -> Any:
     if isinstance(node, ast.BoolOp):
-        parts = [np.asarray(_evaluate(v, values, text), dtype=bool) for v in node.values]
+        parts = [_condition(v, values, text) for v in node.values]
         return np.logical_and.reduce(parts) if isinstance(node.op, ast.And) else np.logical_or.reduce(parts)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return ~np.asarray(_evaluate(node.operand, values, text), dtype=bool)
+        return ~_condition(node.operand, values, text)
     if isinstance(node, ast.Compare):
         left, out = _evaluate(node.left, values, text), None
         for op, right_node in zip(node.ops, node.comparators):
@@ -147,8 +149,19 @@ def _evaluate(node: ast.AST, values: dict[str, np.ndarray], text: str) -> Any:
     ):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-        return -_evaluate(node.operand, values, text)
+        value = node.operand.value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value
     raise InvalidArgumentError(f"--where {text!r}: {ast.unparse(node)!r} is not part of a condition")
+
+
+def _condition(node: ast.AST, values: dict[str, np.ndarray], text: str) -> np.ndarray:
+    """``node`` evaluated as a condition: ``[episodes, agents]`` of booleans, or an error."""
+    value = _evaluate(node, values, text)
+    if np.ndim(value) != 2 or np.asarray(value).dtype != bool:
+        shown = ast.unparse(node).replace("_return", "return")
+        raise InvalidArgumentError(f"--where {text!r}: {shown!r} is a value, not a condition (return > 100)")
+    return np.asarray(value)
 
 
 def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.PathLike[str], *, edit: str) -> int:
@@ -190,7 +203,7 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
 def renumbered(sessions: list[dict[str, Any]], chosen: np.ndarray) -> list[dict[str, Any]]:
     """``sessions`` with each ``first_episode`` counted among the ``chosen`` episodes only (those
     that recorded none of them left out)."""
-    out = []
+    out = [dict(s) for s in sessions if s["first_episode"] is None]  # which episodes they recorded is unknown
     numbered = [s for s in sessions if s["first_episode"] is not None]
     for k, s in enumerate(numbered):
         end = numbered[k + 1]["first_episode"] if k + 1 < len(numbered) else None
@@ -198,7 +211,7 @@ def renumbered(sessions: list[dict[str, Any]], chosen: np.ndarray) -> list[dict[
         last = len(chosen) if end is None else int(np.searchsorted(chosen, end))
         if last > first:
             out.append({**s, "first_episode": first})
-    return out or [dict(s) for s in sessions]
+    return out
 
 
 class _Chosen:
@@ -232,11 +245,13 @@ def drop(source: Source, episodes: Sequence[int], out: str | os.PathLike[str]) -
     buffer = open_source(source)
     gone = np.asarray(episodes, dtype=np.int64)
     if gone.size and not (0 <= gone.min() and gone.max() < buffer.n_episodes):
-        raise InvalidArgumentError(f"drop: the source holds episodes 0 to {buffer.n_episodes - 1}, not {gone.tolist()}")
+        raise InvalidArgumentError(
+            f"drop: the source holds episodes 0 to {buffer.n_episodes - 1}, not {gone.tolist()[:20]}"
+        )
     kept = np.setdiff1d(np.arange(buffer.n_episodes), gone)
-    return select(
-        buffer, kept, out, edit=f"drop episodes {', '.join(map(str, sorted(set(gone.tolist()))))} of {_name(source)}"
-    )
+    named = sorted(set(gone.tolist()))
+    listed = ", ".join(map(str, named[:20])) + (f" and {len(named) - 20:,} more" if len(named) > 20 else "")
+    return select(buffer, kept, out, edit=f"drop episodes {listed} of {_name(source)}")
 
 
 def split(source: Source, shares: dict[str, float], out: str | os.PathLike[str], *, seed: int = 0) -> dict[str, int]:

@@ -94,7 +94,6 @@ class RecordingVecEnv(Sourced, Unpicklable, VecEnvWrapper):
             gae_lambda=gae_lambda,
             seed=seed,
         )
-        self._begin_session(venv, "vector", policy)
         writer = Writer(self.buffer, self)
         self._recorder = BatchRecorder(
             writer,
@@ -104,6 +103,7 @@ class RecordingVecEnv(Sourced, Unpicklable, VecEnvWrapper):
             mode=AutoresetMode.SAME_STEP,
             bootstrap_fn=bootstrap_fn,
         )
+        self._begin_session(venv, "vector", policy)  # once its lanes are its own
         self._actions: Any = None
 
     @property

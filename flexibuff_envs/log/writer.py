@@ -42,6 +42,7 @@ from flexibuff_envs.log.ring_files import RING
 from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.writer_journal import Journaling
+from flexibuff_envs.spec import provenance
 from flexibuff_envs.storage.compression import Compress, plan
 from flexibuff_envs.storage.packed import Stack
 
@@ -244,8 +245,10 @@ class LogWriter(Journaling):
                 )
         if not state.commit.episodes:
             return
+        base = self.next_episode  # a log that names none: recorded by sessions not kept
+        theirs_ = state.header.sessions or (provenance.unknown(),)
         self.add_sessions(
-            [{**s, "first_episode": self.next_episode + (s["first_episode"] or 0)} for s in state.header.sessions]
+            [{**s, "first_episode": None if s["first_episode"] is None else base + s["first_episode"]} for s in theirs_]
         )
         if any(c.key not in self._tails for c in state.columns):
             self._add([c for c in state.columns if c.key not in self._tails])

@@ -71,17 +71,13 @@ class Journaling:
                 self.append(chunk)
 
     @holding
-    def add_sessions(self, sessions: Any) -> list[dict[str, Any]]:
-        """Name recording ``sessions`` (`spec.provenance`) in the header, rewritten whole: each
-        one's ``first_episode`` as given, or this log's next episode. Returns them so."""
-        given = [
-            {**s, "first_episode": self.next_episode if s["first_episode"] is None else s["first_episode"]}
-            for s in sessions
-        ]
+    def add_sessions(self, sessions: Any) -> None:
+        """Name recording ``sessions`` (`spec.provenance`, each ``first_episode`` as this log
+        numbers its episodes, or None: unknown) in the header, rewritten whole."""
+        given = list(sessions)
         if given:
             self.header = dataclasses.replace(self.header, sessions=(*self.header.sessions, *given))
             self._write_header(self.columns)
-        return given
 
     @holding
     def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:

@@ -81,9 +81,9 @@ class GymRecorder(Sourced, Unpicklable, gym.Wrapper, gym.utils.RecordConstructor
             log=log,
         )
         self._log_opened = log is not None
-        self._begin_session(env, "gymnasium", policy)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
+        self._begin_session(env, "gymnasium", policy)  # once its lane is its own
         self._recorder = SingleLaneRecorder(
             self._writer,
             obs_codec(env.observation_space),

@@ -74,7 +74,6 @@ class VectorRecorder(Sourced, Unpicklable, VectorWrapper):
             log=log,
         )
         self._log_opened = log is not None
-        self._begin_session(env, "vector", policy)
         mode = AutoresetMode(env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
         self._same_step = mode == AutoresetMode.SAME_STEP
         writer = Writer(self.buffer, self)
@@ -86,6 +85,7 @@ class VectorRecorder(Sourced, Unpicklable, VectorWrapper):
             mode=mode,
             bootstrap_fn=bootstrap_fn,
         )
+        self._begin_session(env, "vector", policy)  # once its lanes are its own
 
     @property
     def buffer_spec(self) -> BufferSpec:

@@ -72,11 +72,11 @@ class PettingZooRecorderMixin(Sourced, Unpicklable):
             log=log,
         )
         self._log_opened = log is not None
-        self._begin_session(env, self.API, policy)
         self._index = {agent: i for i, agent in enumerate(ids)}
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
+        self._begin_session(env, self.API, policy)  # once its lane is its own
         self._recorder = LaneRecorder(
             self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward, state=state
         )

@@ -67,7 +67,7 @@ class BufferSpec:
     agent_continuous_action_dimensions: tuple[int, ...] = ()
     obs_categories: tuple[int, ...] = ()
     extra_fields: tuple[tuple[str, tuple[int, ...], str], ...] = ()
-    env_api: str = ""
+    env_api: str = dataclasses.field(default="", compare=False)  # provenance, not layout: never compared
 
     #: Fields that decide array shapes; a user-supplied buffer must agree on these.
     LAYOUT_FIELDS = (

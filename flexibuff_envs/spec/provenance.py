@@ -38,7 +38,7 @@ KEYS: dict[str, tuple[type, ...]] = {
     "first_episode": (int, type(None)),
 }
 #: sessions a header may list, and bytes one session's JSON may take
-MAX_SESSIONS, MAX_SESSION_BYTES = 100_000, 1 << 16
+MAX_SESSIONS, MAX_SESSION_BYTES = 100_000, 1 << 22
 #: the packages whose versions a session names (the env's own is added)
 PACKAGES = ("flexibuff_envs", "gymnasium", "pettingzoo", "numpy")
 
@@ -61,6 +61,24 @@ def session(env: Any, api: str, *, policy: str = "", env_kwargs: Mapping[str, An
         "started": time.time(),
         "policy": policy_tag(policy),
         "first_episode": None,
+    }
+
+
+def unknown() -> dict[str, Any]:
+    """The session of episodes whose recording is not known (a log written before sessions were
+    kept, merged into one that keeps them), from its first episode."""
+    return {
+        "api": "unknown",
+        "env_id": "",
+        "env_kwargs": None,
+        "gym_spec": "",
+        "wrappers": [],
+        "versions": {},
+        "host": "",
+        "pid": 0,
+        "started": 0.0,
+        "policy": "",
+        "first_episode": 0,
     }
 
 
@@ -98,6 +116,8 @@ def sessions(value: Any, where: str) -> list[dict[str, Any]]:
 def _made_from(env: Any, api: str) -> tuple[str, dict[str, Any] | None]:
     """The id ``env`` can be made again from and its keywords (None: not known), or ``("", None)``."""
     spec = getattr(env, "spec", None)
+    if api == "vector" and spec is None and getattr(env, "envs", None):  # SB3's VecEnvs: their first sub-env's
+        spec = getattr(env.envs[0], "spec", None)
     if api in ("gymnasium", "vector") and spec is not None and getattr(spec, "id", None):
         kwargs = getattr(spec, "kwargs", None)
         return str(spec.id), _plain(dict(kwargs)) if isinstance(kwargs, Mapping) else None

@@ -159,7 +159,7 @@ class Run:
 
     def curves(self, smooth: int = 1, points: int = POINTS) -> dict[str, Any]:
         """The charts' lines over episodes, each the mean of the last ``smooth`` episodes, thinned
-        to at most ``points`` (episode numbers from 1): the team's return, the agents' (or their
+        to at most ``points`` (episode numbers from 0, as in the table): the team's return, the agents' (or their
         groups'), lengths and deaths."""
         t = self.table
         n = len(t.lengths)
@@ -168,7 +168,7 @@ class Run:
         returns = [("team", line(t.team))]
         returns += [(name, line(t.returns[:, members].mean(axis=1))) for name, members in agent_groups(self.agent_ids)]
         return {
-            "x": (at + 1).tolist(),
+            "x": at.tolist(),  # episode numbers as the table gives them, from 0
             "returns": [{"label": label, "values": values} for label, values in returns],
             "lengths": line(t.lengths),
             "deaths": line(t.deaths) if self.dies else None,
@@ -206,9 +206,7 @@ class Run:
             "ended": t.ended,
             "deaths": t.deaths,
         }[sort]
-        order = np.argsort(keys, kind="stable")
-        if descending:
-            order = order[::-1]
+        order = np.argsort(-keys if descending else keys, kind="stable")  # ties in episode order either way
         keep = np.ones(order.size, bool)
         if ended is not None:
             if ended not in ENDINGS:
@@ -246,15 +244,16 @@ class Run:
         legal actions and the annotations recorded (values, log probs); a step an agent sat out
         has no action (null)."""
         rows = self.rows_of(k)
-        batch = self.buffer.gather(rows)
+        wanted: tuple[str, ...] = ("individual_rewards", "active", "discrete_actions", "continuous_actions")
+        shown = [f for f in wanted if f in self.buffer.fields]
+        shown += [f for f in ("action_mask", *ANNOTATIONS) if f in self.buffer._store.fields]
+        batch = self.buffer.gather(rows, fields=shown)  # never the observations: an image episode is large
         n = rows.size
-        content = episode_hash(batch)
         rewards = np.asarray(batch.individual_rewards, dtype=np.float64).reshape(-1, n)
         active = np.asarray(batch.active).reshape(rewards.shape).astype(bool)
         out: dict[str, Any] = {
             "episode": k,
             "length": n,
-            "hash": content,
             "agents": self.agent_ids,
             "rewards": rewards.round(6).tolist(),
             "return_so_far": np.cumsum(rewards, axis=1).round(6).tolist(),
@@ -276,6 +275,10 @@ class Run:
             if value is not None and name in self.buffer._store.fields:
                 out[name] = per_step(value)
         return out
+
+    def content_hash(self, k: int) -> str:
+        """Episode ``k``'s content hash (`Sampling.episode_hashes`): it reads the whole episode."""
+        return episode_hash(self.buffer.gather(self.rows_of(k)))
 
     def observations(self, k: int, agent: int, dims: int = 16) -> dict[str, Any]:
         """Agent ``agent``'s observation over episode ``k``, as up to ``dims`` series (its first

@@ -8,7 +8,8 @@ which it only reads.
     GET /api/runs                       every run's summary (a log appended to is read again)
     GET /api/curves?run=&smooth=        a run's lines over episodes, thinned to what a chart draws
     GET /api/episodes?run=&sort=&desc=&agent=&ended=&least=&most=&offset=&limit=
-    GET /api/episode?run=&episode=      an episode's timeline per agent
+    GET /api/episode?run=&episode=      an episode's timeline per agent (no observations read)
+    GET /api/hash?run=&episode=         its content hash (reads the whole episode)
     GET /api/observations?run=&episode=&agent=   an agent's observation over the episode
     GET /api/frame?run=&episode=&step=&agent=
     GET /api/export?run=&episode=       the episode as a Parquet file
@@ -115,6 +116,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
         if name == "episode":
             return run.episode(_index(query, "episode", 1 << 62))
+        if name == "hash":
+            return {"hash": run.content_hash(_index(query, "episode", 1 << 62))}
         if name == "observations":
             return run.observations(
                 _index(query, "episode", 1 << 62), _index(query, "agent", run.buffer.spec.n_agents, 0)

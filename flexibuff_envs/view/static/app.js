@@ -11,7 +11,10 @@ const state = Object.assign(
   { run: 0, sort: "episode", desc: 0, agent: "", ended: "", least: "", most: "", offset: 0, episode: -1, step: 0, agents: "" },
   Object.fromEntries(new URLSearchParams(location.hash.slice(1)))
 );
-for (const key of ["run", "desc", "offset", "episode", "step"]) state[key] = Number(state[key]);
+for (const key of ["run", "desc", "offset", "episode", "step"]) state[key] = Math.max(key === "episode" ? -1 : 0, Math.trunc(Number(state[key])) || 0);
+if (!["episode", "length", "return", "ended", "deaths"].includes(state.sort)) state.sort = "episode";
+for (const key of ["least", "most"]) if (state[key] !== "" && !Number.isFinite(Number(state[key]))) state[key] = "";
+state.desc = state.desc ? 1 : 0;
 let runs = [];
 let charts = [];
 let timeline = null;
@@ -108,13 +111,14 @@ async function loadTable() {
       td.textContent = value;
       tr.append(td);
     }
-    tr.addEventListener("click", () => openEpisode(row.episode));
+    tr.addEventListener("click", () => { state.step = 0; openEpisode(row.episode); });
     return tr;
   }));
 }
 
-function chosenAgents() { // indices of the agents an episode shows
+function chosenAgents() { // indices of the agents an episode shows ("": the first eight, "none": none)
   const agents = runs[state.run].agents;
+  if (state.agents === "none") return [];
   const chosen = state.agents === "" ? agents.map((_, a) => a).slice(0, SHOWN) : state.agents.split(",").map(Number);
   return chosen.filter((a) => a >= 0 && a < agents.length);
 }
@@ -130,7 +134,7 @@ function pickAgents() {
     box.checked = chosen.has(a);
     box.addEventListener("change", () => {
       box.checked ? chosen.add(a) : chosen.delete(a);
-      state.agents = [...chosen].sort((x, y) => x - y).join(",");
+      state.agents = [...chosen].sort((x, y) => x - y).join(",") || "none";
       openEpisode(state.episode);
     });
     label.append(box, ` ${agent}`);
@@ -144,7 +148,7 @@ async function openEpisode(episode) {
   const data = await api(`/api/episode?run=${state.run}&episode=${episode}`);
   $("episode").hidden = false;
   $("episode-title").textContent = `Episode ${episode} of run ${state.run}: ${data.length} steps`;
-  $("episode-hash").textContent = `content hash ${data.hash}`;
+  $("episode-hash").textContent = "";
   pickAgents();
   const steps = Array.from({ length: data.length }, (_, i) => i);
   const series = [], values = [steps];
@@ -169,8 +173,10 @@ async function openEpisode(episode) {
     title: "timeline", width: width($("timeline")), height: 260,
     scales: { x: { time: false } }, axes: [{ label: "step" }, {}],
     series: [{ label: "step" }, ...series],
-    cursor: { bind: { mouseup: (u) => (e) => { if (u.cursor.idx != null) showStep(u.cursor.idx); return null; } } },
   }, values, $("timeline"));
+  timeline.over.addEventListener("click", () => { // a click picks the step; a drag zooms, as uPlot does
+    if (timeline.cursor.idx != null && timeline.select.width === 0) showStep(timeline.cursor.idx);
+  });
   const header = ["step", ...series.map((s) => s.label)].join(",");
   const lines = steps.map((t) => [t, ...values.slice(1).map((v) => v[t] ?? "")].join(","));
   $("episode-csv").href = URL.createObjectURL(new Blob([[header, ...lines].join("\n")], { type: "text/csv" }));
@@ -261,6 +267,7 @@ async function refresh() {
     const grown = fresh.map((r) => r.episodes).join() !== runs.map((r) => r.episodes).join();
     runs = fresh;
     $("status").textContent = `${runs.reduce((n, r) => n + r.episodes, 0)} episodes in ${runs.length} run(s)`;
+    if (!runs[state.run]) { state.run = 0; closeEpisode(); remember(); }
     if (grown) {
       listRuns();
       await drawRuns();
@@ -294,7 +301,7 @@ for (const [id, key] of [["run-select", "run"], ["agent-select", "agent"], ["end
       listRuns();
     }
     remember();
-    loadTable().catch((error) => { $("status").textContent = `error: ${error.message}`; });
+    loadTable().catch((error) => { $("count").textContent = `error: ${error.message}`; });
   });
 }
 $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); remember(); loadTable(); });
@@ -302,6 +309,11 @@ $("next").addEventListener("click", () => {
   if (state.offset + PAGE < total) { state.offset += PAGE; remember(); loadTable(); }
 });
 $("timeline-png").addEventListener("click", () => png($("timeline-png"), timeline));
+$("episode-hash-button").addEventListener("click", async () => { // reads the whole episode: only when asked
+  $("episode-hash").textContent = "hashing...";
+  const answer = await api(`/api/hash?run=${state.run}&episode=${state.episode}`);
+  $("episode-hash").textContent = answer.hash;
+});
 $("returns-png").addEventListener("click", () => png($("returns-png"), charts[0]));
 $("lengths-png").addEventListener("click", () => png($("lengths-png"), charts[1]));
 $("smooth").addEventListener("change", drawRuns);
