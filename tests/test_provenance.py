@@ -5,6 +5,7 @@ episodes that end under them; a crafted header's sessions are refused with the p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -214,3 +215,60 @@ def test_an_episode_hashes_the_same_in_every_form_and_a_changed_reward_changes_o
     assert [a == b for a, b in zip(changed.episode_hashes(), hashes)] == [True, True, False, True]
     assert main(["inspect", str(tmp_path / "log"), "--hashes"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{k}\t{h}" for k, h in enumerate(hashes)]
+
+
+def test_sessions_follow_a_vector_env_s_staged_episodes_and_a_refused_recorder_adds_none(tmp_path: Path) -> None:
+    env = fe.record(gym.make_vec("CartPole-v1", num_envs=4), num_steps=4000, log=tmp_path / "log", policy="a")
+    env.reset(seed=0)
+    env.action_space.seed(0)
+    ended = 0
+    for _ in range(60):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        ended += int((terminated | truncated).sum())
+    env.set_policy("b")  # the episodes that ended under "a", still staged, keep it
+    for _ in range(60):
+        env.step(env.action_space.sample())
+    env.close()
+    assert ended > 0
+    tags = [(s["policy"], s["first_episode"]) for s in fe.FlexibleBuffer.open(tmp_path / "log").sessions]
+    assert tags == [("a", 0), ("b", ended)]
+    first = fe.record(gym.make("CartPole-v1"), num_steps=100, policy="A")
+    with pytest.raises(fe.SpecMismatchError):
+        fe.record(gym.make("CartPole-v1"), first.buffer, policy="B")  # its one lane is taken
+    assert [s["policy"] for s in first.buffer.sessions] == ["A"]
+
+
+def test_logs_of_other_apis_or_older_versions_still_merge_and_continue(tmp_path: Path) -> None:
+    """The API recorded is provenance, not layout: a parallel and an AEC log of pistonball merge,
+    and a log whose spec names no API (older versions) is continued by a recorder."""
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.butterfly import pistonball_v6
+
+    for api, make in (("parallel", pistonball_v6.parallel_env), ("aec", pistonball_v6.env)):
+        env = fe.record(make(n_pistons=3, max_cycles=4), num_steps=100, log=tmp_path / api)
+        env.reset(seed=0)
+        if api == "parallel":
+            while env.agents:
+                env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+        else:
+            for agent in env.agent_iter():
+                done = any(env.last()[2:4])
+                env.step(None if done else env.action_space(agent).sample())
+        env.close()
+    fe.merge_logs([tmp_path / "parallel", tmp_path / "aec"], tmp_path / "both")
+    assert fe.FlexibleBuffer.open(tmp_path / "both").n_episodes == 2
+    spec = dataclasses.replace(fe.infer_spec(gym.make("CartPole-v1")), env_api="")  # as older versions wrote it
+    old = fe.FlexibleBuffer.from_spec(spec, num_steps=100)
+    old.log_to(tmp_path / "old")
+    old.close_log()
+    again = fe.record(gym.make("CartPole-v1"), num_steps=100, log=tmp_path / "old")
+    _episodes(again, 1)
+    again.close()
+    assert fe.FlexibleBuffer.open(tmp_path / "old").n_episodes == 1
+
+
+def test_an_env_with_large_keywords_records() -> None:
+    from gymnasium.envs.toy_text.frozen_lake import generate_random_map
+
+    env = fe.record(gym.make("FrozenLake-v1", desc=generate_random_map(size=200, seed=0)), num_steps=100)
+    assert len(env.buffer.sessions[0]["gym_spec"]) > 40_000  # and its keywords again: over 64 KiB together
