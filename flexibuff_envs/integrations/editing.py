@@ -97,6 +97,8 @@ def where(source: Source, condition: str) -> np.ndarray:
     Raises:
         InvalidArgumentError: ``condition`` is not a condition over `NAMES` (it says where).
     """
+    if len(condition) > 10_000:
+        raise InvalidArgumentError(f"--where {condition[:80]!r}...: longer than 10,000 characters")
     values = outcomes(open_source(source))
     values["_return"] = values.pop("return")  # a keyword of Python's: renamed to parse
     try:
@@ -104,8 +106,6 @@ def where(source: Source, condition: str) -> np.ndarray:
         text = tokenize.untokenize(
             (t.type, "_return" if t.type == tokenize.NAME and t.string == "return" else t.string) for t in tokens
         )
-        if len(text) > 10_000:
-            raise SyntaxError("longer than 10,000 characters")
         tree = ast.parse(text.strip(), mode="eval")
     except (SyntaxError, tokenize.TokenError, RecursionError, MemoryError) as exc:
         raise InvalidArgumentError(f"--where {condition!r}: not a condition ({exc.args[0]})") from None

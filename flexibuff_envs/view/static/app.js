@@ -55,7 +55,7 @@ async function drawRuns() {
     returnTables.push([curve.x, ...curve.returns.map((line) => line.values)]);
     lengths.push({ label: `${name}length`, stroke: COLORS[r % COLORS.length] });
     lengthTables.push([curve.x, curve.lengths]);
-    if (curve.deaths) {
+    if (curve.deaths && runs[r].deaths) { // a run where some agent died
       deaths.push({ label: `${name}deaths`, stroke: COLORS[r % COLORS.length] });
       deathTables.push([curve.x, curve.deaths]);
     }
