@@ -134,7 +134,7 @@ def test_a_buffer_file_keeps_its_sessions_and_old_files_have_none(tmp_path: Path
     assert fe.FlexibleBuffer.load(Path(__file__).parent / "data" / "format1.fbuf").sessions == []
 
 
-def test_parquet_and_vault_exports_keep_the_sessions(tmp_path: Path) -> None:
+def test_parquet_and_vault_exports_keep_the_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env = fe.record(gym.make("CartPole-v1"), num_steps=2000, log=tmp_path / "log", policy="a")
     _episodes(env, 3)
     env.set_policy("b")
@@ -146,6 +146,8 @@ def test_parquet_and_vault_exports_keep_the_sessions(tmp_path: Path) -> None:
 
     back = from_parquet(to_parquet(source, tmp_path / "parquet"))
     assert back.sessions == source.sessions
+    assert main(["inspect", str(tmp_path / "parquet")]) == 0  # read from its layout, no rows
+    assert "from episode 3, policy 'b', CartPole-v1" in capsys.readouterr().out
     logged = from_parquet(tmp_path / "parquet", log=tmp_path / "again")  # into a new log: numbered as they were
     assert fe.FlexibleBuffer.open(tmp_path / "again").sessions == source.sessions == logged.sessions
     pytest.importorskip("tensorstore")

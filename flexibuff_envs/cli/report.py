@@ -7,6 +7,7 @@ import json
 import math
 import os
 import signal
+from typing import Any
 
 import numpy as np
 
@@ -119,12 +120,11 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
         )
     if buffer.max_priority is not None:
         lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
-    return "\n".join(lines + _session_lines(buffer))
+    return "\n".join(lines + _session_lines(buffer.sessions))
 
 
-def _session_lines(buffer: FlexibleBuffer) -> list[str]:
+def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
     """A line per recording session (the first 20, the last 5 of more): who recorded what, from which env."""
-    sessions = buffer.sessions
     if not sessions:
         return [_line("recorded", "by no session this file knows of (made before flexibuff_envs kept them)")]
     shown = list(enumerate(sessions))
@@ -200,7 +200,7 @@ def inspect_log_report(path: str) -> str:
     lines.append(_line("stored", _log_stored(path)))
     if logged.live:
         lines.append(_line("writer", "open: a recording appends to it (readers see what it had folded)"))
-    lines += _session_lines(buffer)
+    lines += _session_lines(buffer.sessions)
     for torn in logged.torn:
         lines.append(
             _line(
@@ -223,6 +223,7 @@ def inspect_dataset_report(path: str, summary: Summary) -> str:
                 f"{summary.steps:,} steps, {summary.episodes:,} whole episode{'' if summary.episodes == 1 else 's'}",
             ),
             _line("fields", ", ".join(f"{name} {what}" for name, what in summary.fields.items())),
+            *_session_lines(list(summary.sessions)),
         ]
     )
 

@@ -346,4 +346,5 @@ def summary(path: str) -> Summary:
         episodes,
         rows // spec.n_agents,
         {name: f"{field['shape']} {field['dtype']}" for name, field in sorted(layout["fields"].items())},
+        tuple(layout["sessions"]),
     )

@@ -233,3 +233,5 @@ class Summary:
     steps: int
     #: each field (or leaf, or column): its shape per row and dtype
     fields: dict[str, str]
+    #: the recording sessions it names (`FlexibleBuffer.sessions`)
+    sessions: tuple[dict[str, Any], ...] = ()

@@ -308,10 +308,7 @@ def from_vault(
             raise BufferFileError(f"{path}: its layout names leaf {missing[0]!r}, which the vault does not hold")
         fields = {name: leaves[leaf] for name, leaf in ours["fields"].items()}
         last = leaves[EPISODE_ENDS].read() != 0 if EPISODE_ENDS in leaves else None
-        try:
-            buffer_options.setdefault("sessions", provenance.sessions(ours.get("sessions", []), "sessions"))
-        except ValueError as exc:
-            raise BufferFileError(f"{meta_path}: {exc}") from None
+        buffer_options.setdefault("sessions", _sessions_of(ours, path))
         given = {name: fields.pop(GIVEN.format(name)) for name, _ in NEXTS if GIVEN.format(name) in fields}
     else:
         spec, fields = foreign(path, leaves)
@@ -369,4 +366,13 @@ def summary(path: str) -> Summary:
         int(np.count_nonzero(last)),
         steps,
         {leaf: f"{list(shape[2:])} {dtype}" for leaf, (shape, dtype) in sorted(leaves.items())},
+        tuple(_sessions_of(ours, path)),
     )
+
+
+def _sessions_of(ours: dict[str, Any] | None, path: str) -> list[dict[str, Any]]:
+    """The recording sessions a vault of ours names, checked."""
+    try:
+        return provenance.sessions((ours or {}).get("sessions", []), "sessions")
+    except ValueError as exc:
+        raise BufferFileError(f"{path}/metadata.json: {exc}") from None
