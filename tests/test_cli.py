@@ -73,6 +73,7 @@ def test_same_seed_same_file_other_seed_other_file() -> None:
     for out, seed in (("a.fbuf", "3"), ("b.fbuf", "3"), ("c.fbuf", "4")):
         assert run(["record", "CartPole-v1", "--episodes", "5", "--seed", seed, "--out", out]) == 0
     a, b, c = (fe.FlexibleBuffer.load(name) for name in ("a.fbuf", "b.fbuf", "c.fbuf"))
+    assert [s["policy"] for s in a.sessions] == ["random legal actions"]  # what acted
     assert [{**s, "started": 0, "pid": 0} for s in a.sessions] == [{**s, "started": 0, "pid": 0} for s in b.sessions]
     a._sessions = b._sessions = []
     assert Path(a.save("a2.fbuf")).read_bytes() == Path(b.save("b2.fbuf")).read_bytes()
