@@ -274,3 +274,20 @@ def test_an_env_with_large_keywords_records() -> None:
 
     env = fe.record(gym.make("FrozenLake-v1", desc=generate_random_map(size=200, seed=0)), num_steps=100)
     assert len(env.buffer.sessions[0]["gym_spec"]) > 40_000  # and its keywords again: over 64 KiB together
+
+
+def test_a_pettingzoo_env_s_keywords_are_kept_where_given(tmp_path: Path) -> None:
+    pytest.importorskip("pettingzoo")
+    from pettingzoo.butterfly import pistonball_v6
+
+    made = {"n_pistons": 3, "max_cycles": 5}
+    env = fe.record(pistonball_v6.parallel_env(**made), num_steps=50, env_kwargs=made)
+    (session,) = env.buffer.sessions
+    assert (session["env_id"], session["env_kwargs"]) == ("pettingzoo.butterfly.pistonball_v6", made)
+    remade = pistonball_v6.parallel_env(**session["env_kwargs"])  # what makes it again
+    assert remade.possible_agents == env.possible_agents
+    with pytest.raises(fe.ArgumentTypeError, match="env_kwargs apply to PettingZoo envs only"):
+        fe.record(gym.make("CartPole-v1"), env_kwargs={"x": 1})  # type: ignore[call-overload]
+    argv = ["record", "pettingzoo.butterfly.pistonball_v6", "--env-kwargs", '{"n_pistons": 3, "max_cycles": 5}']
+    assert main([*argv, "--episodes", "1", "--out", str(tmp_path / "log")]) == 0
+    assert fe.FlexibleBuffer.open(tmp_path / "log").sessions[0]["env_kwargs"] == made

@@ -110,7 +110,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise UsageError(f"a buffer of {capacity:,} rows does not fit in memory; pass a smaller --capacity") from exc
     if to_log:
         buffer.log_to(out)
-    recorder = fe.record(env, buffer, policy="random legal actions")  # what acts: said in its session
+    kwargs = (args.env_kwargs or {}) if choice.api in ("parallel", "aec") else None  # Gymnasium's spec says them
+    recorder = fe.record(env, buffer, policy="random legal actions", env_kwargs=kwargs)  # said in its session
     bar, progress = progress_bar(budget, choice.label)
     if not args.force:  # does the run fit the disk? said once the first episode has ended
         where = out if to_log else os.path.dirname(os.path.abspath(out))

@@ -41,6 +41,7 @@ def record(
     extra_fields: Mapping[str, Any] | None = None,
     log: LogPath | None = None,
     policy: str = "",
+    env_kwargs: None = None,
 ) -> GymRecorder: ...
 
 
@@ -58,6 +59,7 @@ def record(
     extra_fields: Mapping[str, Any] | None = None,
     log: LogPath | None = None,
     policy: str = "",
+    env_kwargs: None = None,
 ) -> VectorRecorder: ...
 
 
@@ -79,6 +81,7 @@ def record(
     agent_state: AgentStateFn | None = None,
     agent_state_size: int | None = None,
     policy: str = "",
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> Any: ...
 
 
@@ -99,6 +102,7 @@ def record(
     agent_state: AgentStateFn | None = None,
     agent_state_size: int | None = None,
     policy: str = "",
+    env_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
     """Wrap ``env`` in the recorder of its API kind; every step then lands in ``.buffer``.
 
@@ -129,6 +133,8 @@ def record(
         policy: a tag for the policy acting (a checkpoint's name, ``"ppo-step-120000"``), kept
             with the episodes that end under it (`FlexibleBuffer.sessions`, a log's header);
             ``env.set_policy(tag)`` changes it mid-run.
+        env_kwargs: PettingZoo only: the keywords ``env`` was made with, kept in its session (a
+            Gymnasium env's spec says them itself).
 
     Returns:
         `GymRecorder`, `VectorRecorder`, `ParallelRecorder` or `AECRecorder`.
@@ -151,6 +157,7 @@ def record(
                 ("record_state", record_state),
                 ("agent_state", agent_state),
                 ("agent_state_size", agent_state_size),
+                ("env_kwargs", env_kwargs),
             )
             if value is not None
         ]
@@ -194,6 +201,7 @@ def record(
             agent_state=agent_state,
             agent_state_size=agent_state_size,
             policy=policy,
+            env_kwargs=env_kwargs,
         )
     got = f"{type(env).__module__}.{type(env).__qualname__}"
     sb3 = sys.modules.get("stable_baselines3.common.vec_env")

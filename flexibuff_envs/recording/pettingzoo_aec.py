@@ -81,6 +81,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         agent_state: AgentStateFn | None = None,
         agent_state_size: int | None = None,
         policy: str = "",
+        env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         BaseWrapper.__init__(self, env)
         self._setup(
@@ -99,6 +100,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
             agent_state=agent_state,
             agent_state_size=agent_state_size,
             policy=policy,
+            env_kwargs=env_kwargs,
         )
         self._recorder.end_with_last_agent = False  # step() ends the episode when the env has no agents
         # where last() and the agent to act are read: the raw env when the wrappers only forward

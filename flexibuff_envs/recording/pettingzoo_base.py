@@ -55,6 +55,7 @@ class PettingZooRecorderMixin(Sourced, Unpicklable):
         agent_state: AgentStateFn | None,
         agent_state_size: int | None,
         policy: str = "",
+        env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         ids, obs, actions, state = agent_codecs(env)
         state = state if record_state else None
@@ -76,7 +77,7 @@ class PettingZooRecorderMixin(Sourced, Unpicklable):
         self._env_name = str(env)
         self._writer = Writer(self.buffer, self)
         (lane,) = self._writer.claim_lanes(1)
-        self._begin_session(env, self.API, policy)  # once its lane is its own
+        self._begin_session(env, self.API, policy, env_kwargs)  # once its lane is its own
         self._recorder = LaneRecorder(
             self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward, state=state
         )

@@ -43,6 +43,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         agent_state_size: how many values ``agent_state`` returns (float32).
         policy: a tag for the policy acting (a checkpoint's name), kept with the episodes
             (`FlexibleBuffer.sessions`); ``set_policy(tag)`` changes it mid-run.
+        env_kwargs: the keywords ``env`` was made with, kept in its session (a PettingZoo env
+            does not say them): what makes it again (``parallel_env(**env_kwargs)``).
     """
 
     API = "parallel"
@@ -65,6 +67,7 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
         agent_state: AgentStateFn | None = None,
         agent_state_size: int | None = None,
         policy: str = "",
+        env_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         BaseParallelWrapper.__init__(self, env)
         self._setup(
@@ -83,6 +86,7 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             agent_state=agent_state,
             agent_state_size=agent_state_size,
             policy=policy,
+            env_kwargs=env_kwargs,
         )
 
     @override
