@@ -224,6 +224,10 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         page.wait_for_selector("#observation-plots .small")
         assert page.locator("#observation-plots .small").count() == 1
         assert "/api/export?run=0&episode=" in page.get_attribute("#episode-parquet", "href")
+        with page.expect_download() as saved:  # the chart with its title and legend
+            page.click("#returns-png")
+        drawn = saved.value.path().read_bytes()
+        assert drawn.startswith(b"\x89PNG") and len(drawn) > 5_000
         page.select_option("#run-select", "1")  # pistonball: image observations, an agent each
         page.wait_for_function("document.querySelector('#count').textContent === '2 episodes'")
         page.click("#episodes tbody tr >> nth=0")

@@ -32,7 +32,31 @@ const api = async (path) => {
 };
 const remember = () => { location.hash = new URLSearchParams(state).toString(); };
 const width = (element) => Math.min(element.parentElement.clientWidth || 800, 1100);
-const png = (link, plot) => { if (plot) link.href = plot.root.querySelector("canvas").toDataURL("image/png"); };
+function png(link, plot) { // the chart's canvas with its title and the legend of the lines shown
+  if (!plot) return;
+  const chart = plot.root.querySelector("canvas");
+  const shown = plot.series.slice(1).filter((s) => s.show);
+  const rows = Math.ceil(shown.length / 4);
+  const out = document.createElement("canvas");
+  out.width = chart.width;
+  out.height = chart.height + 30 + 20 * rows;
+  const g = out.getContext("2d");
+  g.fillStyle = "#fff";
+  g.fillRect(0, 0, out.width, out.height);
+  g.fillStyle = "#222";
+  g.font = "bold 15px sans-serif";
+  g.fillText(plot.root.querySelector(".u-title")?.textContent ?? "", 10, 20);
+  g.drawImage(chart, 0, 30);
+  g.font = "13px sans-serif";
+  shown.forEach((s, k) => {
+    const x = 10 + (k % 4) * Math.floor(out.width / 4), y = chart.height + 45 + 20 * Math.floor(k / 4);
+    g.fillStyle = typeof s.stroke === "function" ? s.stroke(plot, k + 1) : s.stroke;
+    g.fillRect(x, y - 10, 12, 12);
+    g.fillStyle = "#222";
+    g.fillText(s.label, x + 18, y);
+  });
+  link.href = out.toDataURL("image/png");
+}
 
 function chart(element, title, label, series, data) {
   element.replaceChildren();
