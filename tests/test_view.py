@@ -254,8 +254,13 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         page.select_option("#run-select", "0")
         page.wait_for_function("document.querySelector('#episode').hidden")  # the other run's episode closed
         assert "episode=-1" in page.url and page.locator("#next").is_disabled()  # 12 episodes: one page
+        page.goto("about:blank")
+        page.goto(browser.url + "#run=0&episode=13")  # a link to an episode the log does not hold yet
+        page.wait_for_function("document.querySelector('#count').textContent === '12 episodes'")
+        assert page.locator("#episode").is_hidden()
         _cartpole(root / "cartpole", 3, seed=100)  # appended while the page is open
         page.wait_for_function("document.querySelector('#count').textContent === '15 episodes'", timeout=15_000)
+        page.wait_for_function("document.querySelector('#episode-title').textContent.startsWith('Episode 13 ')")
         assert errors == []
         chromium.close()
 

@@ -109,6 +109,7 @@ function listRuns() {
   const agents = runs[state.run] ? runs[state.run].agents : [];
   $("agent-select").replaceChildren(new Option("team return", ""), ...agents.map((a, i) => new Option(a, i)));
   $("agent-select").value = state.agent;
+  $("return-header").textContent = state.agent === "" ? "return" : `return of ${agents[Number(state.agent)] ?? "?"}`;
 }
 
 async function loadTable() {
@@ -296,6 +297,7 @@ async function refresh() {
       listRuns();
       await drawRuns();
       await loadTable();
+      if (state.episode >= 0 && $("episode").hidden) await openEpisode(state.episode).catch(() => {}); // a link ahead of the log
     }
   } catch (error) {
     $("status").textContent = `error: ${error.message}`;
@@ -320,10 +322,8 @@ for (const [id, key] of [["run-select", "run"], ["agent-select", "agent"], ["end
   $(id).addEventListener("change", () => {
     state[key] = key === "run" ? Number($(id).value) : $(id).value;
     state.offset = 0;
-    if (key === "run") { // the other run's episode is closed, its agent filter dropped
-      closeEpisode();
-      listRuns();
-    }
+    if (key === "run") closeEpisode(); // the other run's episode is closed, its agent filter dropped
+    listRuns();
     remember();
     loadTable().catch((error) => { $("count").textContent = `error: ${error.message}`; });
   });
@@ -352,12 +352,5 @@ async function poll() { // the next refresh only once this one is done: slow one
   $("ended-select").value = state.ended;
   $("least").value = state.least;
   $("most").value = state.most;
-  await poll();
-  if (state.episode >= 0) {
-    try {
-      await openEpisode(state.episode);
-    } catch (error) { // a link to an episode the run no longer holds
-      $("status").textContent = `error: ${error.message}`;
-    }
-  }
+  await poll(); // it opens the episode the URL names, once the run holds it
 })();
