@@ -706,7 +706,7 @@ def test_the_cli_streams_a_long_recording_and_closes_its_log_on_a_signal(
     if env.startswith("mpe2"):
         pytest.importorskip("mpe2")
     directory = tmp_path / "run.log"
-    child = _cli(directory, "--steps", "100000000", env=env)
+    child = _cli(directory, "--steps", "100000000", "--force", env=env)  # a signal ends it, whatever the free disk
     _wait_for_commits(directory, child)
     child.send_signal(signum)
     out, err = child.communicate(timeout=120)
