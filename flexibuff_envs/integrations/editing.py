@@ -21,15 +21,14 @@ import os
 import socket
 import time
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, UnknownNameError
-from flexibuff_envs.integrations.tables import Block, Source, episode_arrays, into_buffer, open_source
-from flexibuff_envs.sampling.samplers import Draw, Live
+from flexibuff_envs.integrations.tables import Source, blocks, into_buffer, open_source
 from flexibuff_envs.spec import provenance
 from flexibuff_envs.view.data import ENDINGS, Run, episode_sums
 
@@ -187,7 +186,7 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
     into_buffer(
         buffer.spec,
         buffer.fields,
-        _chosen_blocks(buffer, chosen),
+        blocks(buffer, BLOCK_ROWS, chosen=chosen),
         rows=int(lengths.sum()),
         where=named,
         log_prob_width=probs.shape[-1] if probs is not None and probs.ndim == 3 else 0,
@@ -212,32 +211,6 @@ def renumbered(sessions: list[dict[str, Any]], chosen: np.ndarray) -> list[dict[
         if last > first:
             out.append({**s, "first_episode": first})
     return out
-
-
-class _Chosen:
-    """A sampler (`FlexibleBuffer.draw`): the ``chosen`` whole episodes in order, about
-    `BLOCK_ROWS` rows a batch; ``lengths`` holds each batch's episode lengths once drawn."""
-
-    def __init__(self, chosen: np.ndarray) -> None:
-        self.chosen, self.lengths = chosen, []  # type: ignore[var-annotated]
-
-    def draws(self, live: Live, rng: np.random.Generator) -> Iterator[Draw]:
-        pool = live.episodes()
-        ends = np.cumsum(pool.lengths[self.chosen])
-        first = 0
-        while first < self.chosen.size:
-            done = ends[first - 1] if first else 0
-            stop = max(first + 1, int(np.searchsorted(ends, done + BLOCK_ROWS, side="right")))
-            these = self.chosen[first:stop]
-            self.lengths.append(pool.lengths[these])
-            yield Draw(np.concatenate([pool.rows(int(k)) for k in these]))
-            first = stop
-
-
-def _chosen_blocks(buffer: FlexibleBuffer, chosen: np.ndarray) -> Iterator[Block]:
-    sampler = _Chosen(chosen)
-    for k, batch in enumerate(buffer.draw(sampler)):
-        yield sampler.lengths[k], episode_arrays(batch, buffer.spec)
 
 
 def drop(source: Source, episodes: Sequence[int], out: str | os.PathLike[str]) -> int:

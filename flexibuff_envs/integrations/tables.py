@@ -69,32 +69,38 @@ def episode_arrays(batch: FlexiBatch, spec: BufferSpec) -> dict[str, np.ndarray]
     return out
 
 
-def blocks(buffer: FlexibleBuffer, rows: int, nbytes: int = 1 << 26) -> Iterator[Block]:
-    """``buffer``'s whole episodes in recording order, in blocks of about ``rows`` rows and at
-    most about ``nbytes`` bytes (an episode is never split), each block gathered at once."""
-    runs = _Runs(max(1, min(rows, nbytes // max(buffer.nbytes_per_row, 1))))
+def blocks(
+    buffer: FlexibleBuffer, rows: int, nbytes: int = 1 << 26, chosen: np.ndarray | None = None
+) -> Iterator[Block]:
+    """``buffer``'s whole episodes in recording order (or only the ``chosen`` ones, by number), in
+    blocks of about ``rows`` rows and at most about ``nbytes`` bytes (an episode is never split),
+    each block gathered at once."""
+    runs = _Runs(max(1, min(rows, nbytes // max(buffer.nbytes_per_row, 1))), chosen)
     for k, batch in enumerate(buffer.draw(runs)):
         yield runs.lengths[k], episode_arrays(batch, buffer.spec)
 
 
 @dataclasses.dataclass
 class _Runs:
-    """A sampler (`FlexibleBuffer.draw`): every whole ended episode in recording order,
-    consecutive ones together, about ``rows`` rows a batch; ``lengths`` holds each batch's
-    episode lengths once it is drawn."""
+    """A sampler (`FlexibleBuffer.draw`): every whole ended episode in recording order (or the
+    ``chosen`` ones), about ``rows`` rows a batch; ``lengths`` holds each batch's episode lengths
+    once it is drawn."""
 
     rows: int
+    chosen: np.ndarray | None = None
     lengths: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     def draws(self, live: Live, rng: np.random.Generator) -> Iterator[Draw]:
         pool = live.episodes()
-        ends = np.cumsum(pool.lengths)
+        which = np.arange(len(pool)) if self.chosen is None else self.chosen
+        ends = np.cumsum(pool.lengths[which])
         first = 0
-        while first < len(pool):
+        while first < which.size:
             done = ends[first - 1] if first else 0
             stop = max(first + 1, int(np.searchsorted(ends, done + self.rows, side="right")))
-            self.lengths.append(pool.lengths[first:stop])
-            yield Draw(np.concatenate([pool.rows(k) for k in range(first, stop)]))
+            these = which[first:stop]
+            self.lengths.append(pool.lengths[these])
+            yield Draw(np.concatenate([pool.rows(int(k)) for k in these]))
             first = stop
 
 
