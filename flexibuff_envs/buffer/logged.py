@@ -66,6 +66,7 @@ class Logged(Half):
         Returns its number."""
         (checked,) = provenance.sessions([dict(session)], "session")
         if self._log is not None:  # the log numbers its episodes; a ring forgets its oldest: its copy is unnumbered
+            self._index.read()  # staged steps written first: the episodes they ended keep the session before
             writer = self._log.writer
             writer.add_sessions([{**checked, "first_episode": writer.next_episode}])
             checked = {**checked, "first_episode": None}

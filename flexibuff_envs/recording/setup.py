@@ -103,7 +103,6 @@ class Sourced:
         """Tag the episodes that end from now on with ``tag`` (the policy acting, a checkpoint's
         name: ``"ppo-step-120000"``): a new session of the buffer and of its log, the same env's,
         begun now (`FlexibleBuffer.sessions`)."""
-        len(self.buffer)  # staged steps written: the episodes they end reach the log under the tag before
         begun = self.buffer._sessions[self._session]
         tagged = {**begun, "policy": provenance.policy_tag(tag), "started": time.time(), "first_episode": None}
         self._session = self.buffer.add_session(tagged)
