@@ -157,3 +157,16 @@ def random_games(env: Any, games: int, seed: int = 0) -> None:
         for _ in env.agent_iter():
             obs, _, terminated, truncated, _ = env.last()
             env.step(None if terminated or truncated else int(rng.choice(np.flatnonzero(obs["action_mask"]))))
+
+
+def toy() -> ToyEnv:
+    """A `ToyEnv` made by hand, as ``--env tests.envs:toy`` makes it (no id says how)."""
+    return ToyEnv(lengths=(4, 7))
+
+
+class Unseeded(ToyEnv):
+    """A `ToyEnv` whose observations come from fresh entropy, whatever its seed: not deterministic."""
+
+    def step(self, action: Any):
+        _, *rest = super().step(action)
+        return np.random.default_rng().random(3).astype(np.float32), *rest

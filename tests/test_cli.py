@@ -69,15 +69,19 @@ def test_steps_budget_records_exactly_that_many_steps(capsys: pytest.CaptureFixt
 
 def test_same_seed_same_file_other_seed_other_file() -> None:
     """The same command writes the same rows, index and sampler state: the files differ only in
-    their session's start time and process (`FlexibleBuffer.sessions`)."""
+    their session's start time and process (`FlexibleBuffer.sessions`), and their episodes' start
+    times and env token (`FlexibleBuffer.episode_origins`)."""
     for out, seed in (("a.fbuf", "3"), ("b.fbuf", "3"), ("c.fbuf", "4")):
         assert run(["record", "CartPole-v1", "--episodes", "5", "--seed", seed, "--out", out]) == 0
     a, b, c = (fe.FlexibleBuffer.load(name) for name in ("a.fbuf", "b.fbuf", "c.fbuf"))
     assert [s["policy"] for s in a.sessions] == ["random legal actions"]  # what acted
     assert [{**s, "started": 0, "pid": 0} for s in a.sessions] == [{**s, "started": 0, "pid": 0} for s in b.sessions]
-    a._sessions = b._sessions = []
+    assert a.episode_origins()["seed"].tolist() == b.episode_origins()["seed"].tolist() == [3, -1, -1, -1, -1]
+    for buffer in (a, b, c):  # and their episodes' start times and env tokens
+        buffer._sessions = []
+        for lane in buffer._index.ring:
+            lane.ended.origins["started"] = lane.ended.origins["env"] = 0
     assert Path(a.save("a2.fbuf")).read_bytes() == Path(b.save("b2.fbuf")).read_bytes()
-    c._sessions = []
     assert Path(a.save("a2.fbuf")).read_bytes() != Path(c.save("c2.fbuf")).read_bytes()
 
 

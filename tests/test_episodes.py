@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flexibuff_envs as fe
-from flexibuff_envs.index.lanes import Ended, Episode, span_rows
+from flexibuff_envs.index.ended import Ended, Episode
+from flexibuff_envs.index.lanes import span_rows
 
 ENDED_OPS = st.lists(
     st.one_of(

@@ -61,7 +61,11 @@ def test_whole_episodes_go_to_minari_and_come_back(name: str, make: dict) -> Non
         np.testing.assert_allclose(
             actions, mine.discrete_actions if mine.discrete_actions is not None else mine.continuous_actions, rtol=1e-6
         )
+    seeds = [0] + [-1] * (len(episodes) - 1)  # the first reset had a seed, the others went on from it
+    metadata = dataset.storage.get_episode_metadata(dataset.episode_indices)
+    assert [m.get("seed", -1) for m in metadata] == seeds
     back = from_minari(dataset, gamma=0.9)
+    assert back.episode_origins()["seed"].tolist() == seeds
     again = list(back.episodes())
     assert [len(e) for e in again] == [len(e) for e in episodes]
     for mine, theirs in zip(again, episodes):

@@ -97,6 +97,9 @@ def test_the_api_answers_with_what_the_recordings_hold(served: tuple[Browser, Pa
     lengths = cartpole.episode_stats()["lengths"]
     page = _get(browser, "api/episodes?run=0&sort=return&desc=1&limit=5")
     assert [r["return"] for r in page["rows"]] == sorted(lengths.tolist(), reverse=True)[:5]  # CartPole: 1 a step
+    by_seed = _get(browser, "api/episodes?run=0&sort=seed&desc=1&limit=3")["rows"]  # each reset with its own
+    assert [(r["episode"], r["seed"]) for r in by_seed] == [(11, 11), (10, 10), (9, 9)]
+    assert [r["episode"] for r in _get(browser, "api/episodes?run=0&seed=4")["rows"]] == [4]
     episode = _get(browser, "api/episode?run=1&episode=0")
     want = next(iter(pistonball.episodes()))
     np.testing.assert_allclose(episode["rewards"], want.individual_rewards, atol=1e-6)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from flexibuff_envs.files.chunk import Chunk
 from flexibuff_envs.index import episode_table, newest_rows
 from flexibuff_envs.index.episode_ends import write_episode_returns
 from flexibuff_envs.index.lanes import ALL, Episode, Lane
+from flexibuff_envs.index.origins import ORIGIN, Origin, origin
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.sampling import Half
 from flexibuff_envs.sampling.samplers import live_rows
@@ -27,6 +28,8 @@ _OPEN_ROWS = 1024
 
 class Filling(Half):
     """The writing half of `FlexibleBuffer`."""
+
+    _sessions: list[dict[str, Any]]
 
     if TYPE_CHECKING:  # given by `FlexibleBuffer`
 
@@ -119,20 +122,25 @@ class Filling(Half):
         # rows recorded before: every action was legal, and is next
         chain.fill(*episode_table(lanes, running=True).all_rows(), self._store.fill("action_mask"))
 
-    @holding
-    def begin_episode(self, lane: int = 0) -> None:
-        """Start an episode in ``lane``.
+    def begin_episode(self, lane: int = 0, *, seed: int | None = None) -> None:
+        """Start an episode in ``lane``, its env reset with ``seed`` (kept in its origin,
+        `episode_origins`, so it can be replayed).
 
         An episode still running there (say, in a loaded file) is closed first as truncated:
         its last row's active agents get ``truncated=True`` and ``G`` without a bootstrap.
         """
+        self._begin_episode(lane, origin(len(self._sessions) - 1, 0, lane, 0, seed))
+
+    @holding
+    def _begin_episode(self, lane: int, origin: Origin) -> None:
+        """`begin_episode` of an episode of ``origin`` (a recorder's)."""
         lane_ = self._index.change()[lane]
         running = lane_.running
         if running is not None and running.end > running.start:
             last = lane_.offset + (running.end - 1) % self.num_steps
             self._store.arrays["truncated"][:, last] |= self._store.arrays["active"][:, last]
             self.end_episode(lane)
-        lane_.begin()
+        lane_.begin(origin)
 
     @holding
     def claim_row(self, lane: int = 0) -> int:
@@ -243,7 +251,10 @@ class Filling(Half):
         for part in kept.parts:
             if part.part is None:
                 self._column(part.name, width=part.shape[-1] if part.name == "continuous_log_probs" else None)
-        first = lane_.append(kept.lengths)
+        # where they came from, but for the session: this buffer's sessions are not the source's
+        origins = np.zeros(kept.n_episodes, ORIGIN) if kept.origins is None else kept.origins.copy()
+        origins["session"] = -1
+        first = lane_.append(kept.lengths, origins)
         self._store.insert(kept.parts, lane_.segments(first, first + kept.rows), np.cumsum(kept.lengths) - 1)
         self._flush_log()
         return kept.n_episodes

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.errors import InvalidArgumentError
-from flexibuff_envs.index import EpisodeIndex
+from flexibuff_envs.index import EpisodeIndex, episode_table, origins
 from flexibuff_envs.index.lanes import Episode, Lane
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
 from flexibuff_envs.log import load as load_log
 from flexibuff_envs.log import settle as settle_journal
+from flexibuff_envs.log.origins import read_origins
 from flexibuff_envs.log.ring_files import into_files
 from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.sampling import Half
@@ -59,14 +60,25 @@ class Logged(Half):
         first episode each recorded. Copies: a recorder adds one with `add_session`."""
         return [dict(s) for s in self._sessions]
 
+    def episode_origins(self) -> dict[str, np.ndarray]:
+        """Where each whole ended episode came from, in `episodes`' order (`index.origins`):
+        ``seed`` (its env's reset seed, -1 without one), ``follows`` (reset without a seed right
+        after its lane's previous episode, every step of which was recorded), ``started``
+        (seconds since the epoch), ``session`` (in `sessions`; -1 unknown), ``env`` (a token of
+        the env instance recorded), ``lane`` (its sub-env) and ``ordinal`` (the how-manyth
+        episode of that lane). Episodes whose origin is unknown (filled by hand without
+        `begin_episode`, or read from a log written before origins were kept) have seed -1,
+        started NaN, session and lane -1."""
+        return origins.table(episode_table(self._index.read()).origins)  # type: ignore[arg-type]
+
     @holding
     def add_session(self, session: dict[str, Any]) -> int:
         """Keep ``session`` (`provenance.session`: a recorder begins writing this buffer), and name
         it in the log the buffer appends to, as the session of the episodes appended from now on.
         Returns its number."""
         (checked,) = provenance.sessions([dict(session)], "session")
+        self._index.read()  # staged steps written first: the episodes they began keep the session before
         if self._log is not None:  # the log numbers its episodes; a ring forgets its oldest: its copy is unnumbered
-            self._index.read()  # staged steps written first: the episodes they ended keep the session before
             writer = self._log.writer
             writer.add_sessions([{**checked, "first_episode": writer.next_episode}])
             checked = {**checked, "first_episode": None}
@@ -170,7 +182,8 @@ class Logged(Half):
             buffer._store.open(0, [(0, rows)], fill=False)
             ends = np.cumsum(logged.lengths)
             ended = np.stack([ends - logged.lengths, ends, np.ones_like(ends)], axis=1)
-            buffer._index.ring[0].restore(rows, 0, ended, None, [0] * buffer.spec.n_agents)
+            origins = read_origins(os.fspath(directory), len(ends), len(buffer._sessions))
+            buffer._index.ring[0].restore(rows, 0, ended, None, [0] * buffer.spec.n_agents, origins)
         return buffer
 
     @classmethod
@@ -226,10 +239,16 @@ class Logged(Half):
             self._log.writer.fold()
 
     def _log_ended(
-        self, which: np.ndarray, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray, whole: np.ndarray
+        self,
+        which: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        rows: np.ndarray,
+        whole: np.ndarray,
+        origins: np.ndarray,
     ) -> None:
-        """The episodes that ended at positions ``[starts, ends)`` of the lanes ``which`` (lane by
-        lane, each in time order; ``rows``: theirs; ``whole``: none of their rows forgotten) to the
-        log (`Follower.flush_spans`)."""
+        """The episodes of ``origins`` that ended at positions ``[starts, ends)`` of the lanes
+        ``which`` (lane by lane, each in time order; ``rows``: theirs; ``whole``: none of their
+        rows forgotten) to the log (`Follower.flush_spans`)."""
         if self._log is not None:
-            self._log.flush_spans(self._store, self._index.ring, which, starts, ends, rows, whole)
+            self._log.flush_spans(self._store, self._index.ring, which, starts, ends, rows, whole, origins)

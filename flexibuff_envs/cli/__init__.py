@@ -3,7 +3,8 @@
 "flexibuff-envs record [ENV]" plays ENV with random legal actions through its recorder into an
 episode log (or a buffer file); "inspect PATH" describes a log, a buffer file, a vault or a
 Parquet dataset; "plot PATH" draws its episodes; "export PATH" writes it as Minari, a vault or
-Parquet; "verify DIR" and "repair DIR" check a log and cut a torn tail; "merge DIR... --out DIR"
+Parquet; "verify DIR" and "repair DIR" check a log and cut a torn tail ("verify --replay PATH"
+replays each episode in its env); "merge DIR... --out DIR"
 appends logs to one; "view PATH..." browses them in a local web page. Bad input is one line on
 stderr and a non-zero exit.
 """
@@ -324,8 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_export(commands)
     add_edit(commands)
 
-    verify = commands.add_parser("verify", help="check every commit and checksum of an episode log; exit 1 if torn")
-    verify.add_argument("log", metavar="DIR")
+    verify = commands.add_parser(
+        "verify", help="check an episode log's commits and checksums (--replay: replay each episode); exit 1 if not"
+    )
+    verify.add_argument("log", metavar="PATH")
+    verify.add_argument("--replay", action="store_true", help="replay each episode in its env and compare")
+    verify.add_argument("--env", metavar="MODULE:FACTORY", help="makes the env to replay in (an env made by hand)")
+    verify.add_argument("--episodes", metavar="K,K", help="replay these episodes (and those they follow)")
     verify.set_defaults(run=cmd_verify)
     repair = commands.add_parser("repair", help="cut a torn tail off an episode log, keeping every whole episode")
     repair.add_argument("log", metavar="DIR")

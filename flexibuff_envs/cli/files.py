@@ -188,6 +188,13 @@ def _namespace(name: str) -> tuple[str, int]:
 def cmd_verify(args: argparse.Namespace) -> int:
     from flexibuff_envs import log
 
+    if args.replay:
+        from flexibuff_envs.cli.replay import cmd_replay
+
+        return cmd_replay(args)
+    if args.env or args.episodes:
+        raise UsageError("--env and --episodes go with --replay")
+
     report = log.verify(args.log)
     print(f"{args.log}: {report.episodes:,} whole episodes, {report.rows:,} rows, every checksum holds")
     if report.unfolded:

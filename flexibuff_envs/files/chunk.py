@@ -40,6 +40,7 @@ class Chunk:
         lengths: ``[episodes]`` steps of each episode, in order.
         parts: their rows in stored form, one piece each (`stored_form.Part`); a chain's slots are
             those its rows name, and each episode's last row has its next value in a slot.
+        origins: ``[episodes]`` of `index.origins.ORIGIN`, where each came from (None: unknown).
     """
 
     spec: BufferSpec
@@ -47,6 +48,7 @@ class Chunk:
     gae_lambda: float
     lengths: np.ndarray
     parts: tuple[Part, ...]
+    origins: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -85,7 +87,9 @@ class Chunk:
                 parts += [dataclasses.replace(part, pieces=(index,)), Part(part.name, "tail", False, (tail,))]
             elif part.part is None:
                 parts.append(dataclasses.replace(part, pieces=(part.rows(lo, hi),)))
-        return dataclasses.replace(self, lengths=self.lengths[first : max(first, stop)], parts=tuple(parts))
+        kept = slice(first, max(first, stop))
+        origins = None if self.origins is None else self.origins[kept]
+        return dataclasses.replace(self, lengths=self.lengths[kept], parts=tuple(parts), origins=origins)
 
     def newest(self, rows: int) -> Chunk:
         """Its newest episodes that fit in ``rows`` rows."""
@@ -111,7 +115,7 @@ def copy(storage: Storage, episodes: EpisodeTable, gamma: float, gae_lambda: flo
     """``episodes`` (whole, ended) of ``storage`` as a `Chunk`; the buffer keeps them."""
     rows, last = episodes.all_rows()
     parts = storage.export(rows, last)  # each episode's last row is followed by a row not in the chunk
-    return Chunk(storage.spec, gamma, gae_lambda, np.diff(last, prepend=-1), tuple(parts))
+    return Chunk(storage.spec, gamma, gae_lambda, np.diff(last, prepend=-1), tuple(parts), episodes.origins)
 
 
 def check_layout(mine: BufferSpec, theirs: BufferSpec, what: str) -> None:

@@ -18,6 +18,7 @@ from flexibuff_envs.errors import BufferFileError
 from flexibuff_envs.files.header import PRIORITY, BadHeader, Truncated, parse
 from flexibuff_envs.index import newest_rows
 from flexibuff_envs.index.lanes import Lane
+from flexibuff_envs.index.origins import UNKNOWN, checked
 from flexibuff_envs.sampling.samplers import live_rows
 from flexibuff_envs.storage import Storage, compression
 from flexibuff_envs.storage.compression import available_memory
@@ -283,6 +284,7 @@ def fill(file: BufferFile, storage: Storage, lanes: Sequence[Lane], *, mmap: boo
             np.array(info.ended, dtype=np.int64).reshape(-1, 3),
             info.running,
             info.agent_start if info.agent_start is not None else [running] * len(lane.agents.starts),
+            UNKNOWN if info.origins is None else checked(info.origins, len(header.sessions)),
         )
     live = live_rows(lanes)
     problem = storage.problem(segments, live, newest_rows(lanes))

@@ -29,6 +29,7 @@ from flexibuff_envs.files.header_values import (
     integers,
     keys_of,
     of_kind,
+    origin_columns,
     parse_spec,
     with_stored_state,
 )
@@ -60,6 +61,7 @@ class LaneInfo:
     ended: list[tuple[int, int, bool]]
     running: tuple[int, int, bool] | None
     agent_start: list[int] | None
+    origins: np.ndarray | None = None  # of the ended episodes (`index.origins`)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,9 @@ def _ended(value: Any, what: str, live_start: int, written: int) -> tuple[list[t
 def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> LaneInfo:
     what = f"lane {i}"
     if version >= 4:
-        data = keys_of(value, what, {"written", "live_start", "rows", "ended", "running", "agent_start"})
+        data = keys_of(
+            value, what, {"written", "live_start", "rows", "ended", "running", "agent_start"}, frozenset({"origins"})
+        )
         written = integer(data["written"], f"{what} written", 0, MAX_POSITION)
         live_start = integer(data["live_start"], f"{what} live_start", max(0, written - capacity), written)
         lo, hi = integers(data["rows"], f"{what} rows", 0, capacity, 2)
@@ -179,7 +183,10 @@ def _lane(value: Any, i: int, version: int, capacity: int, n_agents: int) -> Lan
         )
     if running is None and previous != written:
         raise BadHeader(f"{what} episodes end at position {previous}, not at the newest one {written}")
-    return LaneInfo(written, live_start, lo, hi, ended, running, agent_start)
+    origins = data.get("origins")
+    if origins is not None:
+        origins = origin_columns(origins, f"{what} origins", len(ended))
+    return LaneInfo(written, live_start, lo, hi, ended, running, agent_start, origins)
 
 
 def _field_meta(value: Any, k: int, version: int, known: Collection[str]) -> dict[str, Any]:

@@ -7,7 +7,10 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from flexibuff_envs.errors import plain_dtype, short_repr
+from flexibuff_envs.index.origins import FIELDS, ORIGIN
 from flexibuff_envs.spec import BufferSpec, one_hot_problem
 from flexibuff_envs.storage.fields import extra_fields
 
@@ -69,6 +72,24 @@ def integers(value: Any, what: str, lo: int, hi: int, length: int | None = None)
     if len(items) > MAX_AGENTS:
         raise BadHeader(f"{what} has {len(items)} entries, more than {MAX_AGENTS}")
     return tuple(integer(v, f"{what}[{i}]", lo, hi) for i, v in enumerate(items))
+
+
+def origin_columns(value: Any, what: str, n: int) -> np.ndarray:
+    """The origins (`index.origins.ORIGIN`) of ``n`` episodes a header holds as one list per
+    field (a record's fields are of several kinds, and a seed may not fit an int64)."""
+    columns = keys_of(value, what, set(FIELDS))
+    out = np.zeros(n, dtype=ORIGIN)
+    for name in FIELDS:
+        items = of_kind(columns[name], list, f"{what} {name}")
+        dtype = ORIGIN[name]
+        lo, hi = (-math.inf, math.inf) if dtype.kind == "f" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        kinds = (int, float) if dtype.kind == "f" else int
+        if len(items) != n or not all(
+            isinstance(v, kinds) and not isinstance(v, bool) and lo <= v <= hi for v in items
+        ):
+            raise BadHeader(f"{what} {name} must list {n} {dtype} values, got {short_repr(items)}")
+        out[name] = np.array(items, dtype=dtype)
+    return out
 
 
 def dtype_name(value: Any, what: str) -> str:

@@ -35,6 +35,7 @@ from flexibuff_envs.errors import BufferSaveError
 from flexibuff_envs.files.format import END, MAGIC, PREFIX, SUFFIX, BufferFile, Checksum, fill, padding
 from flexibuff_envs.files.header import PRIORITY, stored_range
 from flexibuff_envs.index.lanes import Lane
+from flexibuff_envs.index.origins import FIELDS
 from flexibuff_envs.storage import Storage, compression
 from flexibuff_envs.storage.compression import Compress
 from flexibuff_envs.storage.stored_form import Part
@@ -57,6 +58,7 @@ def _lanes(lanes: Sequence[Lane], ranges: list[tuple[int, int]]) -> list[dict[st
             ],
             "running": None if lane.running is None else [lane.running.start, lane.running.end, lane.running.whole],
             "agent_start": lane.agents.saved(),
+            "origins": {name: lane.ended.origins[name].tolist() for name in FIELDS},
         }
         for lane, (lo, hi) in zip(lanes, ranges)
     ]

@@ -76,12 +76,13 @@ class EpisodeIndex:
 @dataclass(frozen=True)
 class EpisodeTable:
     """Episodes of several lanes as arrays, lane by lane and oldest first: positions ``[starts,
-    ends)`` in their lanes, and rows."""
+    ends)`` in their lanes, and rows; ``origins`` (`origins.ORIGIN`), of ended ones."""
 
     starts: np.ndarray
     ends: np.ndarray
     offsets: np.ndarray  # of each one's lane
     capacity: int
+    origins: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.starts.size
@@ -103,18 +104,23 @@ class EpisodeTable:
 def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
     """Every ended whole episode of ``lanes`` (with ``running``: every episode that has a step,
     clipped or running ones too)."""
-    starts, ends, which = [], [], []
+    starts, ends, which, origins = [], [], [], []
     for i, lane in enumerate(lanes):
         if running:
             first, last = lane.ended.with_running(lane.running)
             keep = last > first
         else:
             first, last, keep = lane.ended.starts, lane.ended.ends, lane.ended.whole
+            origins.append(lane.ended.origins[keep])
         starts.append(first[keep])
         ends.append(last[keep])
         which.append(np.full(starts[-1].size, i))
     return EpisodeTable(
-        np.concatenate(starts), np.concatenate(ends), lane_offsets(lanes)[np.concatenate(which)], lanes[0].capacity
+        np.concatenate(starts),
+        np.concatenate(ends),
+        lane_offsets(lanes)[np.concatenate(which)],
+        lanes[0].capacity,
+        None if running else np.concatenate(origins),
     )
 
 

@@ -8,24 +8,15 @@ one episode and episodes are contiguous, so the live rows are always one ring se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from flexibuff_envs.errors import OutOfRangeError
+from flexibuff_envs.index.ended import Ended, Episode
+from flexibuff_envs.index.origins import UNKNOWN, Origin
 
 #: `Lane.opened` once every row of the lane's ring is open
 ALL = 1 << 62
-
-
-@dataclass(slots=True)
-class Episode:
-    """One episode of a lane: positions ``[start, end)``; ``whole`` is False once clipped."""
-
-    start: int
-    end: int
-    whole: bool = True
 
 
 class AgentEpisodes:
@@ -74,97 +65,6 @@ class AgentEpisodes:
         self.starts = [None if start < 0 else max(start - base, 0) for start in saved]
 
 
-class Ended:
-    """A lane's ended episodes, oldest first, as arrays: positions ``[start, end)`` and whether
-    each is whole (none of its rows forgotten). Appending and forgetting cost the same however
-    many there are; ``starts``, ``ends`` and ``whole`` are views, valid until the next change."""
-
-    __slots__ = ("_end", "_first", "_start", "_stop", "_whole")
-
-    def __init__(self) -> None:
-        self._start = np.zeros(16, dtype=np.int64)
-        self._end = np.zeros(16, dtype=np.int64)
-        self._whole = np.zeros(16, dtype=bool)
-        self._first = self._stop = 0  # the episodes held are [_first, _stop) of the arrays
-
-    def __len__(self) -> int:
-        return self._stop - self._first
-
-    def __iter__(self) -> Iterator[Episode]:
-        return map(Episode, self.starts.tolist(), self.ends.tolist(), self.whole.tolist())
-
-    def __getitem__(self, i: int) -> Episode:
-        """The ``i``-th oldest episode (``-1``: the newest)."""
-        j = (self._first if i >= 0 else self._stop) + i
-        if not self._first <= j < self._stop:
-            raise OutOfRangeError(f"episode {i} of {len(self)}")
-        return Episode(int(self._start[j]), int(self._end[j]), bool(self._whole[j]))
-
-    @property
-    def starts(self) -> np.ndarray:
-        return self._start[self._first : self._stop]
-
-    @property
-    def ends(self) -> np.ndarray:
-        return self._end[self._first : self._stop]
-
-    @property
-    def whole(self) -> np.ndarray:
-        return self._whole[self._first : self._stop]
-
-    def newest(self) -> tuple[int, int, int, bool]:
-        """The end of the episode before the newest (-1 if none), and the newest's start, end and
-        wholeness (-1, -1, -1, False when none ended), in plain integers (a log's question)."""
-        j = self._stop - 1
-        if j < self._first:
-            return -1, -1, -1, False
-        before = self._end.item(j - 1) if j > self._first else -1
-        return before, self._start.item(j), self._end.item(j), bool(self._whole.item(j))
-
-    def with_running(self, running: Episode | None) -> tuple[np.ndarray, np.ndarray]:
-        """``starts`` and ``ends`` followed by ``running`` (if any): views of the arrays, whose
-        spare slot after the newest holds the running episode."""
-        if running is None:
-            return self.starts, self.ends
-        self._room(1)
-        self._start[self._stop], self._end[self._stop] = running.start, running.end
-        return self._start[self._first : self._stop + 1], self._end[self._first : self._stop + 1]
-
-    def append(self, episode: Episode) -> None:
-        self._room(1)
-        stop = self._stop
-        self._start[stop], self._end[stop], self._whole[stop] = episode.start, episode.end, episode.whole
-        self._stop = stop + 1
-
-    def extend(self, starts: np.ndarray, ends: np.ndarray, whole: np.ndarray | bool = True) -> None:
-        """Episodes ``[starts, ends)``, oldest first, after the newest."""
-        n = len(starts)
-        self._room(n)
-        at = slice(self._stop, self._stop + n)
-        self._start[at], self._end[at], self._whole[at] = starts, ends, whole
-        self._stop += n
-
-    def drop(self, n: int) -> None:
-        """Forget the ``n`` oldest."""
-        self._first = min(self._first + n, self._stop)
-
-    def clear(self) -> None:
-        self._first = self._stop = 0
-
-    def _room(self, n: int) -> None:
-        """Room for ``n`` more after the newest, and one spare slot (`with_running`)."""
-        held = len(self)
-        if self._stop + n + 1 <= self._start.size:
-            return
-        size = self._start.size if held + n + 1 <= self._start.size // 2 else 2 * (held + n + 1)
-        for name in ("_start", "_end", "_whole"):
-            old = getattr(self, name)
-            new = old if size == old.size else np.zeros(size, dtype=old.dtype)
-            new[:held] = old[self._first : self._stop]  # the held ones to the front (a copy where they overlap)
-            setattr(self, name, new)
-        self._first, self._stop = 0, held
-
-
 class Lane:
     """The ring segment of one env lane and the episodes recorded in it."""
 
@@ -179,6 +79,7 @@ class Lane:
         "on_open",
         "open_limit",
         "opened",
+        "origin",
         "running",
         "written",
     )
@@ -205,10 +106,12 @@ class Lane:
         self.live_start = 0
         self.ended = Ended()
         self.running: Episode | None = None
+        self.origin: Origin = UNKNOWN  # the running episode's
 
-    def begin(self) -> None:
-        """Start an episode at the next position (any running one must be ended first)."""
-        self.running = Episode(self.written, self.written)
+    def begin(self, origin: Origin = UNKNOWN) -> None:
+        """Start an episode of ``origin`` at the next position (any running one must be ended
+        first)."""
+        self.running, self.origin = Episode(self.written, self.written), origin
         self.agents.begin(self.written)
 
     def make_room(self, ahead: int = 1, *, defer: bool = False) -> tuple[int, int]:
@@ -282,9 +185,10 @@ class Lane:
         """Forget every ended episode; a running one goes on."""
         self._forget_ended(len(self.ended))
 
-    def append(self, lengths: np.ndarray) -> int:
-        """Room for ended episodes of ``lengths`` (adding up to at most ``capacity``) after the
-        newest row, forgetting the oldest episodes they overwrite; returns their first position.
+    def append(self, lengths: np.ndarray, origins: np.ndarray | Origin = UNKNOWN) -> int:
+        """Room for ended episodes of ``lengths`` (adding up to at most ``capacity``) and
+        ``origins`` after the newest row, forgetting the oldest episodes they overwrite; returns
+        their first position.
 
         A running episode must have no step yet: it then starts after them.
         """
@@ -294,7 +198,7 @@ class Lane:
             self.on_open(self, self.written)  # type: ignore[misc]
         self._forget_ended(int(np.searchsorted(self.ended.starts, self.written - self.capacity)))
         ends = first + np.cumsum(lengths)
-        self.ended.extend(ends - lengths, ends)
+        self.ended.extend(ends - lengths, ends, True, origins)
         if self.running is not None:
             self.running.start = self.running.end = self.written
             self.agents.moved(self.written)
@@ -313,7 +217,7 @@ class Lane:
         episode, self.running = self.running, None
         if episode is None or episode.end == episode.start:
             return None
-        self.ended.append(episode)
+        self.ended.append(episode, self.origin)
         return episode
 
     def rows(self, episode: Episode) -> np.ndarray:
@@ -348,8 +252,10 @@ class Lane:
         ended: np.ndarray,
         running: tuple[int, int, bool] | None,
         agent_start: list[int],
+        origins: np.ndarray | Origin = UNKNOWN,
     ) -> None:
-        """Take the positions and episodes a file gives (``ended``: ``[start, end, whole]`` rows),
+        """Take the positions and episodes a file gives (``ended``: ``[start, end, whole]`` rows,
+        of ``origins``),
         into this lane as made. The live rows hold the file's values; the others (the file does
         not hold them, or holds what was forgotten) are opened as recording reaches them, as on
         a ring's first pass: a file costs memory for what it holds, not for the ring it names.
@@ -364,7 +270,7 @@ class Lane:
         self.open_limit = self.live_start + self.capacity
         self.open_to(self.written)
         if len(ended):
-            self.ended.extend(ended[:, 0] - base, ended[:, 1] - base, ended[:, 2].astype(bool))
+            self.ended.extend(ended[:, 0] - base, ended[:, 1] - base, ended[:, 2].astype(bool), origins)
         self.running = None if running is None else Episode(running[0] - base, running[1] - base, running[2])
         self.agents.restore(agent_start, base)
 

@@ -9,7 +9,8 @@ it holds for any of its agents): ``return`` (that agent's), ``team_return``, ``l
 episode's rows), ``steps`` (the agent's active rows), ``ended`` ("terminated", "truncated",
 "cut": the agent's), ``deaths`` (agents terminated before the episode ended, parallel
 recordings), ``agent`` (its name), ``episode`` (its number), ``policy`` (the tag of the session
-that recorded it); comparisons, ``and``, ``or``, ``not``, parentheses, numbers and strings.
+that began it), ``seed`` (its env's reset seed, -1 without one); comparisons, ``and``, ``or``,
+``not``, parentheses, numbers and strings.
 Nothing else is evaluated: it is parsed, never run as code.
 """
 
@@ -28,12 +29,13 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, UnknownNameError
+from flexibuff_envs.index import episode_table
 from flexibuff_envs.integrations.tables import Source, blocks, into_buffer, open_source
 from flexibuff_envs.spec import provenance
 from flexibuff_envs.view.data import ENDINGS, Run, episode_sums
 
 #: the names a condition may use
-NAMES = ("return", "team_return", "length", "steps", "ended", "deaths", "agent", "episode", "policy")
+NAMES = ("return", "team_return", "length", "steps", "ended", "deaths", "agent", "episode", "policy", "seed")
 _COMPARE = {
     ast.Eq: np.equal,
     ast.NotEq: np.not_equal,
@@ -59,7 +61,7 @@ def outcomes(buffer: FlexibleBuffer) -> dict[str, np.ndarray]:
     """Each agent's outcome in each whole episode (`episodes` order), as `NAMES` name them: arrays
     of ``[episodes, agents]``."""
     run = Run.over(buffer)
-    t, lanes = run.table, buffer._index.read()
+    t, lanes, origins = run.table, buffer._index.read(), buffer.episode_origins()
     store = buffer._store.arrays
     n, agents = len(t.lengths), list(buffer.spec.agent_ids)
     terminated, truncated = episode_sums(store["terminated"], lanes).T, episode_sums(store["truncated"], lanes).T
@@ -73,20 +75,24 @@ def outcomes(buffer: FlexibleBuffer) -> dict[str, np.ndarray]:
         "deaths": np.repeat(t.deaths[:, None], len(agents), axis=1),
         "agent": np.broadcast_to(np.array(agents), (n, len(agents))),
         "episode": np.repeat(np.arange(n)[:, None], len(agents), axis=1),
-        "policy": np.repeat(policies(buffer.sessions, n)[:, None], len(agents), axis=1),
+        "policy": np.repeat(policies(buffer.sessions, n, origins["session"])[:, None], len(agents), axis=1),
+        "seed": np.repeat(origins["seed"][:, None], len(agents), axis=1),
     }
 
 
-def policies(sessions: list[dict[str, Any]], n: int) -> np.ndarray:
-    """The policy tag of each of ``n`` episodes, by the session that recorded it (the last whose
-    ``first_episode`` is at most its number; without numbers, the only session's, else "")."""
+def policies(sessions: list[dict[str, Any]], n: int, begun: np.ndarray) -> np.ndarray:
+    """The policy tag of each of ``n`` episodes, by the session that began it (``begun``, its
+    origin's; where unknown, the last whose ``first_episode`` is at most its number; without
+    numbers, the only session's, else "")."""
     numbered = [s for s in sessions if s["first_episode"] is not None]
     if not numbered:
-        return np.full(n, sessions[0]["policy"] if len(sessions) == 1 else "", dtype=object).astype(str)
-    firsts = np.array([s["first_episode"] for s in numbered])
-    which = np.searchsorted(firsts, np.arange(n), side="right") - 1
-    tags = np.array(["", *(s["policy"] for s in numbered)], dtype=object)
-    return tags[which + 1].astype(str)
+        by_order = np.full(n, sessions[0]["policy"] if len(sessions) == 1 else "", dtype=object).astype(str)
+    else:
+        firsts = np.array([s["first_episode"] for s in numbered])
+        which = np.searchsorted(firsts, np.arange(n), side="right") - 1
+        by_order = np.array(["", *(s["policy"] for s in numbered)], dtype=object)[which + 1].astype(str)
+    tags = np.array([s["policy"] for s in sessions] + [""], dtype=object).astype(str)
+    return np.where(begun >= 0, tags[begun], by_order) if n else by_order
 
 
 def where(source: Source, condition: str) -> np.ndarray:
@@ -182,6 +188,9 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
     origin = {**_EDIT, "env_kwargs": {"edit": edit, "source": named}, "host": socket.gethostname()}
     origin.update(pid=os.getpid(), started=time.time(), versions=provenance.session(buffer, "")["versions"])
     lengths = Run.over(buffer).table.lengths[chosen]
+    sessions, moved = renumbered(buffer.sessions, chosen)
+    origins = episode_table(buffer._index.read()).origins[chosen]  # type: ignore[index]
+    origins["session"] = np.where(origins["session"] >= 0, moved[origins["session"]], -1)
     probs = buffer._store.arrays.get("continuous_log_probs")
     into_buffer(
         buffer.spec,
@@ -191,7 +200,8 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
         where=named,
         log_prob_width=probs.shape[-1] if probs is not None and probs.ndim == 3 else 0,
         log=out,
-        sessions=[origin, *renumbered(buffer.sessions, chosen)],
+        sessions=[origin, *sessions],
+        origins=origins,
         num_steps=max(2 * int(lengths.max(initial=1)), 1 << 12),  # a ring for the longest: the log holds the rest
         gamma=buffer.gamma,
         gae_lambda=buffer.gae_lambda,
@@ -199,18 +209,25 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
     return int(chosen.size)
 
 
-def renumbered(sessions: list[dict[str, Any]], chosen: np.ndarray) -> list[dict[str, Any]]:
+def renumbered(sessions: list[dict[str, Any]], chosen: np.ndarray) -> tuple[list[dict[str, Any]], np.ndarray]:
     """``sessions`` with each ``first_episode`` counted among the ``chosen`` episodes only (those
-    that recorded none of them left out)."""
-    out = [dict(s) for s in sessions if s["first_episode"] is None]  # which episodes they recorded is unknown
-    numbered = [s for s in sessions if s["first_episode"] is not None]
-    for k, s in enumerate(numbered):
-        end = numbered[k + 1]["first_episode"] if k + 1 < len(numbered) else None
-        first = int(np.searchsorted(chosen, s["first_episode"]))
+    that recorded none of them left out), and where each went in the new log (after the edit's
+    own session; -1: left out)."""
+    moved = np.full(len(sessions) + 1, -1, dtype=np.int32)
+    out: list[dict[str, Any]] = []
+    for k, s in enumerate(sessions):  # which episodes they recorded is unknown: all kept
+        if s["first_episode"] is None:
+            moved[k] = len(out) + 1
+            out.append(dict(s))
+    numbered = [k for k, s in enumerate(sessions) if s["first_episode"] is not None]
+    for j, k in enumerate(numbered):
+        end = sessions[numbered[j + 1]]["first_episode"] if j + 1 < len(numbered) else None
+        first = int(np.searchsorted(chosen, sessions[k]["first_episode"]))
         last = len(chosen) if end is None else int(np.searchsorted(chosen, end))
         if last > first:
-            out.append({**s, "first_episode": first})
-    return out
+            moved[k] = len(out) + 1
+            out.append({**sessions[k], "first_episode": first})
+    return out, moved
 
 
 def drop(source: Source, episodes: Sequence[int], out: str | os.PathLike[str]) -> int:

@@ -140,7 +140,8 @@ def to_minari(
     spaces_of = _spaces_of(env, spec)
     obs_space, action_space = spaces_of(agent)
     episodes: list[EpisodeBuffer] = []
-    for batch in buffer.episodes():
+    seeds = buffer.episode_origins()["seed"].tolist()  # Minari keeps each episode's reset seed too
+    for k, batch in enumerate(buffer.episodes()):
         if index is not None:  # its own rows only
             batch = _rows(batch, np.asarray(batch.active[index]))
             if not len(batch.idx):
@@ -148,6 +149,7 @@ def to_minari(
         episodes.append(
             EpisodeBuffer(
                 id=len(episodes),
+                seed=seeds[k] if seeds[k] >= 0 else None,
                 observations=_observations(batch, index, obs_space),
                 actions=_actions(batch, index, action_space),
                 rewards=np.asarray(_agent(batch.individual_rewards, index), dtype=np.float64),
@@ -304,11 +306,13 @@ def from_minari(dataset_or_id: Any, **buffer_options: Any) -> FlexibleBuffer:
     }
     discrete = buffer.field("discrete_actions") if action.cardinalities else None
     continuous = buffer.field("continuous_actions") if action.continuous_dim else None
-    for episode in dataset.iterate_episodes():
+    metadata = dataset.storage.get_episode_metadata(dataset.episode_indices)  # each one's reset seed, if any
+    for episode, meta in zip(dataset.iterate_episodes(), metadata):
         steps = len(episode.rewards)
         if not steps:
             continue
-        buffer.begin_episode()
+        seed = meta.get("seed")
+        buffer.begin_episode(seed=int(seed) if isinstance(seed, (int, np.integer)) else None)
         rows = buffer.claim_rows(steps)
         observations = stored.batch(episode.observations)
         fields["obs"][0, rows] = observations[:-1]

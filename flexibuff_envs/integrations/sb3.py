@@ -104,6 +104,7 @@ class RecordingVecEnv(Sourced, Unpicklable, VecEnvWrapper):
             bootstrap_fn=bootstrap_fn,
         )
         self._begin_session(venv, "vector", policy)  # once its lanes are its own
+        self._tag_origins(self._recorder.origins)
         self._actions: Any = None
 
     @property

@@ -19,6 +19,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import BufferFileError
+from flexibuff_envs.index.origins import origin
 from flexibuff_envs.sampling.samplers import Draw, Live
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage.fields import FIELDS, NEXT, encode
@@ -114,6 +115,7 @@ def into_buffer(
     log_prob_width: int = 0,
     log: str | os.PathLike[str] | None = None,
     sessions: Sequence[dict[str, Any]] = (),
+    origins: np.ndarray | None = None,
     **options: object,
 ) -> FlexibleBuffer:
     """A buffer of ``spec`` holding the episodes of ``source`` (blocks holding ``fields``,
@@ -122,7 +124,8 @@ def into_buffer(
     (``num_steps`` defaults to ``rows``: a smaller ring keeps the newest episodes). With ``log``,
     every episode is also appended to that episode log (made, or continued) as it is added, so
     a ring smaller than the source turns a dataset larger than memory into a log. ``sessions``:
-    the recording sessions the dataset names (`FlexibleBuffer.sessions`).
+    the recording sessions the dataset names (`FlexibleBuffer.sessions`); ``origins``: its
+    episodes' (`index.origins`; by default each begun by the newest session, without a seed).
 
     Raises:
         BufferFileError: the values do not fit ``spec`` (a dataset whose layout and arrays
@@ -149,7 +152,8 @@ def into_buffer(
     if log is not None:
         buffer.log_to(log)
     try:
-        return _fill(buffer, spec, fields, itertools.chain([first] if first else [], source), log_prob_width, where)
+        blocks = itertools.chain([first] if first else [], source)
+        return _fill(buffer, spec, fields, blocks, log_prob_width, where, origins)
     except (ValueError, MemoryError) as exc:  # a field wider than its values, or too wide to allocate
         raise BufferFileError(f"{where}: its arrays do not fit the layout it declares ({exc})") from None
     finally:
@@ -164,7 +168,10 @@ def _fill(
     source: Iterable[Block],
     log_prob_width: int,
     where: str,
+    origins: np.ndarray | None,
 ) -> FlexibleBuffer:
+    made = origin(len(buffer.sessions) - 1, 0, 0, 0)
+    begun = iter([] if origins is None else origins.tolist())
     names = [name for name in fields if name not in COMPUTED and name not in NEXT]
     targets = {
         name: buffer.field(name, width=log_prob_width if name == "continuous_log_probs" else None)
@@ -181,7 +188,7 @@ def _fill(
         whole = int(lengths.sum()) <= buffer.num_steps and not buffer.logging
         written = []
         for start, length in zip((np.cumsum(lengths) - lengths).tolist(), lengths.tolist()):
-            buffer.begin_episode()
+            buffer._begin_episode(0, next(begun, made))
             at = buffer.claim_rows(length)
             span = slice(start, start + length)
             for name in names:

@@ -35,6 +35,7 @@ class Follower:
             return
         segments: list[tuple[int, int]] = []
         lengths: list[int] = []
+        origins: list[np.ndarray] = []
         marks: list[tuple[int, int]] = []  # taken on only once the episodes are appended: a failed append is retried
         for i in range(len(lanes)) if which is None else which:
             lane, after = lanes[i], self._after[i]
@@ -48,12 +49,14 @@ class Follower:
                 if newest.whole:
                     self._add(segments, lane.segments(newest.start, newest.end))
                     lengths.append(newest.end - newest.start)
+                    origins.append(ended.origins[-1:])
                 else:
                     self._outgrown(lane)
                 marks.append((i, newest.end))
                 continue
             new = int(np.searchsorted(ends, after, side="right"))
             starts, ends, whole = ended.starts[new:], ends[new:], ended.whole[new:]
+            origins.append(ended.origins[new:][whole])
             if whole.all() and (starts[1:] == ends[:-1]).all():  # back to back: one span of the ring
                 self._add(segments, lane.segments(int(starts[0]), int(ends[-1])))
                 lengths.extend((ends - starts).tolist())
@@ -65,7 +68,7 @@ class Follower:
                     self._outgrown(lane)
             marks.append((i, int(ends[-1])))
         if lengths:
-            self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64))
+            self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64), np.concatenate(origins))
             self.episodes += len(lengths)
             self.rows += sum(lengths)
         for i, mark in marks:
@@ -81,8 +84,9 @@ class Follower:
         if not (before <= after < end and whole and first + n <= lane.capacity):
             return end <= after  # nothing new: done
         lo = lane.offset + first
-        if not self.writer.mark(storage, lo, n):
-            self.writer.append_rows(storage, [(lo, lo + n)], np.array([n]))
+        origins = lane.ended.origins[-1:]
+        if not self.writer.mark(storage, lo, n, origins):
+            self.writer.append_rows(storage, [(lo, lo + n)], np.array([n]), origins)
         self._after[i] = end
         self.episodes += 1
         self.rows += n
@@ -97,22 +101,23 @@ class Follower:
         ends: np.ndarray,
         rows: np.ndarray,
         whole: np.ndarray,
+        origins: np.ndarray,
     ) -> None:
-        """`flush` for the episodes known to have ended at positions ``[starts, ends)`` of
-        ``lanes[which]`` (a vector recorder's, lane by lane, each in time order; ``rows``: their
-        buffer rows; ``whole``: none of their rows forgotten): the same record, in a fixed number
-        of array operations however many lanes."""
+        """`flush` for the episodes of ``origins`` known to have ended at positions ``[starts,
+        ends)`` of ``lanes[which]`` (a vector recorder's, lane by lane, each in time order;
+        ``rows``: their buffer rows; ``whole``: none of their rows forgotten): the same record,
+        in a fixed number of array operations however many lanes."""
         keep = ends > self._after[which]  # not appended yet
         if not whole[keep].all():
             self._outgrown(lanes[int(which[np.argmin(whole | ~keep)])])
         keep &= whole
         if not keep.all():  # seldom: the rows of those kept
-            which, starts, ends = which[keep], starts[keep], ends[keep]
+            which, starts, ends, origins = which[keep], starts[keep], ends[keep], origins[keep]
             rows = span_rows(np.array([lanes[i].offset for i in which.tolist()]), lanes[0].capacity, starts, ends)
         if not which.size:
             return
         lengths = ends - starts
-        self.writer.append_rows(storage, rows, lengths)
+        self.writer.append_rows(storage, rows, lengths, origins)
         np.maximum.at(self._after, which, ends)
         self.episodes += len(lengths)
         self.rows += int(lengths.sum())

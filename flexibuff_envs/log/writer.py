@@ -10,24 +10,23 @@ import shutil
 import time
 import weakref
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from flexibuff_envs.errors import BufferFileError, BufferSaveError, InvalidArgumentError, SpecMismatchError
+from flexibuff_envs.errors import BufferFileError, BufferSaveError, InvalidArgumentError
 from flexibuff_envs.files.chunk import Chunk, check_layout
 from flexibuff_envs.interrupts import holding
+from flexibuff_envs.log.absorb import absorb
 from flexibuff_envs.log.append_plan import Direct, Plan, added, allocated
 from flexibuff_envs.log.append_window import Tail
-from flexibuff_envs.log.compressed import Frames, made_column, packed, spans
+from flexibuff_envs.log.compressed import Frames, made_column, packed
 from flexibuff_envs.log.format import (
-    CHAINS,
     COMMITS,
     ENTRY_BYTES,
     EPISODE_LENGTHS,
     HEADER,
-    PIECE,
     Column,
     Commit,
     FsyncPolicy,
@@ -37,12 +36,12 @@ from flexibuff_envs.log.format import (
 )
 from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.markers import Marks
-from flexibuff_envs.log.read import State, blocks, check_values, repaired, state_of, sync_file
+from flexibuff_envs.log.origins import OriginsFile
+from flexibuff_envs.log.read import State, repaired, sync_file
 from flexibuff_envs.log.ring_files import RING
 from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.writer_journal import Journaling
-from flexibuff_envs.spec import provenance
 from flexibuff_envs.storage.compression import Compress, plan
 from flexibuff_envs.storage.packed import Stack
 
@@ -118,12 +117,14 @@ class LogWriter(Journaling):
         self._commits = open(os.path.join(self.directory, COMMITS), "ab", buffering=0)  # noqa: SIM115
         self._synced = self._folded = time.monotonic()
         self._syncer = Syncer(self.directory)
+        self._records = scan(self.directory, self.columns, self.commit)[0]
+        self.origins = OriginsFile(self.directory, self.next_episode)  # (`log.origins`)
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
         self._open = _Open(
             self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer, self._frames
         )
+        self._open.origins = self.origins
         self._finalizer = weakref.finalize(self, self._open.close)
-        self._records = scan(self.directory, self.columns, self.commit)[0]
         try:
             self.fold()  # what a killed recording left in the journal
             self._replay()  # and in its vector recorders' stages
@@ -219,6 +220,7 @@ class LogWriter(Journaling):
         if given.keys() - self._tails.keys():
             self._add([Column.of(part) for part in chunk.parts if part.key not in self._tails])
         rows = chunk.rows
+        self.origins.put(self.commit.episodes, chunk.origins, chunk.n_episodes)
         self._commit(self._plan.of(given, chunk.lengths, rows, self.commit.tails), rows, chunk.n_episodes, added(given))
         self._maybe_sync()
 
@@ -226,53 +228,8 @@ class LogWriter(Journaling):
     def absorb(self, source: str | os.PathLike[str]) -> None:
         """Append every whole episode of the log ``source`` (of this layout and discounts) as one
         commit: each of its bytes is read once and written once, in pieces of at most 16 MiB, next
-        values renumbered to follow this log's."""
-        state = state_of(os.fspath(source))
-        check_values(state)
-        if state.header != self.header:
-            check_layout(self.header.spec, state.header.spec, f"the episode log {state.directory}")
-            raise BufferFileError(
-                f"{state.directory}: its discounts (gamma {state.header.gamma}, gae_lambda "
-                f"{state.header.gae_lambda}) differ from the log's ({self.header.gamma}, "
-                f"{self.header.gae_lambda})"
-            )
-        for column in state.columns:
-            mine = next((c for c in self.columns if c.key == column.key), column)
-            if (mine.dtype, mine.shape, mine.per_agent) != (column.dtype, column.shape, column.per_agent):
-                raise SpecMismatchError(
-                    f"{state.path(column)} holds rows of {column.shape} {column.dtype}; the "
-                    f"log's are {mine.shape} {mine.dtype}"
-                )
-        if not state.commit.episodes:
-            return
-        base = self.next_episode  # a log that names none: recorded by sessions not kept
-        theirs_ = state.header.sessions or (provenance.unknown(),)
-        self.add_sessions(
-            [{**s, "first_episode": None if s["first_episode"] is None else base + s["first_episode"]} for s in theirs_]
-        )
-        if any(c.key not in self._tails for c in state.columns):
-            self._add([c for c in state.columns if c.key not in self._tails])
-        theirs = {c.key: c for c in state.files}
-        shift = {name: self.commit.tails[k] - 1 for k, name in enumerate(CHAINS)}
-
-        def pieces() -> Iterator[tuple[Tail, np.ndarray]]:
-            for column in [EPISODE_LENGTHS, *self.columns]:
-                if column.key not in theirs:  # a field the source's buffer lacked: its allocated value
-                    if column.part != "tail":
-                        row = np.full(column.shape, self._fills[column.key], column.dtype).tobytes()
-                        for lo, hi in spans(state.commit.rows, PIECE // max(1, len(row))):
-                            yield self._tails[column.key], np.frombuffer(row * (hi - lo), np.uint8)
-                    continue
-                first = 1 if column.part == "tail" else 0  # slot 0 is the log's own
-                for block in blocks(state, theirs[column.key], state.commit.count(column), first):
-                    if column.part == "index":
-                        block = np.where(block > 0, block + np.int32(shift[column.name]), block)
-                    yield self._tails[column.key], block
-
-        added = tuple(state.commit.tails[k] - 1 for k in range(len(CHAINS)))
-        self.fold()
-        self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
-        self._maybe_sync()
+        values renumbered to follow this log's; its sessions and origins follow this log's."""
+        absorb(self, os.fspath(source))
 
     def _commit(
         self, pieces: Iterable[tuple[Tail, np.ndarray]], rows: int, episodes: int, added: tuple[int, ...]
@@ -320,7 +277,7 @@ class LogWriter(Journaling):
         elif self.fsync == "interval" and time.monotonic() - self._synced >= self.every:
             # fsync alone, no msync of the windows (another thread may move them): where tails
             # are mapped (Linux, the BSDs) it writes the pages a mapping dirtied too
-            files = [(tail.fd, tail.path) for tail in self._all_tails()]
+            files = [(tail.fd, tail.path) for tail in self._all_tails()] + [(self.origins.fd, self.origins.path)]
             if self._syncer.start([*files, (self._commits.fileno(), self._commits.name)], self.commit.number):
                 self._synced = time.monotonic()
 
@@ -329,6 +286,7 @@ class LogWriter(Journaling):
         self._syncer.wait()
         for tail in self._all_tails():
             tail.sync()
+        self.origins.sync()
         os.fsync(self._commits.fileno())
         self._syncer.synced(self.commit.number)
         self._syncer.check()
@@ -381,6 +339,7 @@ class _Open:
     ) -> None:
         self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
         self.syncer, self.frames = syncer, frames
+        self.origins: OriginsFile | None = None
 
     def close(self) -> None:
         self.syncer.close()  # it syncs these files
@@ -389,6 +348,8 @@ class _Open:
         for frames in self.frames.values():
             frames.tail.close(frames.end)
         self.commits.close()
+        if self.origins is not None:
+            self.origins.close(self.commit.episodes)
         self.journal.close(
             self.journal.size
         )  # its records kept (the next writer or reader folds them), its lock let go

@@ -19,6 +19,7 @@ from flexibuff_envs.log.append_window import Tail
 from flexibuff_envs.log.format import EPISODE_LENGTHS, Column, Commit, LogHeader
 from flexibuff_envs.log.journal import FOLD, RECORD_BYTES, Record, batches, parts, parts_of, record
 from flexibuff_envs.log.markers import Marks, in_records, parse
+from flexibuff_envs.log.origins import OriginsFile
 from flexibuff_envs.log.ring_files import RING, left
 from flexibuff_envs.log.stage_files import left as stages_left
 from flexibuff_envs.log.stage_files import replayers
@@ -49,6 +50,7 @@ class Journaling:
         _direct: Direct | None
         _plan: Plan
         _syncer: Syncer
+        origins: OriginsFile
 
         def append(self, chunk: Chunk) -> None: ...
 
@@ -80,8 +82,10 @@ class Journaling:
             self._write_header(self.columns)
 
     @holding
-    def append_rows(self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray) -> None:
-        """Whole episodes of ``lengths``, back to back in the ring rows ``rows`` (ranges, or row
+    def append_rows(
+        self, storage: Storage, rows: Segments | np.ndarray, lengths: np.ndarray, origins: np.ndarray | None = None
+    ) -> None:
+        """Whole episodes of ``lengths`` and ``origins``, back to back in the ring rows ``rows`` (ranges, or row
         numbers) of ``storage`` (a buffer of this log's layout), as one journal record: their
         stored form (`Stored`), each column read straight from the ring's arrays when the rows
         are one range (else gathered in one piece); a marker naming the rows instead when the
@@ -97,11 +101,14 @@ class Journaling:
             stored = Stored(storage, rows, lengths.cumsum() - 1)
             if any(key not in self._tails for key in stored):
                 self.append(
-                    Chunk(storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()))
+                    Chunk(
+                        storage.spec, self.header.gamma, self.header.gae_lambda, lengths, tuple(stored.parts()), origins
+                    )
                 )
                 return
             self._fields = fields
             self._direct = Direct(self._plan, storage) if self._plan.matches(storage) else None
+        self.origins.put(self.next_episode, origins, len(lengths))  # before the episodes: `log.origins`
         if storage is self.marks.storage:
             self._put(self.marks.marker(self.commit.episodes + self.marks.episodes, rows, lengths))
             self.marks.add(rows, lengths)
@@ -113,7 +120,7 @@ class Journaling:
         """The log's number of the next episode appended."""
         return self.commit.episodes + self.marks.episodes + sum(r.episodes for r in self._records)
 
-    def mark(self, storage: Storage, lo: int, n: int) -> bool:
+    def mark(self, storage: Storage, lo: int, n: int, origins: np.ndarray | None = None) -> bool:
         """`append_rows` of one episode in the ``n`` ring rows from ``lo`` of a ring in files, by
         its marker alone (an episode's end, most often); False, with nothing done, where
         `append_rows` has more to do (no ring in files, a fold due, fields the log lacks). Its
@@ -125,6 +132,7 @@ class Journaling:
             or self._fields != (*storage.arrays, *storage.chains)
         ):
             return False
+        self.origins.put(self.next_episode, origins, 1)
         self._put(self.marks.one(self.commit.episodes + self.marks.episodes, lo, n))
         self.marks.add([(lo, lo + n)], np.array([n]))
         return True

@@ -91,6 +91,7 @@ class GymRecorder(Sourced, Unpicklable, gym.Wrapper, gym.utils.RecordConstructor
             lane=lane,
             bootstrap_fn=None if bootstrap_fn is None else lambda obs_, agent: bootstrap_fn(obs_),
         )
+        self._tag_origins(self._recorder.origins)
 
     @property
     def buffer_spec(self) -> BufferSpec:
@@ -99,7 +100,7 @@ class GymRecorder(Sourced, Unpicklable, gym.Wrapper, gym.utils.RecordConstructor
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
-        self._recorder.begin([(0, obs, info)])
+        self._recorder.begin([(0, obs, info)], seed=seed)
         return obs, info
 
     def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:

@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv, VectorWrapper
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError
+from flexibuff_envs.interrupts import HOLD
+from flexibuff_envs.recording.annotations import lane_feedback
 from flexibuff_envs.recording.setup import LogPath, Sourced, prepare_buffer
 from flexibuff_envs.recording.vector import BatchRecorder, VectorBootstrapFn
 from flexibuff_envs.recording.writer import Unpicklable, Writer
@@ -86,6 +88,9 @@ class VectorRecorder(Sourced, Unpicklable, VectorWrapper):
             bootstrap_fn=bootstrap_fn,
         )
         self._begin_session(env, "vector", policy)  # once its lanes are its own
+        self._tag_origins(self._recorder.origins)
+        # a vector env of its own (CartPole's) seeds its sub-envs together: they replay only as one
+        self._recorder.origins.apart = isinstance(env.unwrapped, (SyncVectorEnv, AsyncVectorEnv))
 
     @property
     def buffer_spec(self) -> BufferSpec:
@@ -101,7 +106,7 @@ class VectorRecorder(Sourced, Unpicklable, VectorWrapper):
         mask = (options or {}).get("reset_mask")  # read first: SyncVectorEnv pops it from options
         obs, info = self.env.reset(seed=seed, options=options)
         lanes = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
-        self._recorder.begin(lanes, obs, batch_masks(info, self.num_envs))
+        self._recorder.begin(lanes, obs, batch_masks(info, self.num_envs), seed)
         return obs, info
 
     def step(self, actions: Any) -> Any:
@@ -145,4 +150,6 @@ class VectorRecorder(Sourced, Unpicklable, VectorWrapper):
         """Add a human reward to sub-env ``lane``'s ``step``-th recorded step of its episode."""
         if not 0 <= lane < self.num_envs:
             raise InvalidArgumentError(f"add_feedback: lane must be in [0, {self.num_envs}), got {lane!r}")
-        self._recorder.feedback(lane, value, step)
+        recorder = self._recorder
+        with HOLD:
+            lane_feedback(recorder.writer, recorder.lane_ids[lane], lane, value, step)

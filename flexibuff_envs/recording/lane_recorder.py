@@ -18,6 +18,7 @@ from flexibuff_envs.interrupts import HOLD, holding
 from flexibuff_envs.recording.agent_slots import NUMBERS, AgentSlot, number
 from flexibuff_envs.recording.agent_state import AgentStates
 from flexibuff_envs.recording.annotations import Annotations, add_feedback
+from flexibuff_envs.recording.origins import LaneOrigins
 from flexibuff_envs.recording.setup import BootstrapFn, GlobalReward, reducer
 from flexibuff_envs.recording.writer import Writer
 from flexibuff_envs.spec.actions import ActionCodec
@@ -74,6 +75,7 @@ class LaneRecorder:
         # as agents that have not acted yet are not open)
         self.end_with_last_agent = True
         self._claim = writer.row_claimer(lane)
+        self.origins = LaneOrigins(1)  # of its episodes
         if writer.spec.action_mask:
             for slot in self.slots:
                 slot.enable_masks(writer)
@@ -86,16 +88,17 @@ class LaneRecorder:
                 slot.enable_masks(self.writer)
 
     @holding
-    def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None) -> None:
+    def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None, seed: Any = None) -> None:
         """A reset: close any episode still running (as truncated by the user), start a new one.
 
         Args:
             agents: ``(agent index, observation, info)`` of every agent present at the reset.
             state: the global state after the reset, when one is recorded.
+            seed: the reset's (its episode's origin: `recording.origins`).
         """
         if self.running:
             self.cut()
-        self.writer.begin_episode(self.lane)
+        self.writer.begin_episode(self.lane, self.origins.reset(0, seed))
         self.previous_rows = self.rows
         self.rows = []
         n = len(self.slots)
@@ -293,6 +296,7 @@ class LaneRecorder:
         """The step being recorded failed with ``error``: give back the rows it claimed (beyond
         the first ``rows`` of the episode), end the episode at its last whole step, and say so
         on ``error``."""
+        self.origins.broken()  # the env may have moved
         popped = set()
         while len(self.rows) > rows:
             row = self.rows.pop()

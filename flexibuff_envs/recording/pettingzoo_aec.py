@@ -118,7 +118,7 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
         self.env.reset(seed=seed, options=options)
         self._seen = None
         self._held = [{} for _ in self._index]
-        self._recorder.begin([], self._read_state())
+        self._recorder.begin([], self._read_state(), seed)
 
     @override
     def agent_iter(self, max_iter: int = 2**63) -> Any:

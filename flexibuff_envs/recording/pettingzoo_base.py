@@ -81,6 +81,7 @@ class PettingZooRecorderMixin(Sourced, Unpicklable):
         self._recorder = LaneRecorder(
             self._writer, obs, actions, lane=lane, bootstrap_fn=bootstrap_fn, global_reward=global_reward, state=state
         )
+        self._tag_origins(self._recorder.origins)
         if agent_state is not None:
             self._recorder.agent_states = AgentStates(self._writer, agent_state, env, ids)
         self._raw = env.unwrapped

@@ -92,7 +92,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
     @override
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         obs, infos = self.env.reset(seed=seed, options=options)
-        self._recorder.begin([(self._index[a], o, infos.get(a, {})) for a, o in obs.items()], self._read_state())
+        agents = [(self._index[a], o, infos.get(a, {})) for a, o in obs.items()]
+        self._recorder.begin(agents, self._read_state(), seed)
         return obs, infos
 
     @property

@@ -14,6 +14,7 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.index.returns import check_gamma
+from flexibuff_envs.recording.origins import LaneOrigins
 from flexibuff_envs.sampling.priorities import check_alpha
 from flexibuff_envs.spec import BufferSpec, provenance
 from flexibuff_envs.storage.fields import extra_fields as extra_fields_of
@@ -95,9 +96,17 @@ class Sourced:
 
     buffer: FlexibleBuffer
     _session: int
+    _origins: LaneOrigins | None = None  # its recorder's (`recording.origins`), once made
 
     def _begin_session(self, env: Any, api: str, policy: str, env_kwargs: Mapping[str, Any] | None = None) -> None:
         self._session = self.buffer.add_session(provenance.session(env, api, policy=policy, env_kwargs=env_kwargs))
+        self._tag_origins(self._origins)
+
+    def _tag_origins(self, origins: LaneOrigins | None) -> None:
+        """Episodes ``origins`` (the recorder's) begins from now on are this session's."""
+        self._origins = origins
+        if origins is not None:
+            origins.session = self._session
 
     def set_policy(self, tag: str) -> None:
         """Tag the episodes that end from now on with ``tag`` (the policy acting, a checkpoint's
@@ -106,3 +115,4 @@ class Sourced:
         begun = self.buffer._sessions[self._session]
         tagged = {**begun, "policy": provenance.policy_tag(tag), "started": time.time(), "first_episode": None}
         self._session = self.buffer.add_session(tagged)
+        self._tag_origins(self._origins)

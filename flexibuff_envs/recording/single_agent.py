@@ -124,9 +124,9 @@ class SingleLaneRecorder(LaneRecorder):
                 self.last[0] = self.rows[-1]
 
     @holding
-    def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None) -> None:
+    def begin(self, agents: Iterable[tuple[int, Any, Mapping[str, Any]]], state: Any = None, seed: Any = None) -> None:
         self.commit()
-        super().begin(agents, state)
+        super().begin(agents, state, seed)
 
     def observe(self, index: int, obs: Any) -> None:
         """The agent acts next on ``obs``, which need not be what its last step left it (a replay

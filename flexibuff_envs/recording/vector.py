@@ -21,7 +21,8 @@ from gymnasium.vector import AutoresetMode
 from flexibuff_envs.errors import note
 from flexibuff_envs.index.lanes import span_rows
 from flexibuff_envs.interrupts import holding
-from flexibuff_envs.recording.annotations import StagedAnnotations, lane_feedback
+from flexibuff_envs.recording.annotations import StagedAnnotations
+from flexibuff_envs.recording.origins import LaneOrigins
 from flexibuff_envs.recording.vector_blocks import ends_of, episode_spans, publish, transitions
 from flexibuff_envs.recording.vector_stage import stage_for
 from flexibuff_envs.recording.writer import Writer
@@ -77,6 +78,7 @@ class BatchRecorder:
         self._k = 0  # steps staged
         # in a file of the buffer's log, replayed after a kill, when no bootstrap must be called
         self._stage = stage_for(writer, codec, action, lanes, self.block, mode, durable=bootstrap_fn is None)
+        self.origins = LaneOrigins(n)  # of the episodes each sub-env begins
         self._stage.obs[0] = self.obs.values()
         self.mask: HeldBatch | None = None
         if writer.spec.action_mask:
@@ -90,7 +92,7 @@ class BatchRecorder:
         # running that this recorder did not begin; the running episode's first rows forgotten
         self._live_end, self._opened = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self._foreign, self._clipped = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-        self._ended: list[tuple[np.ndarray, ...]] = []  # not committed: lanes, starts, ends, bootstraps, whole
+        self._ended: list[tuple[np.ndarray, ...]] = []  # not committed: lanes, starts, ends, boots, whole, origins
         self._returned = 0  # of them, those with their G written (and logged)
         self._draining = False
         self._version = -1
@@ -129,17 +131,17 @@ class BatchRecorder:
     def _push(self) -> None:
         """The lanes as of the last written block: positions, ended episodes and running ones."""
         self._return_ended()
-        spans = tuple(map(np.concatenate, zip(*self._ended)))[:3] if self._ended else None
+        spans = tuple(np.concatenate(parts) for k, parts in enumerate(zip(*self._ended)) if k in (0, 1, 2, 5))
         self._ended, self._returned = [], 0
-        publish(self.writer.lanes(self.lane_ids), spans, self.pos, self.start, self.running)
+        publish(self.writer.lanes(self.lane_ids), spans or None, self.pos, self.start, self.running, self.origins.at)
 
     def _return_ended(self) -> None:
         """``G`` of the episodes ended since the last call, then the episode log (if one is kept)
         gets them; the lanes stay behind until the next `commit`."""
         fresh = self._ended[self._returned :]
         if fresh:
-            which, starts, ends, boots, whole = (np.concatenate(parts) for parts in zip(*fresh))
-            self.writer.end_runs(self._lane_array[which], starts, ends, boots, whole)
+            which, starts, ends, boots, whole, origins = (np.concatenate(parts) for parts in zip(*fresh))
+            self.writer.end_runs(self._lane_array[which], starts, ends, boots, whole, origins)
             self._returned = len(self._ended)
 
     def resume(self, running: np.ndarray, resetting: np.ndarray, arrays: Mapping[str, np.ndarray], k: int) -> None:
@@ -294,15 +296,15 @@ class BatchRecorder:
         if self.bootstrap_fn is not None:
             for j in np.flatnonzero(truncated[at, lanes]).tolist():
                 boots[j] = self.bootstrap_fn(self.writer.as_batch("obs_", end_obs[j]))
-        self._ended.append((lanes, first, last, boots, whole))
+        self._ended.append((lanes, first, last, boots, whole, self.origins.of(lanes, first)))
 
     # ----------------------------------------------------------------- resets and failures
 
     @holding
-    def begin(self, lanes: np.ndarray, obs: Any, masks: np.ndarray | None = None) -> None:
-        """Lanes ``lanes`` (indices) were reset by the user to ``obs`` (the whole batch; with
-        ``masks``, the batch's legal-action flags ``[n, actions]``): episodes running there end
-        as truncated."""
+    def begin(self, lanes: np.ndarray, obs: Any, masks: np.ndarray | None = None, seed: Any = None) -> None:
+        """Lanes ``lanes`` (indices) were reset by the user with ``seed`` (the vector env's) to
+        ``obs`` (the whole batch; with ``masks``, the batch's legal-action flags ``[n, actions]``):
+        episodes running there end as truncated."""
         values = self._stage.codec.batch(obs)[lanes]  # may raise: then nothing has changed
         self._drain()
         if masks is not None and self.mask is None and self._mask_width:
@@ -324,6 +326,7 @@ class BatchRecorder:
             self.mask.hold(lanes, packed)
             self._stage.masks[0] = self.mask.values()
         self.start[lanes] = self.pos[lanes]
+        self.origins.reset_lanes(lanes, seed, self.pos)
         self.running[lanes], self._resetting[lanes] = True, False
         self.writer.uncommitted()
         self._settle(log=bool(cut.size) and (self.writer.logging_each_step or self._stage.durable))
@@ -356,7 +359,10 @@ class BatchRecorder:
             for k, lane in enumerate(lanes.tolist()):
                 value = self.obs.value(lane)
                 boots[k] = self.bootstrap_fn(self.writer.as_batch("obs_", value))
-        self._ended.append((lanes, self.start[lanes], self.pos[lanes].copy(), boots, ~self._clipped[lanes]))
+        starts = self.start[lanes]
+        self._ended.append(
+            (lanes, starts, self.pos[lanes].copy(), boots, ~self._clipped[lanes], self.origins.of(lanes, starts))
+        )
         self.running[lanes] = self._clipped[lanes] = False
         self.writer.uncommitted()
 
@@ -375,6 +381,7 @@ class BatchRecorder:
     def abandon(self, error: BaseException) -> None:
         """The step staged, or the vector env's (a Ctrl-C: which sub-env moved is unknown), failed
         with ``error``: every running episode ends at its last whole step as truncated, ``error`` says so."""
+        self.origins.broken()  # which sub-env moved is unknown
         if self._k or self.running.any():  # staged steps may begin episodes `running` does not show yet
             self.truncate(bootstrap=False)
             resumes = "its last whole step (as truncated) and its recording resumes at its next reset"
@@ -391,8 +398,3 @@ class BatchRecorder:
             self._drain()
             self._stage.stop()
         self.annotations.add(fields, self._drain)
-
-    @holding
-    def feedback(self, lane: int, value: float, step: int) -> None:
-        """Add a human reward to sub-env ``lane``'s ``step``-th step (`annotations.lane_feedback`)."""
-        lane_feedback(self.writer, self.lane_ids[lane], lane, value, step)

@@ -5,12 +5,14 @@ lanes up to date with the blocks written. `BatchRecorder` applies them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from flexibuff_envs.index.lanes import Episode, Lane
+from flexibuff_envs.index.origins import Origin
 
 
 @dataclass
@@ -63,32 +65,42 @@ def episode_spans(
 
 
 def publish(
-    lanes: list[Lane], ended: tuple[np.ndarray, ...] | None, pos: np.ndarray, start: np.ndarray, running: np.ndarray
+    lanes: list[Lane],
+    ended: tuple[np.ndarray, ...] | None,
+    pos: np.ndarray,
+    start: np.ndarray,
+    running: np.ndarray,
+    origin_at: Callable[[int, int], Origin],
 ) -> None:
     """Bring ``lanes`` up to date: the episodes ``ended`` (arrays of their lane, first and end
-    positions, in the order they ended; or None) end there, then each lane is written up to
-    ``pos``, running the episode that began at ``start`` where ``running``."""
+    positions and origins, in the order they ended; or None) end there, then each lane is
+    written up to ``pos``, running the episode that began at ``start`` where ``running``, of
+    the origin ``origin_at(lane, start)``."""
     if ended is not None:
-        which, firsts, ends = ended
+        which, firsts, ends, origins = ended
         order = np.argsort(which, kind="stable")  # lane by lane, each in time order
         bounds = np.searchsorted(which[order], np.arange(len(lanes) + 1))
-        first, last = firsts[order], ends[order]
+        first, last, origins = firsts[order], ends[order], origins[order]
         for i in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
             lane, lo, hi = lanes[i], bounds[i], bounds[i + 1]
             _running_episode(lane, int(first[lo]))  # the first may be the episode running there
             lane.running.end = int(last[lo])  # type: ignore[union-attr]
+            lane.origin = origins[lo].item()
             lane.end()
-            lane.ended.extend(first[lo + 1 : hi], last[lo + 1 : hi])
-    for lane, at, begun, runs in zip(lanes, pos.tolist(), start.tolist(), running.tolist()):
+            lane.ended.extend(first[lo + 1 : hi], last[lo + 1 : hi], True, origins[lo + 1 : hi])
+    for i, (lane, at, begun, runs) in enumerate(zip(lanes, pos.tolist(), start.tolist(), running.tolist())):
         lane.written = at
         lane.dirty = max(lane.dirty, at)
         if runs:
-            _running_episode(lane, begun)
+            if _running_episode(lane, begun):
+                lane.origin = origin_at(i, begun)
             lane.running.end = at  # type: ignore[union-attr]
 
 
-def _running_episode(lane: Lane, start: int) -> None:
-    """``lane`` runs the episode that began at ``start`` (a new one unless it already does)."""
-    if lane.running is None or lane.running.start != start:
-        lane.running = Episode(start, start)
-        lane.agents.begin(start)
+def _running_episode(lane: Lane, start: int) -> bool:
+    """``lane`` runs the episode that began at ``start``: whether it is a new one."""
+    if lane.running is not None and lane.running.start == start:
+        return False
+    lane.running = Episode(start, start)
+    lane.agents.begin(start)
+    return True

@@ -19,6 +19,7 @@ import numpy as np
 from flexibuff_envs.errors import ArgumentTypeError, SpecMismatchError
 from flexibuff_envs.index.episode_ends import write_episode_returns, write_run_returns
 from flexibuff_envs.index.lanes import Lane, span_rows
+from flexibuff_envs.index.origins import UNKNOWN, Origin
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log.stage_files import Layout, StageFile
 from flexibuff_envs.spec.actions import ActionCodec
@@ -254,10 +255,10 @@ class Writer:
 
     # ----------------------------------------------------------------- episodes
 
-    def begin_episode(self, lane: int) -> None:
-        """Start an episode in ``lane`` (`FlexibleBuffer.begin_episode`: one still running there,
-        a loaded file's, is closed first as truncated)."""
-        self.buffer.begin_episode(lane)
+    def begin_episode(self, lane: int, origin: Origin = UNKNOWN) -> None:
+        """Start an episode of ``origin`` in ``lane`` (`FlexibleBuffer.begin_episode`: one still
+        running there, a loaded file's, is closed first as truncated)."""
+        self.buffer._begin_episode(lane, origin)
 
     def end_episode(self, lane: int, bootstrap: np.ndarray | float | None = None) -> None:
         """Close ``lane``'s running episode (`FlexibleBuffer.end_episode`; the recorder's own lane,
@@ -286,17 +287,25 @@ class Writer:
             lane_.agents.rejoin(agent, lane_.running.end)
 
     def end_runs(
-        self, lanes: np.ndarray, starts: np.ndarray, ends: np.ndarray, bootstrap: np.ndarray, whole: np.ndarray
+        self,
+        lanes: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        bootstrap: np.ndarray,
+        whole: np.ndarray,
+        origins: np.ndarray,
     ) -> None:
-        """Many single-agent episodes ended at positions ``[starts, ends)`` of the buffer lanes
-        ``lanes``, each bootstrapped by its ``bootstrap``: their ``G`` (and GAE where values were
+        """Many single-agent episodes of ``origins`` ended at positions ``[starts, ends)`` of the
+        buffer lanes ``lanes``, each bootstrapped by its ``bootstrap``: their ``G`` (and GAE where values were
         annotated) in one pass, then those ``whole`` (none of their rows forgotten) go to the
         episode log (if one is kept), the lanes left as they are (the recorder brings them up to date)."""
         if not starts.size:
             return
         buffer = self.buffer
         order = np.lexsort((starts, lanes))  # lane by lane, each in time order: as the log holds them
-        lanes, starts, ends, bootstrap, whole = (a[order] for a in (lanes, starts, ends, bootstrap, whole))
+        lanes, starts, ends, bootstrap, whole, origins = (
+            a[order] for a in (lanes, starts, ends, bootstrap, whole, origins)
+        )
         rows = span_rows(lanes * buffer.num_steps, buffer.num_steps, starts, ends)
         write_run_returns(self.storage, rows, np.cumsum(ends - starts) - 1, bootstrap, buffer.gamma, buffer.gae_lambda)
-        buffer._log_ended(lanes, starts, ends, rows, whole)
+        buffer._log_ended(lanes, starts, ends, rows, whole, origins)

@@ -175,3 +175,39 @@ def _(space: spaces.Dict, where: str) -> ActionCodec:
 def action_codec(space: spaces.Space, where: str = "action space") -> ActionCodec:
     """The codec for an action space; `UnsupportedSpaceError` names ``where`` if none fits."""
     return _action_codec(space, where)
+
+
+def action_decoder(space: spaces.Space) -> Callable[[np.ndarray, np.ndarray], Any]:
+    """The inverse of `action_codec`'s encoding: ``decode(discrete, continuous)`` (a stored row's
+    ``[heads]`` and ``[dim]``) is the action of ``space`` that was recorded so (a replay's)."""
+    if isinstance(space, spaces.Discrete):
+        start = int(space.start)
+        return lambda d, c: int(d[0]) + start
+    if isinstance(space, spaces.MultiDiscrete):
+        starts = np.asarray(space.start, dtype=np.int64).reshape(-1)
+        return lambda d, c: (np.asarray(d, dtype=np.int64) + starts).astype(space.dtype).reshape(space.shape)
+    if isinstance(space, spaces.MultiBinary):
+        return lambda d, c: np.asarray(d).astype(space.dtype).reshape(space.shape)
+    if isinstance(space, spaces.Box):
+        return lambda d, c: np.asarray(c).astype(space.dtype).reshape(space.shape)
+    keys: list[str] | None = None
+    if isinstance(space, spaces.Dict):
+        keys = list(space.spaces)
+        children = [space.spaces[k] for k in keys]
+    elif isinstance(space, spaces.Tuple):
+        children = list(space.spaces)
+    else:
+        raise UnsupportedSpaceError(f"{space!r} is not supported; supported action spaces: {ACTION_SPACES}")
+    decoders, cuts = [], []
+    heads = width = 0
+    for child in children:
+        codec = action_codec(child)
+        decoders.append(action_decoder(child))
+        cuts.append((heads, heads + len(codec.cardinalities), width, width + codec.continuous_dim))
+        heads, width = cuts[-1][1], cuts[-1][3]
+
+    def decode(d: np.ndarray, c: np.ndarray) -> Any:
+        parts = [f(d[a:b], c[x:y]) for f, (a, b, x, y) in zip(decoders, cuts)]
+        return dict(zip(keys, parts)) if keys is not None else tuple(parts)
+
+    return decode

@@ -26,7 +26,7 @@ from flexibuff_envs.sampling import episode_hash
 #: how an episode ended, by its last row's flags: every agent's, the team's
 ENDINGS = ("terminated", "truncated", "cut")
 #: the columns the table sorts by
-SORTS = ("episode", "length", "return", "ended", "deaths")
+SORTS = ("episode", "length", "return", "ended", "deaths", "seed")
 #: agents drawn one line each; more are drawn one line per group (`agent_groups`)
 SHOWN_AGENTS = 8
 #: the points a curve is thinned to
@@ -66,6 +66,7 @@ class Table:
     team: np.ndarray  # [E]: the team's return (the global reward's sum, else the agents')
     ended: np.ndarray  # [E]: an index into ENDINGS
     deaths: np.ndarray  # [E]: agents terminated before the episode's last step
+    seeds: np.ndarray  # [E]: the reset seed of each (-1: none; `FlexibleBuffer.episode_origins`)
 
 
 class Run:
@@ -135,7 +136,7 @@ class Run:
         team = returns.sum(axis=1)
         if "global_rewards" in store:
             team = episode_sums(store["global_rewards"][None], lanes)[0]
-        return Table(lengths, returns, team, ended, deaths)
+        return Table(lengths, returns, team, ended, deaths, buffer.episode_origins()["seed"])
 
     @property
     def dies(self) -> bool:
@@ -187,25 +188,21 @@ class Run:
         ended: str | None = None,
         least: float | None = None,
         most: float | None = None,
+        seed: int | None = None,
         offset: int = 0,
         limit: int = 50,
     ) -> dict[str, Any]:
         """A page of the table: ``limit`` episodes from ``offset``, sorted by ``sort`` (by
         ``agent``'s return, or the team's), only those that ended as ``ended`` with a return in
-        ``[least, most]``."""
+        ``[least, most]`` (and reset with ``seed``)."""
         t = self.table
         if sort not in SORTS:
             raise InvalidArgumentError(f"sort must be one of {list(SORTS)}, got {sort!r}")
         if agent is not None and not 0 <= agent < t.returns.shape[1]:
             raise OutOfRangeError(f"agent {agent} is not one of the {t.returns.shape[1]} agents")
         value = t.team if agent is None else t.returns[:, agent]
-        keys = {
-            "episode": np.arange(len(t.lengths)),
-            "length": t.lengths,
-            "return": value,
-            "ended": t.ended,
-            "deaths": t.deaths,
-        }[sort]
+        columns = {"episode": np.arange(len(t.lengths)), "length": t.lengths, "return": value}
+        keys = {**columns, "ended": t.ended, "deaths": t.deaths, "seed": t.seeds}[sort]
         order = np.argsort(-keys if descending else keys, kind="stable")  # ties in episode order either way
         keep = np.ones(order.size, bool)
         if ended is not None:
@@ -216,6 +213,8 @@ class Run:
             keep &= value[order] >= least
         if most is not None:
             keep &= value[order] <= most
+        if seed is not None:
+            keep &= t.seeds[order] == seed
         order = order[keep]
         page = order[offset : offset + limit]
         return {
@@ -228,6 +227,7 @@ class Run:
                     "returns": t.returns[k].round(6).tolist(),
                     "ended": ENDINGS[t.ended[k]],
                     "deaths": int(t.deaths[k]),
+                    "seed": int(t.seeds[k]) if t.seeds[k] >= 0 else None,
                 }
                 for k in page.tolist()
             ],

@@ -7,7 +7,7 @@ which it only reads.
     GET /static/<name>                  one of `ASSETS`
     GET /api/runs                       every run's summary (a log appended to is read again)
     GET /api/curves?run=&smooth=        a run's lines over episodes, thinned to what a chart draws
-    GET /api/episodes?run=&sort=&desc=&agent=&ended=&least=&most=&offset=&limit=
+    GET /api/episodes?run=&sort=&desc=&agent=&ended=&least=&most=&seed=&offset=&limit=
     GET /api/episode?run=&episode=      an episode's timeline per agent (no observations read)
     GET /api/hash?run=&episode=         its content hash (reads the whole episode)
     GET /api/observations?run=&episode=&agent=   an agent's observation over the episode
@@ -111,6 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
                 ended=query.get("ended") or None,
                 least=_number(query, "least"),
                 most=_number(query, "most"),
+                seed=_index(query, "seed", 1 << 63) if query.get("seed") else None,
                 offset=_index(query, "offset", 1 << 62, 0),
                 limit=_index(query, "limit", 1001, 50, least=1),
             )

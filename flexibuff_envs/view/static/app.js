@@ -8,12 +8,12 @@ const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"
 const PAGE = 50;
 const SHOWN = 8; // agents shown in an episode until others are chosen
 const state = Object.assign(
-  { run: 0, sort: "episode", desc: 0, agent: "", ended: "", least: "", most: "", offset: 0, episode: -1, step: 0, agents: "" },
+  { run: 0, sort: "episode", desc: 0, agent: "", ended: "", least: "", most: "", seed: "", offset: 0, episode: -1, step: 0, agents: "" },
   Object.fromEntries(new URLSearchParams(location.hash.slice(1)))
 );
 for (const key of ["run", "desc", "offset", "episode", "step"]) state[key] = Math.max(key === "episode" ? -1 : 0, Math.trunc(Number(state[key])) || 0);
-if (!["episode", "length", "return", "ended", "deaths"].includes(state.sort)) state.sort = "episode";
-for (const key of ["least", "most"]) if (state[key] !== "" && !Number.isFinite(Number(state[key]))) state[key] = "";
+if (!["episode", "length", "return", "ended", "deaths", "seed"].includes(state.sort)) state.sort = "episode";
+for (const key of ["least", "most", "seed"]) if (state[key] !== "" && !Number.isFinite(Number(state[key]))) state[key] = "";
 state.desc = state.desc ? 1 : 0;
 let runs = [];
 let charts = [];
@@ -115,7 +115,7 @@ function listRuns() {
 async function loadTable() {
   const query = new URLSearchParams({
     run: state.run, sort: state.sort, desc: state.desc, agent: state.agent, ended: state.ended,
-    least: state.least, most: state.most, offset: state.offset, limit: PAGE,
+    least: state.least, most: state.most, seed: state.seed, offset: state.offset, limit: PAGE,
   });
   const page = await api(`/api/episodes?${query}`);
   total = page.total;
@@ -130,7 +130,7 @@ async function loadTable() {
     const tr = document.createElement("tr");
     tr.dataset.episode = row.episode;
     tr.classList.toggle("chosen", row.episode === state.episode);
-    const cells = [row.episode, row.length, number(row.return, 3), row.returns.map((v) => number(v, 2)).join(" "), row.ended, row.deaths];
+    const cells = [row.episode, row.length, number(row.return, 3), row.returns.map((v) => number(v, 2)).join(" "), row.ended, row.deaths, row.seed ?? "-"];
     for (const value of cells) {
       const td = document.createElement("td");
       td.textContent = value;
@@ -318,7 +318,7 @@ document.querySelectorAll("th[data-sort]").forEach((th) => th.addEventListener("
   remember();
   loadTable();
 }));
-for (const [id, key] of [["run-select", "run"], ["agent-select", "agent"], ["ended-select", "ended"], ["least", "least"], ["most", "most"]]) {
+for (const [id, key] of [["run-select", "run"], ["agent-select", "agent"], ["ended-select", "ended"], ["least", "least"], ["most", "most"], ["seed", "seed"]]) {
   $(id).addEventListener("change", () => {
     state[key] = key === "run" ? Number($(id).value) : $(id).value;
     state.offset = 0;
@@ -352,5 +352,6 @@ async function poll() { // the next refresh only once this one is done: slow one
   $("ended-select").value = state.ended;
   $("least").value = state.least;
   $("most").value = state.most;
+  $("seed").value = state.seed;
   await poll(); // it opens the episode the URL names, once the run holds it
 })();
