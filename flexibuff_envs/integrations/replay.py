@@ -24,25 +24,13 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, SpecMismatchError
+from flexibuff_envs.index import EpisodeTable, episode_table
 from flexibuff_envs.index.origins import FOLLOWS, KNOWN, SEEDED
-from flexibuff_envs.integrations.replay_play import play
-from flexibuff_envs.integrations.tables import Source, episode_arrays, open_source
-from flexibuff_envs.sampling.samplers import Episodes
+from flexibuff_envs.integrations.replay_play import COMPARED, GATHERED, Arrays, Replayer
+from flexibuff_envs.integrations.tables import GLOBAL, Source, episode_arrays, open_source
 
-#: the fields a replay must give again (actions are what it gives the env; values, log probs
-#: and feedback are the agent's and the user's, not the env's)
-COMPARED = (
-    "obs",
-    "obs_",
-    "individual_rewards",
-    "terminated",
-    "truncated",
-    "active",
-    "action_mask",
-    "action_mask_",
-    "state",
-    "state_",
-)
+#: rows replayed and compared at a time (an episode longer is one block)
+BLOCK_ROWS = 1 << 16
 #: what `gymnasium.make_vec` adds to the keywords of its sub-envs' spec
 _VECTOR_KWARGS = frozenset({"num_envs", "vectorization_mode", "vector_kwargs", "wrappers"})
 #: `replay`'s verdict on an episode beside "clean"
@@ -197,88 +185,110 @@ def _maker(session: dict[str, Any] | None, api: str, env: Callable[[], Any] | No
 def _check_chain(
     buffer: FlexibleBuffer, chain: list[int], seeds: np.ndarray, api: str, make: Callable[[], Any], report: ReplayReport
 ) -> None:
-    """Replay ``chain`` and set each of its episodes' verdict in ``report``."""
-    recorded = [episode_arrays(b, buffer.spec) for b in buffer.draw(Episodes(chosen=tuple(chain)))]
+    """Replay ``chain`` a block of episodes at a time and set each one's verdict in ``report``."""
+    table = episode_table(buffer._index.read())
+    lengths = table.lengths[chain]
+    blocks = _blocks(lengths)
+    capacity = max(int(lengths[lo:hi].sum()) for lo, hi in blocks) + 2
     try:
-        first = _play(buffer, chain, recorded, seeds, api, make)
+        replayer = Replayer(buffer.spec, api, make, capacity)
     except SpecMismatchError as exc:
-        report.skipped.update(
-            {k: f"the env made again does not match the recording ({exc}): give it (--env)" for k in chain}
-        )
+        why = f"the env made again does not match the recording ({exc}): give it (--env)"
+        report.skipped.update({k: why for k in chain})
         return
-    found = _first_difference(chain, recorded, first, buffer.spec.agent_ids)
+    found = None
+    try:
+        for lo, hi in blocks:
+            recorded = _recorded(buffer, table, chain[lo:hi])
+            replayed = replayer.play([int(seeds[k]) for k in chain[lo:hi]], recorded, lengths[lo:hi])
+            found = _first_difference(chain[lo:hi], recorded, lengths[lo:hi], *replayed, buffer.spec.agent_ids)
+            if found is not None:
+                break
+            report.clean.extend(chain[lo:hi])
+    finally:
+        replayer.close()
     if found is None:
-        report.clean.extend(chain)
         return
     at, divergence = found
-    second = _play(buffer, chain[: at + 1], recorded[: at + 1], seeds, api, make)
-    if _first_difference(chain[: at + 1], first[: at + 1], second, buffer.spec.agent_ids) is not None:
-        report.nondeterministic.extend(chain[at:])
+    again = Replayer(buffer.spec, api, make, capacity)  # from the chain's head, up to that block
+    try:
+        for lo2, hi2 in blocks[: blocks.index((lo, hi))]:
+            earlier = chain[lo2:hi2]
+            again.play([int(seeds[k]) for k in earlier], _recorded(buffer, table, earlier), lengths[lo2:hi2])
+        second = again.play([int(seeds[k]) for k in chain[lo:hi]], recorded, lengths[lo:hi])
+    finally:
+        again.close()
+    if _first_difference(chain[lo:hi], replayed[0], replayed[1], *second, buffer.spec.agent_ids) is not None:
+        report.nondeterministic.extend(chain[lo + at :])
     else:
         report.divergences.append(divergence)
-    report.clean.extend(chain[:at])
+    report.clean.extend(chain[lo : lo + at])
 
 
-def _play(
-    buffer: FlexibleBuffer,
-    chain: list[int],
-    recorded: list[dict[str, np.ndarray]],
-    seeds: np.ndarray,
-    api: str,
-    make: Callable[[], Any],
-) -> list[dict[str, np.ndarray]]:
-    """The chain replayed in a fresh env: each episode's arrays as `episode_arrays` gives them
-    (an episode that did not end with its recorded actions: the rows it has)."""
-    return play(buffer.spec, [int(seeds[k]) for k in chain], recorded, api, make)
+def _blocks(lengths: np.ndarray) -> list[tuple[int, int]]:
+    """Runs of consecutive episodes of at most `BLOCK_ROWS` rows together (one at least)."""
+    out, lo, rows = [], 0, 0
+    for k, n in enumerate(lengths.tolist()):
+        if k > lo and rows + n > BLOCK_ROWS:
+            out.append((lo, k))
+            lo, rows = k, 0
+        rows += n
+    out.append((lo, len(lengths)))
+    return out
+
+
+def _recorded(buffer: FlexibleBuffer, table: EpisodeTable, episodes: list[int]) -> Arrays:
+    """The rows of ``episodes`` (back to back) as `episode_arrays` gives them: one gather."""
+    ks = np.array(episodes)
+    some = EpisodeTable(table.starts[ks], table.ends[ks], table.offsets[ks], table.capacity)
+    return episode_arrays(buffer.gather(some.all_rows()[0], fields=GATHERED), buffer.spec)
 
 
 def _first_difference(
     chain: list[int],
-    recorded: list[dict[str, np.ndarray]],
-    replayed: list[dict[str, np.ndarray]],
+    recorded: Arrays,
+    lengths: np.ndarray,
+    replayed: Arrays,
+    replayed_lengths: np.ndarray,
     agents: Sequence[str],
 ) -> tuple[int, Divergence] | None:
-    """The first episode of ``chain`` (its place) where ``replayed`` differs, and where."""
-    for at, (k, a, b) in enumerate(zip(chain, recorded, replayed)):
-        divergence = _difference(k, a, b, agents)
-        if divergence is not None:
-            return at, divergence
-    if len(replayed) < len(recorded):
-        return len(replayed), Divergence(chain[len(replayed)], 0, "", "episode", "recorded", "not replayed")
-    return None
-
-
-def _difference(k: int, a: dict[str, np.ndarray], b: dict[str, np.ndarray], agents: Sequence[str]) -> Divergence | None:
-    """Where one episode's replayed arrays ``b`` first differ from its recorded ``a``."""
-    best: Divergence | None = None
+    """The first episode of ``chain`` (its place) where ``replayed`` (back to back, of
+    ``replayed_lengths``) differs from ``recorded`` (of ``lengths``), and where."""
+    n = min(len(lengths), len(replayed_lengths))
+    unequal = np.flatnonzero(lengths[:n] != replayed_lengths[:n])
+    last = int(unequal[0]) if unequal.size else n  # episodes before it line up row for row
+    shorter = min(int(lengths[last]), int(replayed_lengths[last])) if last < n else 0
+    rows = int(lengths[:last].sum()) + shorter
+    ends = np.cumsum(lengths)
+    best: tuple[int, str, int, Any, Any] | None = None  # row, field, agent, values
     for name in COMPARED:
-        x, y = a.get(name), b.get(name)
+        x, y = recorded.get(name), replayed.get(name)
         if x is None and y is None:
             continue
         if x is None or y is None:
-            return Divergence(
-                k, 0, "", name, "recorded" if x is not None else None, "recorded" if y is not None else None
+            return 0, Divergence(
+                chain[0], 0, "", name, "recorded" if x is not None else None, "recorded" if y is not None else None
             )
-        per_agent = x.ndim >= 2 and x.shape[0] == len(agents) and name not in ("state", "state_")
+        per_agent = name not in GLOBAL
         x2, y2 = (x, y) if per_agent else (x[None], y[None])
-        steps = min(x2.shape[1], y2.shape[1])
-        same = _equal(x2[:, :steps], y2[:, :steps])
-        if steps < max(x2.shape[1], y2.shape[1]):
-            same = np.concatenate([same, np.zeros((same.shape[0], 1), bool)], axis=1)
+        same = _equal(x2[:, :rows], y2[:, :rows])
         if same.all():
             continue
-        agent, step = np.argwhere(~same.T)[0][::-1].tolist()
-        if best is None or step < best.step:
-            past = step >= steps
-            best = Divergence(
-                k,
-                step,
-                agents[agent] if per_agent else "",
-                "length" if past else name,
-                x2.shape[1] if past else x2[agent, step],
-                y2.shape[1] if past else y2[agent, step],
-            )
-    return best
+        agent, row = np.argwhere(~same.T)[0][::-1].tolist()
+        if best is None or row < best[0]:
+            best = (row, name, agent if per_agent else -1, x2[agent, row], y2[agent, row])
+    if best is None and last >= n and len(replayed_lengths) >= len(lengths):
+        return None
+    if best is None:  # the rows held agree: an episode ended at another step
+        at = min(n, last)
+        step = shorter
+        recorded_length = int(lengths[at])
+        replayed_length = int(replayed_lengths[at]) if at < len(replayed_lengths) else 0
+        return at, Divergence(chain[at], step, "", "length", recorded_length, replayed_length)
+    row, name, agent, a, b = best
+    at = int(np.searchsorted(ends, row, side="right"))
+    step = row - (int(ends[at - 1]) if at else 0)
+    return at, Divergence(chain[at], step, agents[agent] if agent >= 0 else "", name, a, b)
 
 
 def _equal(x: np.ndarray, y: np.ndarray) -> np.ndarray:

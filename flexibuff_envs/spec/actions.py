@@ -177,6 +177,21 @@ def action_codec(space: spaces.Space, where: str = "action space") -> ActionCode
     return _action_codec(space, where)
 
 
+def actions_of(space: spaces.Space, discrete: np.ndarray | None, continuous: np.ndarray | None) -> list[Any]:
+    """`action_decoder` of every row of ``discrete`` (``[T, heads]``) and ``continuous``
+    (``[T, dim]``): a Discrete or Box space's in one numpy operation."""
+    if isinstance(space, spaces.Discrete) and discrete is not None:
+        return (discrete[:, 0] + int(space.start)).tolist()
+    if isinstance(space, spaces.Box) and continuous is not None:
+        return list(np.asarray(continuous).astype(space.dtype).reshape(len(continuous), *space.shape))
+    decode, none = action_decoder(space), np.zeros(0)
+    rows = len(discrete) if discrete is not None else len(continuous) if continuous is not None else 0
+    return [
+        decode(none if discrete is None else discrete[t], none if continuous is None else continuous[t])
+        for t in range(rows)
+    ]
+
+
 def action_decoder(space: spaces.Space) -> Callable[[np.ndarray, np.ndarray], Any]:
     """The inverse of `action_codec`'s encoding: ``decode(discrete, continuous)`` (a stored row's
     ``[heads]`` and ``[dim]``) is the action of ``space`` that was recorded so (a replay's)."""
