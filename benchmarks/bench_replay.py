@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 from stamp import commit, machine  # beside this script
 
 import flexibuff_envs as fe

@@ -29,8 +29,10 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, UnknownNameError
-from flexibuff_envs.index import episode_table
-from flexibuff_envs.integrations.tables import Source, blocks, into_buffer, open_source
+from flexibuff_envs.files.chunk import copy
+from flexibuff_envs.index import EpisodeTable, episode_table
+from flexibuff_envs.integrations.tables import Source, open_source
+from flexibuff_envs.log import LogHeader, LogWriter
 from flexibuff_envs.spec import provenance
 from flexibuff_envs.view.data import ENDINGS, Run, episode_sums
 
@@ -44,8 +46,8 @@ _COMPARE = {
     ast.Gt: np.greater,
     ast.GtE: np.greater_equal,
 }
-#: rows gathered at a time when a selection is copied
-BLOCK_ROWS = 65_536
+#: rows (and bytes) gathered at a time when a selection is copied
+BLOCK_ROWS, BLOCK_BYTES = 65_536, 1 << 26
 #: the session an edit adds to the log it writes, before the sessions of the episodes it keeps
 _EDIT: dict[str, Any] = {
     "api": "edit",
@@ -187,25 +189,26 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
     named = _name(source)
     origin = {**_EDIT, "env_kwargs": {"edit": edit, "source": named}, "host": socket.gethostname()}
     origin.update(pid=os.getpid(), started=time.time(), versions=provenance.session(buffer, "")["versions"])
-    lengths = Run.over(buffer).table.lengths[chosen]
+    table = episode_table(buffer._index.read())
     sessions, moved = renumbered(buffer.sessions, chosen)
-    origins = episode_table(buffer._index.read()).origins[chosen]  # type: ignore[index]
+    origins = table.origins[chosen]  # type: ignore[index]
     origins["session"] = np.where(origins["session"] >= 0, moved[origins["session"]], -1)
-    probs = buffer._store.arrays.get("continuous_log_probs")
-    into_buffer(
-        buffer.spec,
-        buffer.fields,
-        blocks(buffer, BLOCK_ROWS, chosen=chosen),
-        rows=int(lengths.sum()),
-        where=named,
-        log_prob_width=probs.shape[-1] if probs is not None and probs.ndim == 3 else 0,
-        log=out,
-        sessions=[origin, *sessions],
-        origins=origins,
-        num_steps=max(2 * int(lengths.max(initial=1)), 1 << 12),  # a ring for the longest: the log holds the rest
-        gamma=buffer.gamma,
-        gae_lambda=buffer.gae_lambda,
-    )
+    writer = LogWriter(out, LogHeader(buffer.spec, buffer.gamma, buffer.gae_lambda), fsync="close")
+    try:
+        writer.add_sessions([origin, *sessions])
+        # blocks of whole episodes, each gathered in its stored form (one gather a field) and
+        # committed at once: G, masks and annotations as recorded, next values renumbered
+        per_block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // max(buffer.nbytes_per_row, 1)))
+        ends = np.cumsum(table.lengths[chosen])
+        lo = 0
+        while lo < chosen.size:
+            hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + per_block, side="right")))
+            ks = chosen[lo:hi]
+            some = EpisodeTable(table.starts[ks], table.ends[ks], table.offsets[ks], table.capacity, origins[lo:hi])
+            writer.append(copy(buffer._store, some, buffer.gamma, buffer.gae_lambda))
+            lo = hi
+    finally:
+        writer.close()
     return int(chosen.size)
 
 
