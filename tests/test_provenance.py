@@ -93,6 +93,10 @@ def test_inspect_says_who_recorded_what(tmp_path: Path, capsys: pytest.CaptureFi
     out = capsys.readouterr().out
     assert "recorded  from episode 0, policy 'random', CartPole-v1 (gymnasium)" in out
     assert f"on {socket.gethostname()} (pid {os.getpid()})" in out and "wrapped in TimeLimit" in out
+    assert "seeds     1 episode reset with a seed (0), 1 right after their lane's episode before" in out
+    env.buffer.save(tmp_path / "b.fbuf")
+    assert main(["inspect", str(tmp_path / "b.fbuf")]) == 0
+    assert "seeds     1 episode reset with a seed (0), 1 right after" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -175,6 +179,7 @@ def test_a_dataset_card_says_what_the_dataset_holds_and_who_recorded_it(
     for a, agent in enumerate(buffer.spec.agent_ids):  # the table's means are numpy's
         assert f"| {agent} | {returns[:, a].mean():.3g} |" in text
     assert "| 0 | random | `pettingzoo.classic.connect_four_v3` (aec) | unknown |" in text
+    assert "Of the 12 episodes, 12 were reset with a seed they keep and 0 without one" in text
     assert 'fe.FlexibleBuffer.open("c4")' in text
     assert main(["inspect", str(tmp_path / "c4"), "--card", "-"]) == 0
     assert capsys.readouterr().out == text  # the same card on stdout

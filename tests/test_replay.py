@@ -45,6 +45,12 @@ def test_origins_say_how_each_episode_was_reset_and_survive_save_log_and_merge(t
     ):
         for name, column in held.episode_origins().items():
             np.testing.assert_array_equal(column, origins[name], err_msg=name)
+    pytest.importorskip("pyarrow")
+    from flexibuff_envs.integrations.parquet import from_parquet, to_parquet
+
+    back = from_parquet(to_parquet(tmp_path / "log", tmp_path / "parquet")).episode_origins()
+    for name, column in back.items():
+        np.testing.assert_array_equal(column, origins[name], err_msg=name)
     fe.merge_logs([tmp_path / "log", tmp_path / "log"], tmp_path / "merged")
     merged = fe.FlexibleBuffer.open(tmp_path / "merged").episode_origins()
     assert merged["seed"].tolist() == [7, -1, -1, 9, -1] * 2

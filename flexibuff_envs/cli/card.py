@@ -65,6 +65,8 @@ def card(path: str) -> str:
         "",
         "## Provenance",
         "",
+        _seeds(run),
+        "",
         *_sessions(sessions),
         "",
         "## Loading",
@@ -77,6 +79,18 @@ def card(path: str) -> str:
         f"Card written by `flexibuff-envs inspect {name} --card` on {datetime.date.today()}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _seeds(run: Run) -> str:
+    """How the episodes' envs were reset: what `verify --replay` can replay."""
+    origins = run.buffer.episode_origins()
+    seeded, follows = int((origins["seed"] >= 0).sum()), int(origins["follows"].sum())
+    unknown = int(np.isnan(origins["started"]).sum())
+    return (
+        f"Of the {len(origins['seed']):,} episodes, {seeded:,} were reset with a seed they keep and {follows:,} "
+        f"without one right after their lane's episode before ({unknown:,} of unknown origin): "
+        f"`flexibuff-envs verify --replay` replays those from their seed and recorded actions and compares them."
+    )
 
 
 def _episodes(run: Run) -> list[str]:

@@ -120,7 +120,20 @@ def inspect_report(path: str, buffer: FlexibleBuffer) -> str:
         )
     if buffer.max_priority is not None:
         lines.append(_line("priority", f"alpha {buffer.alpha}, highest given {buffer.max_priority:g}"))
-    return "\n".join(lines + _session_lines(buffer.sessions))
+    return "\n".join([*lines, _seeds_line(buffer), *_session_lines(buffer.sessions)])
+
+
+def _seeds_line(buffer: FlexibleBuffer) -> str:
+    """How the episodes' envs were reset (`FlexibleBuffer.episode_origins`): what can be replayed."""
+    origins = buffer.episode_origins()
+    seeds = origins["seed"][origins["seed"] >= 0]
+    shown = ", ".join(map(str, seeds[:5].tolist())) + (", ..." if seeds.size > 5 else "")
+    return _line(
+        "seeds",
+        f"{seeds.size:,} episode{'s' if seeds.size != 1 else ''} reset with a seed ({shown or 'none'}), "
+        f"{int(origins['follows'].sum()):,} "
+        f"right after their lane's episode before, {int(np.isnan(origins['started']).sum()):,} of unknown origin",
+    )
 
 
 def _session_lines(sessions: list[dict[str, Any]]) -> list[str]:
@@ -200,7 +213,7 @@ def inspect_log_report(path: str) -> str:
     lines.append(_line("stored", _log_stored(path)))
     if logged.live:
         lines.append(_line("writer", "open: a recording appends to it (readers see what it had folded)"))
-    lines += _session_lines(buffer.sessions)
+    lines += [_seeds_line(buffer), *_session_lines(buffer.sessions)]
     for torn in logged.torn:
         lines.append(
             _line(

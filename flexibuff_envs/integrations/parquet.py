@@ -41,6 +41,8 @@ from flexibuff_envs.errors import (
     needs,
     plain_dtype,
 )
+from flexibuff_envs.index import episode_table
+from flexibuff_envs.index.origins import FIELDS, ORIGIN, checked
 from flexibuff_envs.integrations.tables import (
     GLOBAL,
     Block,
@@ -69,7 +71,7 @@ PART_STEPS = 65_536
 #: gain nothing from it and pay to try), zstd compression (pyarrow's default, snappy, writes
 #: frames slower and several times larger)
 WRITE_OPTIONS: dict[str, Any] = {"use_dictionary": ["agent"], "compression": "zstd"}
-TABLES = ("agents", "steps")
+TABLES = ("agents", "steps", "episodes")
 
 
 def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
@@ -91,8 +93,13 @@ def to_parquet(source: Source, directory: str | os.PathLike[str]) -> str:
         for table in TABLES:
             os.makedirs(os.path.join(partial, table))
         episodes = 0
+        origins = episode_table(buffer._index.read()).origins
         for part, block in enumerate(blocks(buffer, PART_STEPS)):
-            for table, columns in _tables(block, buffer.spec, episodes).items():
+            tables = _tables(block, buffer.spec, episodes)
+            held = origins[episodes : episodes + len(block[0])]  # type: ignore[index]
+            tables["episodes"] = {"episode": pa.array(np.arange(episodes, episodes + len(held)))}
+            tables["episodes"].update({name: pa.array(held[name]) for name in FIELDS})
+            for table, columns in tables.items():
                 if columns:
                     meta = {KEY: json.dumps(_layout(buffer, block)).encode()}
                     pq.write_table(
@@ -191,8 +198,28 @@ def from_parquet(directory: str | os.PathLike[str], **buffer_options: Any) -> Fl
         where=path,
         log_prob_width=width,
         sessions=layout["sessions"],
+        origins=_origins(parts, len(layout["sessions"])),
         **buffer_options,
     )
+
+
+def _origins(parts: list[tuple[str, str | None]], sessions: int) -> np.ndarray | None:
+    """Each episode's origin, from the parts' ``episodes`` tables (None: a dataset without them;
+    an implausible origin reads as unknown)."""
+    files = [os.path.join(os.path.dirname(os.path.dirname(a)), "episodes", os.path.basename(a)) for a, _ in parts]
+    if not all(os.path.exists(f) for f in files):
+        return None
+    out = []
+    for file in files:
+        try:
+            table = pq.read_table(file, columns=list(FIELDS))
+            records = np.zeros(table.num_rows, dtype=ORIGIN)
+            for name in FIELDS:
+                records[name] = table.column(name).to_numpy()
+        except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
+            raise BufferFileError(f"{file}: not a table of episode origins ({exc})") from None
+        out.append(records)
+    return checked(np.concatenate(out), sessions)
 
 
 def _parts(path: str) -> list[tuple[str, str | None]]:
