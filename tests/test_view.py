@@ -22,6 +22,7 @@ import pytest
 
 import flexibuff_envs as fe
 from flexibuff_envs.cli import main
+from flexibuff_envs.log.summaries import read_summaries
 from flexibuff_envs.view.data import Run
 from flexibuff_envs.view.server import Browser
 
@@ -412,3 +413,33 @@ def test_the_table_of_a_ring_that_wrapped_in_several_lanes_equals_the_episodes(t
     assert [("terminated", "truncated", "cut")[k] for k in run.table.ended] == [
         "terminated" if e.terminated[-1] else "truncated" if e.truncated[-1] else "cut" for e in episodes
     ]
+
+
+def test_a_log_s_summaries_give_the_table_its_rows_give_and_are_made_where_missing(tmp_path: Path) -> None:
+    _cartpole(tmp_path / "cartpole", 6)
+    _pistonball(tmp_path / "pistonball")
+    from pettingzoo.classic import connect_four_v3
+
+    from tests.envs import random_games
+
+    games = fe.record(connect_four_v3.env(), num_steps=300, log=tmp_path / "c4")
+    random_games(games, 5)
+    games.close()
+    for name in ("cartpole", "pistonball", "c4"):
+        path = tmp_path / name
+        from_rows = Run.over(fe.FlexibleBuffer.open(path)).table  # summed from the rows, as before
+        for fresh in (True, False):
+            if not fresh:  # a log older than summaries: a writer that opens it makes them
+                (path / "summaries.fblog").unlink()
+                assert Run(str(path)).table.returns.tolist() == from_rows.returns.tolist()  # summed instead
+                fe.log.repair(path)
+            table = Run(str(path)).table
+            assert read_summaries(str(path), len(table.lengths), len(Run(str(path)).agent_ids)) is not None
+            for field in ("lengths", "returns", "team", "ended", "seeds"):
+                np.testing.assert_array_equal(getattr(table, field), getattr(from_rows, field), err_msg=field)
+            dies = Run(str(path)).dies
+            np.testing.assert_array_equal(table.deaths, from_rows.deaths if dies else 0)
+    fe.merge_logs([tmp_path / "cartpole", tmp_path / "cartpole"], tmp_path / "merged")
+    once = Run(str(tmp_path / "cartpole")).table.returns
+    assert read_summaries(str(tmp_path / "merged"), 2 * len(once), 1) is not None  # copied from the sources
+    np.testing.assert_array_equal(Run(str(tmp_path / "merged")).table.returns, np.concatenate([once, once]))

@@ -132,3 +132,20 @@ def newest_rows(lanes: Sequence[Lane]) -> np.ndarray:
 def count_whole(lanes: list[Lane]) -> int:
     """How many ended whole episodes ``lanes`` hold."""
     return sum(int(np.count_nonzero(lane.ended.whole)) for lane in lanes)
+
+
+def episode_sums(values: np.ndarray, lanes: list[Lane]) -> np.ndarray:
+    """``values`` (``[k, rows]``) summed over each ended whole episode of ``lanes`` (``[k,
+    episodes]``, in `episode_table`'s order), in float64, read where the rows lie: a lane's rows
+    are one or two ranges, never gathered."""
+    sums = []
+    for lane in lanes:
+        keep = lane.ended.whole
+        starts, ends = lane.ended.starts[keep], lane.ended.ends[keep]
+        if not starts.size:
+            continue
+        pieces = [values[:, lo:hi] for lo, hi in lane.segments(int(starts[0]), int(ends[-1]))]
+        rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)  # a ring that wrapped
+        bounds = np.column_stack([starts, ends]).reshape(-1) - starts[0]
+        sums.append(np.add.reduceat(rows, bounds[:-1], axis=1, dtype=np.float64)[:, ::2])
+    return np.concatenate(sums, axis=1) if sums else np.zeros((values.shape[0], 0))

@@ -30,11 +30,11 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, UnknownNameError
 from flexibuff_envs.files.chunk import copy
-from flexibuff_envs.index import EpisodeTable, episode_table
+from flexibuff_envs.index import EpisodeTable, episode_sums, episode_table
 from flexibuff_envs.integrations.tables import Source, open_source
 from flexibuff_envs.log import LogHeader, LogWriter
 from flexibuff_envs.spec import provenance
-from flexibuff_envs.view.data import ENDINGS, Run, episode_sums
+from flexibuff_envs.view.data import ENDINGS, Run
 
 #: the names a condition may use
 NAMES = ("return", "team_return", "length", "steps", "ended", "deaths", "agent", "episode", "policy", "seed")

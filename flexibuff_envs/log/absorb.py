@@ -14,6 +14,7 @@ from flexibuff_envs.log.compressed import spans
 from flexibuff_envs.log.format import CHAINS, EPISODE_LENGTHS, PIECE
 from flexibuff_envs.log.origins import read_origins
 from flexibuff_envs.log.read import blocks, check_values, state_of
+from flexibuff_envs.log.summaries import read_summaries
 from flexibuff_envs.spec import provenance
 
 if TYPE_CHECKING:
@@ -68,6 +69,16 @@ def absorb(self: LogWriter, source: str) -> None:
 
     added = tuple(state.commit.tails[k] - 1 for k in range(len(CHAINS)))
     self.fold()
-    self.origins.put(self.commit.episodes, origins, len(origins))
-    self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
+    first = self.commit.episodes
+    self.origins.put(first, origins, len(origins))
+    self.summaries.on = False  # the source's own are copied, or made when the log is next opened to write
+    try:
+        self._commit(pieces(), state.commit.rows, state.commit.episodes, added)
+    finally:
+        self.summaries.on = True
+    theirs_summaries = read_summaries(state.directory, state.commit.episodes, state.header.spec.n_agents)
+    if theirs_summaries is not None:
+        self.summaries.file.put(first, theirs_summaries, state.commit.episodes)
+    else:  # a source older than summaries: made from its rows, now in this log
+        self.summaries.fill()
     self._maybe_sync()

@@ -36,10 +36,11 @@ from flexibuff_envs.log.format import (
 )
 from flexibuff_envs.log.journal import JOURNAL, lock, scan
 from flexibuff_envs.log.markers import Marks
-from flexibuff_envs.log.origins import OriginsFile
+from flexibuff_envs.log.origins import OriginsFile, RecordFile
 from flexibuff_envs.log.read import State, repaired, sync_file
 from flexibuff_envs.log.ring_files import RING
 from flexibuff_envs.log.stage_files import Layout, StageFile
+from flexibuff_envs.log.summaries import Summaries, summed
 from flexibuff_envs.log.syncing import Syncer
 from flexibuff_envs.log.writer_journal import Journaling
 from flexibuff_envs.storage.compression import Compress, plan
@@ -119,17 +120,19 @@ class LogWriter(Journaling):
         self._syncer = Syncer(self.directory)
         self._records = scan(self.directory, self.columns, self.commit)[0]
         self.origins = OriginsFile(self.directory, self.next_episode)  # (`log.origins`)
+        self.summaries = Summaries(self.directory, header.spec.n_agents, self.next_episode)  # (`log.summaries`)
         # a writer dropped unclosed (its buffer collected) still cuts and lets go of its files
         self._open = _Open(
             self._tails, self._commits, self._journal, self.columns, self.commit, self._syncer, self._frames
         )
-        self._open.origins = self.origins
+        self._open.records = [self.origins, self.summaries.file]
         self._finalizer = weakref.finalize(self, self._open.close)
         try:
             self.fold()  # what a killed recording left in the journal
             self._replay()  # and in its vector recorders' stages
             self._journal.cut(0)  # and a torn record past it
             shutil.rmtree(os.path.join(self.directory, RING), ignore_errors=True)  # and the ring it read them from
+            self.summaries.fill()  # those a log older than them, or a kill, left it without
             self._sync_files()  # all of it on the disk, and recorded so (`log.syncing`)
         except BaseException:
             self._finalizer()
@@ -243,6 +246,10 @@ class LogWriter(Journaling):
             last.number + 1, last.rows + rows, last.episodes + episodes, tuple(map(operator.add, last.tails, added))
         )
         crc, tail, crc32, packers = 0, None, zlib.crc32, self._frames
+        kept: dict[str, list[Any]] = {}  # the rows a summary is made of (`log.summaries`)
+        if self.summaries.on:
+            watched = {self._tails[c.key]: c for c in [EPISODE_LENGTHS, *self.columns] if summed(c)}
+            pieces = self.summaries.watching(pieces, watched, kept)
         try:  # each piece is with the OS once put (a killed process loses nothing appended)
             for tail, piece in packed(pieces, packers) if packers else pieces:
                 crc = crc32(piece, crc)  # type: ignore[arg-type]  # a buffer
@@ -268,6 +275,8 @@ class LogWriter(Journaling):
         for frames in packers.values():
             frames.settle(committed=True)
         self.commit = self._open.commit = commit
+        if kept:
+            self.summaries.committed(last.episodes, episodes, kept, {c.name: c.dtype for c in self.columns})
 
     def _maybe_sync(self) -> None:
         """After an append to the columns: sync as ``fsync`` says ("interval": on a thread,
@@ -287,6 +296,7 @@ class LogWriter(Journaling):
         for tail in self._all_tails():
             tail.sync()
         self.origins.sync()
+        self.summaries.file.sync()
         os.fsync(self._commits.fileno())
         self._syncer.synced(self.commit.number)
         self._syncer.check()
@@ -339,7 +349,7 @@ class _Open:
     ) -> None:
         self.tails, self.commits, self.journal, self.columns, self.commit = tails, commits, journal, columns, commit
         self.syncer, self.frames = syncer, frames
-        self.origins: OriginsFile | None = None
+        self.records: list[RecordFile] = []  # the origins and summaries
 
     def close(self) -> None:
         self.syncer.close()  # it syncs these files
@@ -348,8 +358,8 @@ class _Open:
         for frames in self.frames.values():
             frames.tail.close(frames.end)
         self.commits.close()
-        if self.origins is not None:
-            self.origins.close(self.commit.episodes)
+        for records in self.records:
+            records.close(self.commit.episodes)
         self.journal.close(
             self.journal.size
         )  # its records kept (the next writer or reader folds them), its lock let go

@@ -19,8 +19,8 @@ from flexibuff_envs import log
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, MissingExtraError, OutOfRangeError, needs
 from flexibuff_envs.files.format import BufferFile
-from flexibuff_envs.index import EpisodeTable, episode_table
-from flexibuff_envs.index.lanes import Lane
+from flexibuff_envs.index import EpisodeTable, episode_sums, episode_table
+from flexibuff_envs.log.summaries import read_summaries
 from flexibuff_envs.sampling import episode_hash
 
 #: how an episode ended, by its last row's flags: every agent's, the team's
@@ -121,6 +121,12 @@ class Run:
         its mapped columns, never copied); only their last rows are gathered."""
         buffer, episodes = self.buffer, self.index
         lengths = episodes.lengths
+        seeds = buffer.episode_origins()["seed"]
+        summaries = read_summaries(self.path, len(lengths), buffer.spec.n_agents) if self.kind == "log" else None
+        if summaries is not None:  # a log's own: a few bytes an episode, its rows never read
+            deaths = summaries["deaths"].astype(np.int64) if self.dies else np.zeros(len(lengths), np.int64)
+            ended = summaries["ended"].astype(np.int8)
+            return Table(lengths, summaries["returns"], summaries["team"], ended, deaths, seeds)
         store = buffer._store.arrays
         lanes = buffer._index.read()
         returns = episode_sums(buffer._store.ensure("individual_rewards"), lanes).T
@@ -136,7 +142,7 @@ class Run:
         team = returns.sum(axis=1)
         if "global_rewards" in store:
             team = episode_sums(store["global_rewards"][None], lanes)[0]
-        return Table(lengths, returns, team, ended, deaths, buffer.episode_origins()["seed"])
+        return Table(lengths, returns, team, ended, deaths, seeds)
 
     @property
     def dies(self) -> bool:
@@ -337,23 +343,6 @@ class Run:
         if len(shape) == 3 and shape[-1] not in (1, 3, 4):
             frame = frame[-1] if shape[0] < shape[-1] else frame[..., -1]
         return {"width": width, "height": height, "channels": channels, "pixels": frame.tobytes()}
-
-
-def episode_sums(values: np.ndarray, lanes: list[Lane]) -> np.ndarray:
-    """``values`` (``[k, rows]``) summed over each ended whole episode of ``lanes`` (``[k,
-    episodes]``, in `episode_table`'s order), in float64, read where the rows lie: a lane's rows
-    are one or two ranges, never gathered."""
-    sums = []
-    for lane in lanes:
-        keep = lane.ended.whole
-        starts, ends = lane.ended.starts[keep], lane.ended.ends[keep]
-        if not starts.size:
-            continue
-        pieces = [values[:, lo:hi] for lo, hi in lane.segments(int(starts[0]), int(ends[-1]))]
-        rows = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=1)  # a ring that wrapped
-        bounds = np.column_stack([starts, ends]).reshape(-1) - starts[0]
-        sums.append(np.add.reduceat(rows, bounds[:-1], axis=1, dtype=np.float64)[:, ::2])
-    return np.concatenate(sums, axis=1) if sums else np.zeros((values.shape[0], 0))
 
 
 def kind_of(path: str) -> str:
