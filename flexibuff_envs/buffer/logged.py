@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flexibuff_envs.errors import InvalidArgumentError
-from flexibuff_envs.index import EpisodeIndex, episode_table, origins
+from flexibuff_envs.index import EpisodeIndex, origins
 from flexibuff_envs.index.lanes import Episode, Lane
 from flexibuff_envs.interrupts import holding
 from flexibuff_envs.log import Follower, FsyncPolicy, LogHeader, LogWriter
@@ -69,7 +69,9 @@ class Logged(Half):
         episode of that lane). Episodes whose origin is unknown (filled by hand without
         `begin_episode`, or read from a log written before origins were kept) have seed -1,
         started NaN, session and lane -1."""
-        return origins.table(episode_table(self._index.read()).origins)  # type: ignore[arg-type]
+        lanes = self._index.read()
+        held = [e.origins if e.whole.all() else e.origins[e.whole] for e in (lane.ended for lane in lanes)]
+        return origins.table(np.concatenate(held) if held else np.zeros(0, origins.ORIGIN))
 
     @holding
     def add_session(self, session: dict[str, Any]) -> int:

@@ -106,14 +106,20 @@ def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
     clipped or running ones too)."""
     starts, ends, which, origins = [], [], [], []
     for i, lane in enumerate(lanes):
+        ended = lane.ended
         if running:
-            first, last = lane.ended.with_running(lane.running)
+            first, last = ended.with_running(lane.running)
             keep = last > first
+            starts.append(first[keep])
+            ends.append(last[keep])
+        elif ended.whole.all():  # most often: the arrays as they are, no copy through a mask
+            starts.append(ended.starts)
+            ends.append(ended.ends)
+            origins.append(ended.origins)
         else:
-            first, last, keep = lane.ended.starts, lane.ended.ends, lane.ended.whole
-            origins.append(lane.ended.origins[keep])
-        starts.append(first[keep])
-        ends.append(last[keep])
+            starts.append(ended.starts[ended.whole])
+            ends.append(ended.ends[ended.whole])
+            origins.append(ended.origins[ended.whole])
         which.append(np.full(starts[-1].size, i))
     return EpisodeTable(
         np.concatenate(starts),

@@ -118,7 +118,9 @@ class Ended:
         held = len(self)
         if self._stop + n + 1 <= self._start.size:
             return
-        size = self._start.size if held + n + 1 <= self._start.size // 2 else 2 * (held + n + 1)
+        # the held ones doubled (appends one at a time cost the same however many), plus the new
+        # ones: a lane restored with millions of episodes at once takes what it holds, not twice
+        size = self._start.size if held + n + 1 <= self._start.size // 2 else 2 * held + n + 16
         for name in ("_start", "_end", "_whole", "_origin"):
             old = getattr(self, name)
             new = old if size == old.size else np.zeros(size, dtype=old.dtype)
