@@ -108,7 +108,7 @@ def test_a_recording_of_each_api_replays_clean_through_the_cli(
     else:
         from pettingzoo.classic import connect_four_v3
 
-        env = fe.record(connect_four_v3.env(), num_steps=200, log=log)
+        env = fe.record(connect_four_v3.env(), num_steps=200, log=log, env_kwargs={})  # made with none
         random_games(env, 3, seed=4)
         env.close()
     assert main(["verify", "--replay", str(log)]) == 0
@@ -129,7 +129,7 @@ def test_a_reward_changed_by_hand_is_named_by_episode_and_step(
     assert main(["verify", "--replay", str(tmp_path / "edited.fbuf")]) == 1
     out = capsys.readouterr().out
     assert "DIVERGES: episode 2, step 5, agent 'agent_0': individual_rewards was 2.0 in the recording, 1.0" in out
-    assert "2 replay exactly as recorded" in out  # the two before it; those after it were not checked
+    assert "2 replay exactly as recorded" in out and "not checked: episode 3 (after a divergence" in out
 
 
 def test_a_non_deterministic_env_is_said_to_be_and_not_counted_a_divergence(capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,9 +166,18 @@ def test_an_env_made_again_unlike_the_recorded_one_is_not_replayed_and_says_so()
     env.reset(seed=0)
     while env.agents:
         env.step({agent: env.action_space(agent).sample() for agent in env.agents})
-    report = replay(env.buffer)  # made again as simple_spread_v3.parallel_env(): three agents
+    report = replay(env.buffer)  # simple_spread_v3.parallel_env() would make three agents
     assert report.ok and not report.clean
-    assert "does not match the recording" in report.skipped[0] and "--env" in report.skipped[0]
+    assert "keywords its env was made with were not recorded" in report.skipped[0] and "--env" in report.skipped[0]
+    made = {"N": 2, "max_cycles": 10}
+    named = fe.record(simple_spread_v3.parallel_env(**made), num_steps=100, env_kwargs=made)
+    named.reset(seed=0)
+    while named.agents:
+        named.step({agent: named.action_space(agent).sample() for agent in named.agents})
+    assert replay(named.buffer).clean == [0]  # its keywords given: made again as recorded
+    wrapped = fe.record(gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: 2 * r))
+    _episodes(wrapped, [0])
+    assert "wrapped in ways its Gymnasium spec does not keep" in replay(wrapped.buffer).skipped[0]
 
 
 def test_a_vector_env_of_one_piece_is_not_replayed_lane_by_lane() -> None:
@@ -199,3 +208,73 @@ def test_a_crafted_file_s_origins_read_as_unknown_or_are_refused_naming_the_path
         handle.write(np.int32(7).tobytes())
     origins = fe.FlexibleBuffer.open(tmp_path / "log").episode_origins()
     assert origins["seed"].tolist() == [-1, -1] and np.isnan(origins["started"][0])
+
+
+def test_resets_and_steps_the_recording_does_not_hold_leave_no_false_divergence() -> None:
+    from gymnasium.vector import AutoresetMode
+
+    for mode in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):  # a sub-env reset by itself, then by the user
+        made = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", vector_kwargs={"autoreset_mode": mode})
+        env = fe.record(made, num_steps=1000)
+        env.reset(seed=1)
+        while not np.logical_or(*env.step(np.zeros(2, int))[2:4]).any():
+            pass
+        env.reset()
+        for _ in range(5):
+            env.step(np.zeros(2, int))
+        env.truncate()
+        report = replay(env.buffer)
+        assert report.ok and len(report.clean) + len(report.skipped) == env.buffer.n_episodes, mode
+    slippery = fe.record(gym.make("FrozenLake-v1", is_slippery=True), num_steps=100)  # its steps draw
+    slippery.reset(seed=5)
+    slippery.step(1)
+    slippery.truncate()
+    for _ in range(5):  # steps no recording holds: the next episode follows nothing
+        slippery.step(1)
+    slippery.reset()
+    for _ in range(3):
+        slippery.step(1)
+    slippery.truncate()
+    report = replay(slippery.buffer)
+    assert report.ok and report.clean == [0] and report.skipped == {1: "its env was reset without a seed"}
+
+
+def test_an_aec_game_cut_mid_game_is_not_called_a_divergence(capsys: pytest.CaptureFixture[str]) -> None:
+    from pettingzoo.classic import tictactoe_v3
+
+    for cut in range(3, 8):
+        env = fe.record(tictactoe_v3.env(), num_steps=50, env_kwargs={})
+        env.reset(seed=0)
+        for n, _ in enumerate(env.agent_iter()):
+            if n == cut:
+                break
+            obs, _, terminated, truncated, _ = env.last()
+            env.step(None if terminated or truncated else int(np.flatnonzero(obs["action_mask"])[0]))
+        env.truncate()
+        report = replay(env.buffer)
+        assert report.ok and report.skipped == {
+            0: "the user cut it mid-game: the moves of the turns left open are not in the recording"
+        }
+
+
+def test_a_continued_log_numbers_each_episode_s_session_as_the_log_does(tmp_path: Path) -> None:
+    for tag in ("a", "b"):
+        env = fe.record(gym.make("CartPole-v1"), log=tmp_path / "log", policy=tag)
+        _episodes(env, [1])
+        env.close()
+    assert fe.FlexibleBuffer.open(tmp_path / "log").episode_origins()["session"].tolist() == [0, 1]
+    assert editing.where(tmp_path / "log", "policy == 'b'").tolist() == [1]
+
+
+def test_a_log_held_twice_replays_twice_and_the_cli_refuses_episodes_it_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = fe.record(gym.make("CartPole-v1"), log=tmp_path / "log")
+    _episodes(env, [3, None, 4, None])  # a seeded episode after others of its lane: replayed after them
+    env.close()
+    fe.merge_logs([tmp_path / "log", tmp_path / "log"], tmp_path / "twice")
+    assert replay(tmp_path / "twice").clean == list(range(8))
+    assert main(["verify", "--replay", str(tmp_path / "log"), "--episodes", "9"]) == 2
+    assert "the dataset holds episodes 0 to 3" in capsys.readouterr().err
+    with pytest.raises(fe.InvalidArgumentError, match="seed"):
+        env.buffer.begin_episode(seed=-1)

@@ -129,6 +129,10 @@ class Filling(Half):
         An episode still running there (say, in a loaded file) is closed first as truncated:
         its last row's active agents get ``truncated=True`` and ``G`` without a bootstrap.
         """
+        if seed is not None and (
+            not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed < 2**64
+        ):
+            raise InvalidArgumentError(f"begin_episode: seed must be an int in [0, 2**64) or None, got {seed!r}")
         self._begin_episode(lane, origin(len(self._sessions) - 1, 0, lane, 0, seed))
 
     @holding

@@ -128,6 +128,7 @@ class Logged(Half):
         # an empty buffer's sessions (a dataset read in) keep their numbering, shifted; else the newest
         # session records the episodes appended from now on, and which episodes the others did is unknown
         base, fresh, newest = writer.next_episode, not len(self), len(self._sessions) - 1
+        first_session = len(writer.header.sessions)  # the log's number of this buffer's session 0
         writer.add_sessions(
             [
                 {**s, "first_episode": base + s["first_episode"] if s["first_episode"] is not None else None}
@@ -136,7 +137,7 @@ class Logged(Half):
                 for k, s in enumerate(self._sessions)
             ]
         )
-        self._log = Follower(writer, self._index.read(), per_block=per_block)
+        self._log = Follower(writer, self._index.read(), per_block=per_block, first_session=first_session)
         # no recorder writes to it yet: its ring goes in files, an episode's end a marker ("always"
         # syncs each episode's rows with it: records)
         if fsync != "always" and into_files(self._store, writer.directory):

@@ -22,7 +22,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ValueError:
         raise UsageError(f"--episodes must be episode numbers separated by commas, got {args.episodes!r}") from None
     start = time.perf_counter()
-    report = replay(args.log, env=env, episodes=episodes)
+    try:
+        report = replay(args.log, env=env, episodes=episodes)
+    except InvalidArgumentError as exc:  # episodes the dataset does not hold
+        raise UsageError(str(exc)) from None
     seconds = time.perf_counter() - start
     checked = len(report.clean) + len(report.divergences) + len(report.nondeterministic)
     print(f"{args.log}: {report.episodes:,} episodes; replayed {checked:,} in {seconds:.1f} s")
@@ -30,6 +33,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"{len(report.clean):,} replay exactly as recorded: every observation, reward, end flag, mask and state")
     for divergence in report.divergences:
         print(f"DIVERGES: {divergence}")
+    if report.unchecked:
+        print(
+            f"not checked: {_listed(report.unchecked)} (after a divergence in their lane, the env's state already differed)"
+        )
     if report.nondeterministic:
         print(
             f"not deterministic: {_listed(report.nondeterministic)} (two replays of the same seed and actions "

@@ -66,6 +66,8 @@ class ReplayReport:
     divergences: list[Divergence] = field(default_factory=list)
     nondeterministic: list[int] = field(default_factory=list)
     skipped: dict[int, str] = field(default_factory=dict)
+    #: episodes of a chain after its first divergence: replayed from a state that already differed
+    unchecked: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -87,11 +89,15 @@ def replay(
     one sub-env), where the sessions' env ids cannot (an env made by hand, wrappers of your own).
     """
     buffer = open_source(source)
-    origins, sessions = buffer.episode_origins(), buffer.sessions
-    flags = _flags(buffer)
-    report = ReplayReport(len(origins["seed"]))
+    records, sessions = episode_table(buffer._index.read()).origins, buffer.sessions
+    assert records is not None  # ended episodes' tables have them
+    report = ReplayReport(len(records))
     wanted = None if episodes is None else {int(k) for k in episodes}
-    for chain, why in _chains(origins, flags):
+    if wanted and not all(0 <= k < len(records) for k in wanted):
+        raise InvalidArgumentError(f"episodes {sorted(wanted)[:8]}: the dataset holds episodes 0 to {len(records) - 1}")
+    flags = records["flags"]
+    seeds = [int(seed) if flag & SEEDED else -1 for seed, flag in zip(records["seed"].tolist(), flags.tolist())]
+    for chain, why in _chains(records):
         if why:
             report.skipped.update({k: why for k in chain if wanted is None or k in wanted})
             continue
@@ -99,47 +105,46 @@ def replay(
             continue
         if wanted is not None:  # up to the last episode asked for
             chain = chain[: max(i for i, k in enumerate(chain) if k in wanted) + 1]
-        session = sessions[origins["session"][chain[0]]] if origins["session"][chain[0]] >= 0 else None
+        begun = int(records["session"][chain[0]])
+        session = sessions[begun] if 0 <= begun < len(sessions) else None
         api = buffer.spec.env_api or (session or {}).get("api", "")
         make, why = _maker(session, api, env)
         if make is None:
             report.skipped.update({k: why for k in chain})
             continue
-        _check_chain(buffer, chain, origins["seed"], api, make, report)
+        _check_chain(buffer, chain, seeds, api, make, report)
     return report
 
 
-def _flags(buffer: FlexibleBuffer) -> np.ndarray:
-    """Each episode's origin flags (`index.origins`), in `episodes`' order."""
-    origins = buffer.episode_origins()
-    return (
-        np.where(np.isfinite(origins["started"]), KNOWN, 0)
-        | np.where(origins["seed"] >= 0, SEEDED, 0)
-        | np.where(origins["follows"], FOLLOWS, 0)
-    )
-
-
-def _chains(origins: dict[str, np.ndarray], flags: np.ndarray) -> Iterable[tuple[list[int], str]]:
-    """The episodes in chains a replay goes through in one env (a seeded one, then each that
-    follows it in its lane), each with "" or why it cannot be replayed."""
+def _chains(records: np.ndarray) -> Iterable[tuple[list[int], str]]:
+    """The episodes in chains a replay goes through in one env, each with "" or why it cannot be
+    replayed: a seeded one, then each of its lane that follows it, or a seeded one right after it
+    (replayed in the same env, as recorded: a wrapper may keep state across episodes). Within a
+    lane, episodes go in the dataset's order (a log merged twice holds them twice)."""
+    flags = records["flags"]
     known = (flags & KNOWN) > 0
     for k in np.flatnonzero(~known).tolist():
-        yield [k], "its origin is unknown (filled by hand, or recorded before origins were kept)"
-    key = np.stack([origins["env"].astype(np.int64), origins["lane"].astype(np.int64)], axis=1)[known]
+        yield (
+            [k],
+            (
+                "its origin was not kept (filled by hand, recorded before origins were kept, or in the last "
+                "block of a vector recording that was killed)"
+            ),
+        )
     numbers = np.flatnonzero(known)
-    order = np.lexsort((origins["ordinal"][known], key[:, 1], key[:, 0]))
+    order = np.lexsort((numbers, records["lane"][known], records["env"][known]))
     chain: list[int] = []
     why = ""
     previous: tuple[int, int, int] | None = None
     for k in numbers[order].tolist():
-        here = (int(origins["env"][k]), int(origins["lane"][k]), int(origins["ordinal"][k]))
-        continues = previous is not None and here[:2] == previous[:2] and here[2] == previous[2] + 1
-        if flags[k] & SEEDED:
+        here = (int(records["env"][k]), int(records["lane"][k]), int(records["ordinal"][k]))
+        continues = previous is not None and here[:2] == previous[:2] and here[2] == (previous[2] + 1) % 2**32
+        if chain and continues and (flags[k] & FOLLOWS or (flags[k] & SEEDED and not why)):
+            chain.append(k)  # (one that follows an episode that cannot be replayed cannot be either)
+        elif flags[k] & SEEDED:
             if chain:
                 yield chain, why
             chain, why = [k], ""
-        elif flags[k] & FOLLOWS and continues and chain:
-            chain.append(k)
         else:
             if chain:
                 yield chain, why
@@ -160,7 +165,7 @@ def _maker(session: dict[str, Any] | None, api: str, env: Callable[[], Any] | No
         return env, ""
     if session is None:
         return None, "its session is unknown: give the env (--env module:factory)"
-    env_id, kwargs = session["env_id"], session["env_kwargs"] or {}
+    env_id, kwargs = session["env_id"], session["env_kwargs"]
     if api in ("gymnasium", "vector") and (env_id or session["gym_spec"]):
         import gymnasium as gym
         from gymnasium.envs.registration import EnvSpec
@@ -168,9 +173,18 @@ def _maker(session: dict[str, Any] | None, api: str, env: Callable[[], Any] | No
         if api == "gymnasium" and session["gym_spec"]:
             spec = EnvSpec.from_json(session["gym_spec"])
             return (lambda: gym.make(spec)), ""
-        made = {k: v for k, v in kwargs.items() if k not in _VECTOR_KWARGS}  # a vector env's: its sub-env's
+        made = {k: v for k, v in (kwargs or {}).items() if k not in _VECTOR_KWARGS}  # a vector env's: its sub-env's
+        if (kwargs or {}).get("wrappers"):
+            return None, "its sub-envs were wrapped (make_vec(wrappers=...)), which no spec keeps: give it (--env)"
+        if api == "gymnasium" and _wrappers(gym.make(env_id, **made)) != session["wrappers"]:
+            return None, "it was wrapped in ways its Gymnasium spec does not keep: give it (--env module:factory)"
         return (lambda: gym.make(env_id, **made)), ""
     if api in ("parallel", "aec") and env_id:
+        if kwargs is None:
+            return None, (
+                "the keywords its env was made with were not recorded (fe.record(..., env_kwargs=) keeps "
+                "them; the CLI does): give it (--env module:factory)"
+            )
         try:
             module = importlib.import_module(env_id)
         except ImportError as exc:
@@ -182,8 +196,18 @@ def _maker(session: dict[str, Any] | None, api: str, env: Callable[[], Any] | No
     return None, "its env was made by hand (no env id recorded): give it (--env module:factory)"
 
 
+def _wrappers(env: Any) -> list[str]:
+    """The classes around ``env``, outermost first, as a session names them (`spec.provenance`)."""
+    from flexibuff_envs.spec.provenance import session
+
+    try:
+        return list(session(env, "gymnasium")["wrappers"])
+    finally:
+        env.close()
+
+
 def _check_chain(
-    buffer: FlexibleBuffer, chain: list[int], seeds: np.ndarray, api: str, make: Callable[[], Any], report: ReplayReport
+    buffer: FlexibleBuffer, chain: list[int], seeds: list[int], api: str, make: Callable[[], Any], report: ReplayReport
 ) -> None:
     """Replay ``chain`` a block of episodes at a time and set each one's verdict in ``report``."""
     table = episode_table(buffer._index.read())
@@ -200,7 +224,7 @@ def _check_chain(
     try:
         for lo, hi in blocks:
             recorded = _recorded(buffer, table, chain[lo:hi])
-            replayed = replayer.play([int(seeds[k]) for k in chain[lo:hi]], recorded, lengths[lo:hi])
+            replayed = replayer.play([seeds[k] for k in chain[lo:hi]], recorded, lengths[lo:hi])
             found = _first_difference(chain[lo:hi], recorded, lengths[lo:hi], *replayed, buffer.spec.agent_ids)
             if found is not None:
                 break
@@ -210,18 +234,24 @@ def _check_chain(
     if found is None:
         return
     at, divergence = found
+    if at in replayer.cut:  # an AEC game cut mid-game: its last rows close moves the recording lacks
+        why = "the user cut it mid-game: the moves of the turns left open are not in the recording"
+        report.skipped.update({k: why for k in chain[lo + at :]})
+        report.clean.extend(chain[lo : lo + at])
+        return
     again = Replayer(buffer.spec, api, make, capacity)  # from the chain's head, up to that block
     try:
         for lo2, hi2 in blocks[: blocks.index((lo, hi))]:
             earlier = chain[lo2:hi2]
-            again.play([int(seeds[k]) for k in earlier], _recorded(buffer, table, earlier), lengths[lo2:hi2])
-        second = again.play([int(seeds[k]) for k in chain[lo:hi]], recorded, lengths[lo:hi])
+            again.play([seeds[k] for k in earlier], _recorded(buffer, table, earlier), lengths[lo2:hi2])
+        second = again.play([seeds[k] for k in chain[lo:hi]], recorded, lengths[lo:hi])
     finally:
         again.close()
     if _first_difference(chain[lo:hi], replayed[0], replayed[1], *second, buffer.spec.agent_ids) is not None:
         report.nondeterministic.extend(chain[lo + at :])
     else:
         report.divergences.append(divergence)
+        report.unchecked.extend(chain[lo + at + 1 :])
     report.clean.extend(chain[lo : lo + at])
 
 
@@ -298,12 +328,13 @@ def _equal(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     same = x == y
     if x.dtype.kind == "f":
         same |= np.isnan(x) & np.isnan(y)
-    return same.reshape(*x.shape[:2], -1).all(axis=-1)
+    return same.all(axis=tuple(range(2, same.ndim)))
 
 
 def _shown(value: Any) -> str:
+    """A value as a report shows it: every digit a float needs to differ from another."""
     if isinstance(value, np.ndarray):
-        return np.array2string(value, threshold=12, precision=6)
+        return np.array2string(value, threshold=12, floatmode="unique")
     return repr(value.item() if isinstance(value, np.generic) else value)
 
 

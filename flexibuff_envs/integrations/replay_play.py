@@ -63,6 +63,7 @@ class Replayer:
         space = getattr(self.env, "observation_space", None)
         self._bare = api in ("gymnasium", "vector") and isinstance(space, Box) and not spec.action_mask
         self._obs_dtype = self.recorder.buffer.field("obs").dtype
+        self.cut: list[int] = []  # of the block played: AEC games the user cut mid-game (their last moves are not kept)
 
     def _play_bare(
         self, seeds: Sequence[int], d: np.ndarray | None, c: np.ndarray | None, bounds: np.ndarray
@@ -104,6 +105,7 @@ class Replayer:
         as a recording cut by the user was."""
         d, c = recorded.get("discrete_actions"), recorded.get("continuous_actions")
         bounds = np.concatenate([[0], np.cumsum(lengths)])
+        self.cut.clear()
         if self._bare:
             return self._play_bare(seeds, d, c, bounds)
         buffer = self.recorder.buffer
@@ -111,13 +113,14 @@ class Replayer:
         for k, seed in enumerate(seeds):
             lo, hi = int(bounds[k]), int(bounds[k + 1])
             self.recorder.reset(seed=seed if seed >= 0 else None)
-            self._episode(
+            if self._episode(
                 self.recorder,
                 self.spec,
                 None if d is None else d[:, lo:hi],
                 None if c is None else c[:, lo:hi],
-                hi - lo,
-            )
+                recorded["active"][:, lo:hi],
+            ):
+                self.cut.append(k)
         table = episode_table(buffer._index.read())
         arrays = episode_arrays(buffer.gather(table.all_rows()[0], fields=GATHERED), buffer.spec)
         return arrays, table.lengths
@@ -130,38 +133,44 @@ def _action(decode: Callable[..., Any], d: np.ndarray | None, c: np.ndarray | No
     return decode(_NONE if d is None else d[agent, t], _NONE if c is None else c[agent, t])
 
 
-def _gym(recorder: Any, spec: BufferSpec, d: np.ndarray | None, c: np.ndarray | None, steps: int) -> None:
+def _gym(recorder: Any, spec: BufferSpec, d: np.ndarray | None, c: np.ndarray | None, active: np.ndarray) -> bool:
     decode = action_decoder(recorder.action_space)
-    for t in range(steps):
+    for t in range(active.shape[1]):
         _, _, terminated, truncated, _ = recorder.step(_action(decode, d, c, 0, t))
         if terminated or truncated:
-            return
+            return False
     recorder.truncate()
+    return False
 
 
-def _parallel(recorder: Any, spec: BufferSpec, d: np.ndarray | None, c: np.ndarray | None, steps: int) -> None:
+def _parallel(recorder: Any, spec: BufferSpec, d: np.ndarray | None, c: np.ndarray | None, active: np.ndarray) -> bool:
     index = {agent: i for i, agent in enumerate(spec.agent_ids)}
     decode = {agent: action_decoder(recorder.action_space(agent)) for agent in spec.agent_ids}
-    for t in range(steps):
+    for t in range(active.shape[1]):
         if not recorder.agents:
-            return
+            return False
         recorder.step({a: _action(decode[a], d, c, index[a], t) for a in recorder.agents})
     if recorder.agents:
         recorder.truncate()
+    return False
 
 
-def _aec(recorder: Any, spec: BufferSpec, d: np.ndarray | None, c: np.ndarray | None, steps: int) -> None:
+def _aec(recorder: Any, spec: BufferSpec, d: np.ndarray | None, c: np.ndarray | None, active: np.ndarray) -> bool:
+    """Row ``k`` holds each agent's ``k``-th turn: an agent plays its recorded turns (its active
+    rows), and the episode is cut where one of them has none left, as the recording was (True:
+    then the moves of turns left open at the cut, which a recording does not keep, are missing)."""
     index = {agent: i for i, agent in enumerate(spec.agent_ids)}
     decode = {agent: action_decoder(recorder.action_space(agent)) for agent in spec.agent_ids}
-    turns = [0] * len(index)
+    turns, recorded = [0] * len(index), active.sum(axis=1).tolist()
     for agent in recorder.agent_iter():
-        _, _, terminated, truncated, _ = recorder.last(observe=False)
+        _, _, terminated, truncated, _ = recorder.last()  # as a loop calls it: it closes the agent's transition
         if terminated or truncated:
             recorder.step(None)
             continue
         i = index[agent]
-        if turns[i] >= steps:  # past the recorded turns
+        if turns[i] >= recorded[i]:  # past its recorded turns: the user cut the game here
             recorder.truncate()
-            return
+            return True
         recorder.step(_action(decode[agent], d, c, i, turns[i]))
         turns[i] += 1
+    return False

@@ -19,8 +19,12 @@ class Follower:
     (`LogWriter.append_rows`): one record of their rows, or a marker naming them where the ring is
     in files."""
 
-    def __init__(self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False) -> None:
+    def __init__(
+        self, writer: LogWriter, lanes: Sequence[Lane], *, per_block: bool = False, first_session: int = 0
+    ) -> None:
         self.writer = writer
+        # the log's number of the buffer's session 0: a continued log's sessions come first
+        self.first_session = first_session
         self.per_block = per_block  # a vector recorder flushes with its blocks, not in each step
         self.outgrown = False  # an episode longer than the ring was left out (said once)
         self._after = np.array(
@@ -68,7 +72,7 @@ class Follower:
                     self._outgrown(lane)
             marks.append((i, int(ends[-1])))
         if lengths:
-            self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64), np.concatenate(origins))
+            self.writer.append_rows(storage, segments, np.array(lengths, dtype=np.int64), self._numbered(origins))
             self.episodes += len(lengths)
             self.rows += sum(lengths)
         for i, mark in marks:
@@ -84,7 +88,7 @@ class Follower:
         if not (before <= after < end and whole and first + n <= lane.capacity):
             return end <= after  # nothing new: done
         lo = lane.offset + first
-        origins = lane.ended.origins[-1:]
+        origins = self._numbered([lane.ended.origins[-1:]])
         if not self.writer.mark(storage, lo, n, origins):
             self.writer.append_rows(storage, [(lo, lo + n)], np.array([n]), origins)
         self._after[i] = end
@@ -117,10 +121,17 @@ class Follower:
         if not which.size:
             return
         lengths = ends - starts
-        self.writer.append_rows(storage, rows, lengths, origins)
+        self.writer.append_rows(storage, rows, lengths, self._numbered([origins]))
         np.maximum.at(self._after, which, ends)
         self.episodes += len(lengths)
         self.rows += int(lengths.sum())
+
+    def _numbered(self, origins: list[np.ndarray]) -> np.ndarray:
+        """``origins`` (the buffer's) with their sessions numbered as the log numbers them."""
+        out = np.concatenate(origins)
+        if self.first_session:
+            out["session"] = np.where(out["session"] >= 0, out["session"] + self.first_session, -1)
+        return out
 
     @staticmethod
     def _add(segments: list[tuple[int, int]], ranges: list[tuple[int, int]]) -> None:

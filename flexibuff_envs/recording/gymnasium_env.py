@@ -109,6 +109,8 @@ class GymRecorder(Sourced, Unpicklable, gym.Wrapper, gym.utils.RecordConstructor
             result = self.env.step(action)
             if recorder.running:
                 recorder.step_single(action, *result)
+            else:  # a step not recorded: the next episode follows nothing (`recording.origins`)
+                recorder.origins.broken()
         except BaseException as error:  # Ctrl-C after the env moved included: `step_failed`
             recorder.step_failed(error)
             raise

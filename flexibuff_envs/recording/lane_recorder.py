@@ -97,6 +97,8 @@ class LaneRecorder:
             seed: the reset's (its episode's origin: `recording.origins`).
         """
         if self.running:
+            if not self.rows:  # reset twice: the first episode, of no step, is none the log holds
+                self.origins.broken()
             self.cut()
         self.writer.begin_episode(self.lane, self.origins.reset(0, seed))
         self.previous_rows = self.rows
@@ -327,6 +329,8 @@ class LaneRecorder:
             bootstrap: call ``bootstrap_fn`` for the truncated agents (when one was given).
             flush: send it to the buffer's log now (else with the next episode that ends).
         """
+        if not self.end_with_last_agent and self.running:  # AEC: the moves of turns still open are not kept
+            self.origins.broken()
         still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
             if self.last[index] >= 0:

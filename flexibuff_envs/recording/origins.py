@@ -56,16 +56,31 @@ class LaneOrigins:
             self.reset(i, seeds[i], int(positions[i]))
 
     def broken(self, lanes: Any = slice(None)) -> None:
-        """``lanes`` moved in a step that was not recorded: their next reset follows nothing."""
+        """``lanes`` moved in a step that was not recorded, or reset without an episode the
+        recording holds: their next episode follows nothing."""
+        self.chained[lanes] = False
+
+    def unrecorded(self, steps: np.ndarray, resets: np.ndarray | None) -> None:
+        """A block of vector steps (``[k, n]``: ``steps`` recorded, ``resets`` the steps that only
+        reset a sub-env, None where none does): a sub-env that moved in a step not recorded (after
+        `truncate`) breaks its chain."""
+        moved = ~steps if resets is None else ~steps & ~resets
+        self.broken(moved.any(axis=0))
+
+    def skipped(self, lanes: np.ndarray) -> None:
+        """``lanes`` began an episode of no step by resetting themselves, which a reset by the user
+        now replaces: it counts, and breaks their chains."""
+        self.begun[lanes] += 1
         self.chained[lanes] = False
 
     def at(self, lane: int, start: int) -> Origin:
         """The origin of lane ``lane``'s episode that began at ``start`` (asked in time order):
         the newest, or one the sub-env began by resetting itself after it."""
         if start != self.start[lane]:
-            self.newest[lane] = following(self.newest[lane], self.session, self.apart)
+            self.newest[lane] = following(self.newest[lane], self.session, self.apart and bool(self.chained[lane]))
             self.start[lane] = start
             self.begun[lane] += 1
+            self.chained[lane] = True
         return self.newest[lane]
 
     def of(self, lanes: np.ndarray, starts: np.ndarray) -> np.ndarray:

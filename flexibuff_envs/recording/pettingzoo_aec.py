@@ -154,6 +154,8 @@ class AECRecorder(PettingZooRecorderMixin, BaseWrapper):
             if recorder.running:
                 acting = self._index[self._source.agent_selection]
                 recorder.record(self._record, acting, action)
+            else:  # a step not recorded: the next episode follows nothing (`recording.origins`)
+                recorder.origins.broken()
             self._seen = None
             self.env.step(action)
         except Exception:

@@ -108,6 +108,8 @@ class ParallelRecorder(PettingZooRecorderMixin, BaseParallelWrapper):
             result = self.env.step(actions)
             if recorder.running:  # claiming the row may forget the oldest episode: part of the step
                 recorder.record(lambda: self._record(recorder.next_row(), actions, *result))
+            else:  # a step not recorded: the next episode follows nothing (`recording.origins`)
+                recorder.origins.broken()
         except BaseException as error:  # Ctrl-C after the env moved included: `step_failed`
             recorder.step_failed(error)
             raise

@@ -210,6 +210,7 @@ class BatchRecorder:
             terminated, truncated = stage.flags[0, :k], stage.flags[1, :k]
             block = transitions(self.mode, terminated | truncated, self.running, self._resetting)
             steps, resets = block.steps, block.resets
+            self.origins.unrecorded(steps, resets if self.mode == AutoresetMode.NEXT_STEP else None)
             counts = steps.sum(axis=0)
             needed = self.pos + counts
             if (needed > self._live_end).any():
@@ -317,6 +318,7 @@ class BatchRecorder:
             self.writer.begin_episode(self.lane_ids[i])
         if foreign.size:
             self._sync()
+        self.origins.skipped(lanes[self.running[lanes] & (self.pos[lanes] == self.start[lanes])])  # reset twice
         cut = lanes[self.running[lanes] & (self.pos[lanes] > self.start[lanes])]
         if cut.size:
             self._cut(cut, bootstrap=True)
@@ -386,8 +388,6 @@ class BatchRecorder:
             self.truncate(bootstrap=False)
             resumes = "its last whole step (as truncated) and its recording resumes at its next reset"
             note(error, f"this vector step was not recorded; each sub-env's episode is kept up to {resumes}")
-
-    # ----------------------------------------------------------------- what the agent adds
 
     @holding
     def annotate(self, fields: Mapping[str, Any]) -> None:
