@@ -170,3 +170,12 @@ class Unseeded(ToyEnv):
     def step(self, action: Any):
         _, *rest = super().step(action)
         return np.random.default_rng().random(3).astype(np.float32), *rest
+
+
+def parallel_games(env: Any, seeds: list[int | None]) -> None:
+    """An episode of a parallel env per seed (None: reset without one), random actions, each
+    played to its end."""
+    for seed in seeds:
+        env.reset(seed=seed)
+        while env.agents:
+            env.step({agent: env.action_space(agent).sample() for agent in env.agents})

@@ -20,6 +20,7 @@ import flexibuff_envs as fe
 from flexibuff_envs.index import episode_table
 from flexibuff_envs.integrations.ray_data import read_logs, write_logs
 from flexibuff_envs.integrations.tables import episode_arrays
+from tests.envs import parallel_games
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +104,7 @@ def test_a_multi_agent_log_reads_each_agent_s_values(cluster: list[str], tmp_pat
     from mpe2 import simple_spread_v3
 
     env = fe.record(simple_spread_v3.parallel_env(N=3, max_cycles=10), num_steps=200, log=tmp_path / "spread")
-    for seed in range(3):
-        env.reset(seed=seed)
-        while env.agents:
-            env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+    parallel_games(env, [0, 1, 2])
     env.close()
     dataset = read_logs([str(tmp_path / "spread")])
     batch: Any = next(iter(dataset.iter_batches(batch_format="numpy", batch_size=4)))

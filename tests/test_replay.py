@@ -17,7 +17,7 @@ import flexibuff_envs as fe
 from flexibuff_envs.cli import main
 from flexibuff_envs.integrations import editing
 from flexibuff_envs.integrations.replay import replay
-from tests.envs import ToyEnv, Unseeded, random_games, toy
+from tests.envs import ToyEnv, Unseeded, parallel_games, random_games, toy
 
 
 def _episodes(env: Any, seeds: list[int | None]) -> None:
@@ -100,10 +100,7 @@ def test_a_recording_of_each_api_replays_clean_through_the_cli(
 
         made = {"N": 2, "max_cycles": 15}  # its keywords: a PettingZoo env's spec does not keep them
         env = fe.record(simple_spread_v3.parallel_env(**made), num_steps=200, log=log, env_kwargs=made)
-        for seed in (1, None):
-            env.reset(seed=seed)
-            while env.agents:
-                env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+        parallel_games(env, [1, None])
         env.close()
     else:
         from pettingzoo.classic import connect_four_v3
@@ -163,17 +160,13 @@ def test_an_env_made_again_unlike_the_recorded_one_is_not_replayed_and_says_so()
     from mpe2 import simple_spread_v3
 
     env = fe.record(simple_spread_v3.parallel_env(N=2, max_cycles=10), num_steps=100)  # keywords not given
-    env.reset(seed=0)
-    while env.agents:
-        env.step({agent: env.action_space(agent).sample() for agent in env.agents})
+    parallel_games(env, [0])
     report = replay(env.buffer)  # simple_spread_v3.parallel_env() would make three agents
     assert report.ok and not report.clean
     assert "keywords its env was made with were not recorded" in report.skipped[0] and "--env" in report.skipped[0]
     made = {"N": 2, "max_cycles": 10}
     named = fe.record(simple_spread_v3.parallel_env(**made), num_steps=100, env_kwargs=made)
-    named.reset(seed=0)
-    while named.agents:
-        named.step({agent: named.action_space(agent).sample() for agent in named.agents})
+    parallel_games(named, [0])
     assert replay(named.buffer).clean == [0]  # its keywords given: made again as recorded
     wrapped = fe.record(gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: 2 * r))
     _episodes(wrapped, [0])
