@@ -10,6 +10,7 @@ import numpy as np
 
 from flexibuff_envs.errors import OutOfRangeError
 from flexibuff_envs.index.origins import ORIGIN, UNKNOWN, Origin
+from flexibuff_envs.interrupts import HOLD
 
 
 @dataclass(slots=True)
@@ -121,9 +122,13 @@ class Ended:
         # the held ones doubled (appends one at a time cost the same however many), plus the new
         # ones: a lane restored with millions of episodes at once takes what it holds, not twice
         size = self._start.size if held + n + 1 <= self._start.size // 2 else 2 * held + n + 16
-        for name in ("_start", "_end", "_whole", "_origin"):
+        made = {}
+        for name in ("_start", "_end", "_whole", "_origin"):  # made aside: a Ctrl-C here changes nothing
             old = getattr(self, name)
-            new = old if size == old.size else np.zeros(size, dtype=old.dtype)
-            new[:held] = old[self._first : self._stop]  # the held ones to the front (a copy where they overlap)
-            setattr(self, name, new)
-        self._first, self._stop = 0, held
+            new = old.copy() if size == old.size else np.zeros(size, dtype=old.dtype)
+            new[:held] = old[self._first : self._stop]  # the held ones to the front
+            made[name] = new
+        with HOLD:  # then swapped in at once
+            for name, new in made.items():
+                setattr(self, name, new)
+            self._first, self._stop = 0, held

@@ -214,10 +214,12 @@ class Lane:
 
     def end(self) -> Episode | None:
         """Close the running episode; return it, or None if it had no step."""
-        episode, self.running = self.running, None
+        episode = self.running
         if episode is None or episode.end == episode.start:
+            self.running = None
             return None
-        self.ended.append(episode, self.origin)
+        self.ended.append(episode, self.origin)  # first: interrupted, the episode still runs
+        self.running = None
         return episode
 
     def rows(self, episode: Episode) -> np.ndarray:

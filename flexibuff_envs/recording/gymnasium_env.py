@@ -120,7 +120,7 @@ class GymRecorder(Sourced, Unpicklable, gym.Wrapper, gym.utils.RecordConstructor
         """End the running episode at its last recorded step, as truncated (``G`` written,
         bootstrapped by ``bootstrap_fn`` where given), so the buffer and its log hold it whole
         (a run stopped early: the CLI calls it at Ctrl-C). Recording resumes at the next reset."""
-        self._recorder.cut()
+        self._recorder.cut_by_user()
 
     def close(self) -> None:
         """Close the env; the buffer's lane is free for another recorder; the log

@@ -97,9 +97,7 @@ class LaneRecorder:
             seed: the reset's (its episode's origin: `recording.origins`).
         """
         if self.running:
-            if not self.rows:  # reset twice: the first episode, of no step, is none the log holds
-                self.origins.broken()
-            self.cut()
+            self.cut_by_user()
         self.writer.begin_episode(self.lane, self.origins.reset(0, seed))
         self.previous_rows = self.rows
         self.rows = []
@@ -322,6 +320,16 @@ class LaneRecorder:
         )
 
     @holding
+    def cut_by_user(self) -> None:
+        """`cut` of an episode the user ends (a reset, `truncate`): the next one follows nothing
+        when this one holds no step (a reset twice) or, in an AEC env, moves it does not keep (the
+        turns still open)."""
+        if not self.running:
+            return
+        if not self.rows or not self.end_with_last_agent:
+            self.origins.broken()
+        self.cut()
+
     def cut(self, bootstrap: bool = True, *, flush: bool = True) -> None:
         """End the running episode where it stands: each open agent's last row becomes truncated.
 
@@ -329,8 +337,6 @@ class LaneRecorder:
             bootstrap: call ``bootstrap_fn`` for the truncated agents (when one was given).
             flush: send it to the buffer's log now (else with the next episode that ends).
         """
-        if not self.end_with_last_agent and self.running:  # AEC: the moves of turns still open are not kept
-            self.origins.broken()
         still = [i for i, is_open in enumerate(self.open) if is_open]
         for index in still:
             if self.last[index] >= 0:

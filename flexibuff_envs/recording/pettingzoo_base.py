@@ -113,7 +113,7 @@ class PettingZooRecorderMixin(Sourced, Unpicklable):
         """End the running episode at its last recorded step, every agent still in it truncated
         there (see `GymRecorder.truncate`). Recording resumes at the next reset."""
         if self._recorder.running:
-            self._recorder.cut()
+            self._recorder.cut_by_user()
 
     def close(self) -> None:
         """Close the env; the buffer's lane is free for another recorder; the log
