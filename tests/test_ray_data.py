@@ -60,7 +60,7 @@ def _local(path: str) -> dict[str, np.ndarray]:
 def test_three_logs_on_two_nodes_read_as_the_logs_read_locally(cluster: list[str], tmp_path: Path) -> None:
     paths = _logs(tmp_path)
     placed = {paths[0]: cluster[0], paths[1]: cluster[1], paths[2]: cluster[1]}
-    dataset = read_logs(paths, nodes=placed, rows_per_task=100)  # several tasks a log
+    dataset = read_logs(paths, nodes=placed, rows_per_task=300, rows_per_block=100)  # tasks and blocks a log
     got = {
         name: np.concatenate([b[name] for b in dataset.iter_batches(batch_format="numpy", batch_size=None)])
         for name in dataset.schema().names

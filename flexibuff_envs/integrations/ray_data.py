@@ -3,7 +3,8 @@ of logs, each on the node whose disk holds it, as a ``ray.data.Dataset`` of tran
 whole episodes; `write_logs` writes a dataset of episodes to a log.
 
 Each log is read by tasks on its node (`NodeAffinitySchedulingStrategy`), a range of whole
-episodes each (about ``rows_per_task`` rows): a task opens the log mapped and read-only, as a
+episodes each (about ``rows_per_task`` rows), handing a block of about ``rows_per_block`` rows at
+a time (a streaming task): a task opens the log mapped and read-only, once, as a
 reader beside a running recording does (only whole commits: a torn tail is never read, and the
 log is never written), gathers its range once and hands Ray Data Arrow blocks. Nothing is read
 twice, and no row crosses the network but to the task that consumes it.
@@ -43,7 +44,8 @@ def read_logs(
     *,
     unit: str = "transition",
     nodes: Mapping[str, str] | None = None,
-    rows_per_task: int = 65_536,
+    rows_per_task: int = 1 << 20,
+    rows_per_block: int = 1 << 16,
 ) -> Any:
     """A ``ray.data.Dataset`` of the whole episodes of the logs ``paths`` (`module docs`): one
     row per transition (``unit="transition"``) or per episode (``unit="episode"``), in the order
@@ -57,9 +59,10 @@ def read_logs(
     if unit not in ("transition", "episode"):
         raise InvalidArgumentError(f"read_logs: unit must be 'transition' or 'episode', got {unit!r}")
     positive_int("rows_per_task", rows_per_task)
+    positive_int("rows_per_block", rows_per_block)
     where = {} if nodes is None else {os.path.abspath(k): v for k, v in nodes.items()}
     plan = ray.remote(_lengths)
-    read = ray.remote(_read)
+    read = ray.remote(num_returns="streaming")(_read)
     names = [os.path.abspath(p) for p in paths]  # a relative path: the driver's, on every node
     placed = [_placed(ray, where.get(name)) for name in names]
     plans = ray.get([plan.options(**how).remote(name) for name, how in zip(names, placed)])
@@ -68,8 +71,11 @@ def read_logs(
         raise InvalidArgumentError("read_logs: the logs differ in layout; read each on its own")
     refs = []
     for k, (name, how, (lengths, _)) in enumerate(zip(names, placed, plans)):
-        for lo, hi in _ranges(lengths, rows_per_task):
-            refs.append(read.options(**how).remote(name, k, lo, hi, unit))
+        tasks = [
+            read.options(**how).remote(name, k, lo, hi, unit, rows_per_block)
+            for lo, hi in _ranges(lengths, rows_per_task)
+        ]
+        refs += [ref for task in tasks for ref in task]  # each task's blocks, as it makes them
     return ray.data.from_arrow_refs(refs) if refs else ray.data.from_items([])
 
 
@@ -99,13 +105,20 @@ def _ranges(lengths: np.ndarray, rows: int) -> Iterator[tuple[int, int]]:
         lo = hi
 
 
-def _read(path: str, log: int, lo: int, hi: int, unit: str) -> Any:
-    """Episodes ``[lo, hi)`` of the log ``path`` as an Arrow table of ``unit`` rows."""
+def _read(path: str, log: int, lo: int, hi: int, unit: str, rows: int) -> Iterator[Any]:
+    """Episodes ``[lo, hi)`` of the log ``path`` (opened once) as Arrow tables of ``unit`` rows,
+    about ``rows`` rows each."""
+    buffer = FlexibleBuffer.open(path, settle=False)
+    table = episode_table(buffer._index.read())
+    for a, b in _ranges(table.lengths[lo:hi], rows):
+        yield _block(buffer, table, log, lo + a, lo + b, unit)
+
+
+def _block(buffer: FlexibleBuffer, table: EpisodeTable, log: int, lo: int, hi: int, unit: str) -> Any:
+    """Episodes ``[lo, hi)`` of ``buffer`` (a log's) as an Arrow table of ``unit`` rows."""
     import pyarrow as pa
     from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
 
-    buffer = FlexibleBuffer.open(path, settle=False)
-    table = episode_table(buffer._index.read())
     some = EpisodeTable(table.starts[lo:hi], table.ends[lo:hi], table.offsets[lo:hi], table.capacity)
     lengths = some.lengths
     arrays = episode_arrays(buffer.gather(some.all_rows()[0]), buffer.spec)
