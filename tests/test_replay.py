@@ -271,3 +271,26 @@ def test_a_log_held_twice_replays_twice_and_the_cli_refuses_episodes_it_lacks(
     assert "the dataset holds episodes 0 to 3" in capsys.readouterr().err
     with pytest.raises(fe.InvalidArgumentError, match="seed"):
         env.buffer.begin_episode(seed=-1)
+
+
+def test_image_rows_recorded_through_a_ring_that_wraps_replay_exactly_from_the_log(tmp_path: Path) -> None:
+    """Frames, a ring far shorter than the recording, the log holding every episode: each equals
+    what a fresh env gives with its seed and actions, bit for bit."""
+    import ale_py
+    from pettingzoo.butterfly import pistonball_v6
+
+    gym.register_envs(ale_py)
+    made = gym.make_vec("ALE/Pong-v5", 2, vectorization_mode="sync", obs_type="grayscale", max_episode_steps=25)
+    pong = fe.record(made, num_steps=60, log=tmp_path / "pong")  # 60 rows a lane: it wraps
+    pong.reset(seed=3)
+    pong.action_space.seed(0)
+    for _ in range(200):
+        pong.step(pong.action_space.sample())
+    pong.close()
+    report = replay(tmp_path / "pong")
+    assert len(report.clean) == fe.FlexibleBuffer.open(tmp_path / "pong").n_episodes == 14 and report.ok
+    kwargs = {"n_pistons": 3, "max_cycles": 15}
+    pistons = fe.record(pistonball_v6.parallel_env(**kwargs), num_steps=20, log=tmp_path / "pb", env_kwargs=kwargs)
+    parallel_games(pistons, [0, None, None, 5])
+    pistons.close()
+    assert replay(tmp_path / "pb").clean == [0, 1, 2, 3]

@@ -224,6 +224,15 @@ def test_the_page_in_a_real_browser(served: tuple[Browser, Path]) -> None:
         page.fill("#least", "")
         page.dispatch_event("#least", "change")
         page.wait_for_function("document.querySelector('#count').textContent === '12 episodes'")
+        seeds = [cell for cell in page.locator("#episodes tbody tr td:nth-child(7)").all_inner_texts()]
+        assert sorted(map(int, seeds)) == list(range(12))  # each episode's reset seed, in its column
+        page.fill("#seed", "4")  # a filter on the seed: the episode reset with it
+        page.dispatch_event("#seed", "change")
+        page.wait_for_function("document.querySelector('#count').textContent === '1 episodes'")
+        assert page.inner_text("#episodes tbody tr td:nth-child(7)") == "4" and "seed=4" in page.url
+        page.fill("#seed", "")
+        page.dispatch_event("#seed", "change")
+        page.wait_for_function("document.querySelector('#count').textContent === '12 episodes'")
         page.click("#episodes tbody tr >> nth=0")  # CartPole: its 4 observation values as a small plot
         page.wait_for_selector("#observation-plots .small")
         assert page.locator("#observation-plots .small").count() == 1

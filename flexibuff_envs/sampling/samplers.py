@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError, OutOfRangeError
+from flexibuff_envs.errors import EmptyBufferError, InvalidArgumentError
 from flexibuff_envs.index import EpisodeTable, episode_table
 from flexibuff_envs.index.lanes import Lane
 from flexibuff_envs.sampling.priorities import PriorityTree
@@ -292,21 +292,15 @@ class Sequences:
 @dataclass(slots=True)
 class Episodes:
     """Whole ended episodes in recording order: ``n`` distinct random ones; with ``n=None``,
-    random ones while their total length fits ``max_rows`` (at least one); with ``every``, all;
-    with ``chosen``, those (their numbers in `episodes`' order), in that order."""
+    random ones while their total length fits ``max_rows`` (at least one); with ``every``, all."""
 
     n: int | None = None
     max_rows: int = 256
     every: bool = False
-    chosen: tuple[int, ...] = ()
 
     def draws(self, live: Live, rng: np.random.Generator) -> Iterator[Draw]:
         pool = live.episodes()
-        if self.chosen:
-            order = np.array(self.chosen, dtype=np.int64)
-            if order.min() < 0 or order.max() >= len(pool):
-                raise OutOfRangeError(f"episodes {list(self.chosen)}: the buffer holds {len(pool)}")
-        elif self.every:
+        if self.every:
             order = np.arange(len(pool))
         else:
             want = 1 if self.n is None else self.n
