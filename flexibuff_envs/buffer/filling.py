@@ -230,6 +230,24 @@ class Filling(Half):
         lanes = self._index.change()
         return chunk.take(self._store, lanes, self.gamma, self.gae_lambda)
 
+    def copy_episodes(self, rows: int | None = None) -> Chunk:
+        """Every ended whole episode as a `Chunk`, as `take_episodes` hands them out, but kept
+        here too; with ``rows``, only the newest that fit in ``rows`` rows."""
+        self.compact()
+        episodes = episode_table(self._index.read())
+        if rows is not None and episodes.lengths.sum() > rows:
+            fits = np.cumsum(episodes.lengths[::-1])[::-1] <= rows  # the episodes from here on fit
+            first = int(np.argmax(fits)) if fits.any() else len(episodes)
+            origins = None if episodes.origins is None else episodes.origins[first:]
+            episodes = dataclasses.replace(
+                episodes,
+                starts=episodes.starts[first:],
+                ends=episodes.ends[first:],
+                offsets=episodes.offsets[first:],
+                origins=origins,
+            )
+        return chunk.copy(self._store, episodes, self.gamma, self.gae_lambda)
+
     @holding
     def extend(self, episodes: Chunk, lane: int = 0) -> int:
         """Append the whole episodes of a `Chunk` (from `take_episodes`) to ``lane``, with the

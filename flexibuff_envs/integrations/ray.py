@@ -5,13 +5,13 @@ recorder of its kind and steps it with the user's policy, in its own process (on
 the cluster). Every ``chunk_steps`` steps it sends the episodes that ended as one `Chunk` of numpy
 arrays through Ray's object store; nothing crosses per step. The learner appends each chunk to its
 `FlexibleBuffer` (`FlexibleBuffer.extend`) as it arrives, so episodes land whole, with the ``G``,
-masks and annotations the worker recorded.
+masks and annotations the worker recorded. Given a `ReplayService`, workers insert their chunks
+into its shards themselves instead, and `RayCollector.start` keeps them at it on their own.
 
 A worker that dies (its process or machine is lost) is replaced by a new one with a fresh seed;
 the episodes it had not sent yet (the running one, and those ended since its last chunk) are
 lost with it, and nothing of them reaches the learner's buffer.
 
->>> import ray
 >>> from flexibuff_envs.integrations.ray import RayCollector
 >>> ray.init(num_cpus=2)                                                    # doctest: +SKIP
 >>> collector = RayCollector(lambda: gym.make("CartPole-v1"), n_workers=2)  # doctest: +SKIP
@@ -22,30 +22,34 @@ lost with it, and nothing of them reaches the learner's buffer.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import (
     ArgumentTypeError,
+    InvalidArgumentError,
     MissingExtraError,
     WorkerError,
     WorkerTimeoutError,
     needs,
     positive_int,
 )
-from flexibuff_envs.files.chunk import Chunk, check_layout
-from flexibuff_envs.recording.rollout import Policy, steps
+from flexibuff_envs.files.chunk import check_layout
+from flexibuff_envs.integrations.ray_worker import ChunkInfo, Collected, Result, Worker
+from flexibuff_envs.recording.rollout import Policy
 from flexibuff_envs.spec import BufferSpec
-from flexibuff_envs.spec.env_kinds import env_kind
+
+if TYPE_CHECKING:
+    from flexibuff_envs.integrations.ray_replay import ReplayService
 
 __all__ = ["ChunkInfo", "Collected", "RayCollector"]
 
 #: chunks each worker has queued, so it steps on while the learner merges the one before
 _QUEUED = 2
+#: threads of a worker: its queued chunks, `run`, and the learner's calls while they wait
+_THREADS = 2 * _QUEUED + 4
 
 
 def _ray() -> Any:
@@ -54,75 +58,6 @@ def _ray() -> Any:
     except ImportError as exc:
         raise MissingExtraError(needs("flexibuff_envs.integrations.ray", "ray", "ray")) from exc
     return ray
-
-
-@dataclass(frozen=True)
-class ChunkInfo:
-    """One chunk the learner merged: which worker sent it, what it held, what it cost.
-
-    ``weights_version`` is the `RayCollector.set_weights` call whose weights the worker acted
-    with (0: its initial policy); ``seconds`` is the worker's time to collect it.
-    """
-
-    worker: int
-    steps: int
-    episodes: int
-    rows: int
-    nbytes: int
-    weights_version: int
-    seconds: float
-    merge_seconds: float
-
-
-@dataclass(frozen=True)
-class Collected:
-    """What `RayCollector.collect` did: env steps taken, episodes and rows merged into the buffer,
-    bytes received, wall time, time spent merging, workers restarted."""
-
-    steps: int
-    episodes: int
-    rows: int
-    nbytes: int
-    seconds: float
-    merge_seconds: float
-    restarts: int
-    chunks: list[ChunkInfo]
-
-
-class _Worker:
-    """A Ray actor: one recorded env, stepped by the policy chunk by chunk."""
-
-    def __init__(
-        self, env_fn: Callable[[], Any], policy: Policy | None, seed: int, recorder_options: Mapping[str, Any]
-    ) -> None:
-        from flexibuff_envs.recording import record
-
-        bare = env_fn()
-        self.env = record(bare, **recorder_options)  # raises for what is not an env
-        kind = str(env_kind(bare))
-        self.policy = policy
-        torch = sys.modules.get("torch")  # a torch module's unpickling imported torch
-        act = torch.no_grad()(policy) if torch is not None and isinstance(policy, torch.nn.Module) else policy
-        self.steps = steps(self.env, kind, seed=seed, policy=act)
-        self.version = 0
-
-    def describe(self) -> tuple[BufferSpec, float, float]:
-        buffer = self.env.buffer
-        return buffer.spec, buffer.gamma, buffer.gae_lambda
-
-    def collect(self, n: int) -> tuple[Chunk, int, int, float]:
-        """Step at least ``n`` env steps; the episodes that ended, steps taken, weights version,
-        seconds."""
-        start, done, version = time.perf_counter(), 0, self.version
-        for stepped, _ in self.steps:
-            done += stepped
-            if done >= n:
-                break
-        return self.env.buffer.take_episodes(), done, version, time.perf_counter() - start
-
-    def set_weights(self, weights: Any, version: int) -> None:
-        self.policy.load_state_dict(weights)  # type: ignore[union-attr]
-        self.version = version
 
 
 class RayCollector:
@@ -142,6 +77,10 @@ class RayCollector:
         chunk_steps: env steps per chunk a worker sends (vector envs: steps of all sub-envs).
         num_steps: rows of the learner buffer (one lane) when ``buffer`` is not given.
         buffer: the learner buffer to fill; worker ``i``'s chunks go to lane ``i % n_envs``.
+        service: a `ReplayService` the workers insert their chunks into themselves (worker ``i``
+            into its shard ``i % shards``, table ``table``) instead of sending them to the
+            learner; no learner buffer is made then (`buffer` is None). `start` keeps them
+            collecting on their own (Ape-X).
         recorder_options: keywords of `flexibuff_envs.record` in each worker (``gamma``,
             ``global_reward``, ``bootstrap_fn``, ...). Its ``num_steps`` (default
             ``chunk_steps + 10_000``) must hold a chunk plus the longest episode.
@@ -161,6 +100,8 @@ class RayCollector:
         chunk_steps: int = 1000,
         num_steps: int = 100_000,
         buffer: FlexibleBuffer | None = None,
+        service: ReplayService | None = None,
+        table: str = "default",
         recorder_options: Mapping[str, Any] | None = None,
         worker_options: Mapping[str, Any] | None = None,
         max_restarts: int = 10,
@@ -175,22 +116,28 @@ class RayCollector:
         self.restarts = 0
         self.weights_version = 0
         self._env_fn, self._policy = env_fn, policy
+        if service is not None and buffer is not None:
+            raise InvalidArgumentError("RayCollector: pass a buffer or a service, not both")
+        self.service = service
+        self._sinks = None if service is None else [service.sink(i, table) for i in range(self.n_workers)]
+        self._running: dict[Any, int] = {}  # a running worker's `run` call -> its index
         self._options = {"num_steps": self.chunk_steps + 10_000, **(recorder_options or {})}
-        options = {"num_cpus": 1, **(worker_options or {})}
-        self._actor = ray.remote(_Worker).options(**options)
+        options = {"num_cpus": 1, "max_concurrency": _THREADS, **(worker_options or {})}
+        self._actor = ray.remote(Worker).options(**options)
         self._weights: Any = None  # the object ref of the last weights broadcast
         self._incarnations = [0] * self.n_workers
         self.workers = [self._start(i) for i in range(self.n_workers)]
         try:  # an env_fn that fails raises here, with the worker's traceback; no worker is left behind
             spec, gamma, gae_lambda = self._describe(start_timeout, options["num_cpus"])
-            if buffer is not None:
-                check_layout(buffer.spec, spec, "RayCollector: the workers' env")
+            if buffer is not None or service is not None:
+                held = buffer.spec if buffer is not None else service.spec  # type: ignore[union-attr]
+                check_layout(held, spec, "RayCollector: the workers' env")
         except BaseException:
             self.close()
             raise
-        self.buffer = (
+        self.buffer: FlexibleBuffer | None = (
             buffer
-            if buffer is not None
+            if buffer is not None or service is not None
             else FlexibleBuffer.from_spec(
                 dataclasses.replace(spec, n_envs=1),
                 num_steps=num_steps,
@@ -217,7 +164,8 @@ class RayCollector:
 
     def _start(self, i: int) -> Any:
         seed = self.seed + i + self.n_workers * self._incarnations[i]
-        worker = self._actor.remote(self._env_fn, self._policy, seed, self._options)
+        sink = None if self._sinks is None else self._sinks[i]
+        worker = self._actor.remote(self._env_fn, self._policy, seed, self._options, sink)
         if self._weights is not None:
             worker.set_weights.remote(self._weights, self.weights_version)
         return worker
@@ -227,8 +175,12 @@ class RayCollector:
             raise WorkerError(
                 f"worker {i} died and the {self.max_restarts} restarts allowed (max_restarts) are used up: {cause}"
             ) from cause
-        self._ray.kill(self.workers[i], no_restart=True)
         self.restarts += 1
+        self._replace(i)
+
+    def _replace(self, i: int) -> None:
+        """Worker ``i`` killed, and a new one in its place with the next seed."""
+        self._ray.kill(self.workers[i], no_restart=True)
         self._incarnations[i] += 1
         self.workers[i] = self._start(i)
 
@@ -288,23 +240,75 @@ class RayCollector:
             worker.set_weights.remote(self._weights, self.weights_version)
         return self.weights_version
 
-    def _merge(self, i: int, result: tuple[Chunk, int, int, float]) -> ChunkInfo:
-        chunk, stepped, version, seconds = result
-        start = time.perf_counter()
-        appended = self.buffer.extend(chunk, lane=i % self.buffer.spec.n_envs)
+    def _merge(self, i: int, result: Result) -> ChunkInfo:
+        start, appended = time.perf_counter(), result.appended
+        if result.chunk is not None and self.buffer is not None:
+            appended = self.buffer.extend(result.chunk, lane=i % self.buffer.spec.n_envs)
         return ChunkInfo(
             worker=i,
-            steps=stepped,
-            episodes=appended,
-            rows=chunk.rows,
-            nbytes=chunk.nbytes,
-            weights_version=version,
-            seconds=seconds,
-            merge_seconds=time.perf_counter() - start,
+            steps=result.steps,
+            episodes=int(appended or 0),
+            rows=result.rows,
+            nbytes=result.nbytes,
+            weights_version=result.version,
+            seconds=result.seconds,
+            merge_seconds=time.perf_counter() - start if result.chunk is not None else 0.0,
+            returns=result.returns,
         )
+
+    # ------------------------------------------------------------------ on their own (a service)
+
+    def start(self) -> None:
+        """Keep every worker collecting chunk after chunk into the service, on its own, until
+        `stop`: the learner only samples the service (and calls `poll` now and then)."""
+        if self.service is None:
+            raise InvalidArgumentError("RayCollector.start: workers collect on their own into a service; pass service=")
+        for i, worker in enumerate(self.workers):
+            if i not in self._running.values():
+                self._running[worker.run.remote(self.chunk_steps)] = i
+
+    def poll(self) -> list[ChunkInfo]:
+        """The chunks the workers collected since the last poll; a worker that died is started
+        again (its running episodes and unsent chunk are lost), one whose insert timed out
+        raises."""
+        ray = self._ray
+        done, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
+        for ref in done:
+            i = self._running.pop(ref)
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                self._restart(i, exc)
+                self._running[self.workers[i].run.remote(self.chunk_steps)] = i
+        infos = []
+        for i, worker in enumerate(self.workers):
+            try:
+                infos += [self._merge(i, result) for result in ray.get(worker.report.remote())]
+            except ray.exceptions.RayActorError:
+                continue  # found dead at the next poll
+        return infos
+
+    def stop(self, timeout: float = 30.0) -> list[ChunkInfo]:
+        """Stop the workers started by `start` after the chunk each has under way, and return
+        the chunks not polled yet. A worker still waiting after ``timeout`` seconds (on the rate
+        limiter, for samples no one takes any more) is started again, its chunk lost."""
+        ray = self._ray
+        for worker in self.workers:
+            worker.stop.remote()
+        _, waiting = ray.wait(list(self._running), num_returns=len(self._running), timeout=timeout)
+        for ref in waiting:
+            self._replace(self._running.pop(ref))
+        for ref in list(self._running):  # ended: a worker lost at the end is not started again
+            i = self._running.pop(ref)
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                self._restart(i, exc)
+        return self.poll()
 
     def close(self) -> None:
         """Stop the workers (their unsent episodes are dropped)."""
+        self._running.clear()
         for worker in self.workers:
             self._ray.kill(worker, no_restart=True)
         self.workers = []
@@ -332,7 +336,7 @@ class _Queue:
             return
         if self.left is not None:
             self.left[i] -= n
-        self.pending[self.collector.workers[i].collect.remote(n)] = (i, n)
+        self.pending[self.collector.workers[i].collect.remote(n, self.collector.weights_version)] = (i, n)
 
     def stop(self) -> None:
         """Submit no more chunks."""

@@ -1,0 +1,369 @@
+"""A replay that outgrows one machine: `ReplayService`, its tables split into shards, each a Ray
+actor holding a `FlexibleBuffer` that logs to an episode log of its own (the ``ray`` extra).
+
+Episodes go whole to one shard: a learner's `ReplayService.insert` spreads a buffer's, a log's
+or a chunk's episodes over the shards; `RayCollector` workers given the service insert their
+chunks into a shard each themselves, never through the learner. `ReplayService.sample` draws
+from every shard at once, as one buffer of all their rows would: each shard's share of the
+batch is drawn multinomially in proportion to its rows (uniform) or its sum of ``priority **
+alpha`` (prioritized), each shard draws its share, and the importance weights are ``(p_i /
+p_min) ** -beta`` with ``p_min`` the smallest over the whole replay, not the shard's. The
+batch's ``idx`` names shard and row (``row * shards + shard``), which is what
+`ReplayService.update_priorities` takes back.
+
+What survives what: a shard's episodes reach its log when it appends them (`FlexibleBuffer.log_to`),
+so a shard whose process or node is lost is started again by Ray (on another node when its own
+is gone: ``log_dir`` must then be a disk every node shares) and takes its episodes back from
+its log; priorities start again from the highest (every row equal), and priorities sent for rows
+drawn before the restart are dropped. Only episodes still running in a collector (and an
+insert under way, sent again) are lost. While a shard is away the others serve: samples and
+inserts go to the shards that answer.
+
+>>> service = ReplayService(fe.infer_spec(env), shards=2, capacity=100_000)   # doctest: +SKIP
+>>> service.insert(buffer)                                                    # doctest: +SKIP
+>>> batch = service.sample(256, prioritized=True, n_step=3)                   # doctest: +SKIP
+>>> service.update_priorities(batch.idx, td.abs() + 1e-6)                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.batch import FlexiBatch, torch_converter
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    WorkerError,
+    WorkerTimeoutError,
+    positive_int,
+)
+from flexibuff_envs.files.chunk import Chunk
+from flexibuff_envs.integrations.ray import _ray
+from flexibuff_envs.integrations.ray_shard import Limiter, RateLimiter, Shard, join
+from flexibuff_envs.spec import BufferSpec
+
+__all__ = ["RateLimiter", "ReplayService", "Sink"]
+
+#: rows of one insert the learner sends to a shard at most (a chunk is cut between episodes)
+ROWS_PER_INSERT = 1 << 16
+#: attempts of a sample whose shards are lost under it, before giving up
+ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where a `RayCollector` worker inserts its chunks itself: a shard, the rate limiter (None:
+    none), the table. Sent to the worker by Ray."""
+
+    shard: Any
+    limiter: Any
+    table: str
+    timeout: float
+
+    def insert(self, chunk: Chunk, cancelled: Callable[[], bool] | None = None) -> int:
+        """Ask the limiter, then insert the chunk; an insert the shard was lost in is sent
+        again once it is back (skipped there when it had arrived). Returns episodes appended;
+        0 when ``cancelled()`` turned true while the limiter held it back (the chunk dropped)."""
+        ray = _ray()
+        if not chunk.n_episodes:
+            return 0
+        if self.limiter is not None:
+            waited = 0.0
+            while True:  # in slices of a second, to see a cancel
+                ok, inserted, sampled = ray.get(self.limiter.insert.remote(self.table, chunk.rows, 1.0))
+                waited += 1.0
+                if ok:
+                    break
+                if cancelled is not None and cancelled():
+                    return 0
+                if waited >= self.timeout:
+                    raise WorkerTimeoutError(_waited("an insert", self.timeout, inserted, sampled))
+        for attempt in range(ATTEMPTS):
+            try:
+                return int(ray.get(self.shard.insert.remote(chunk, self.table, attempt > 0)))
+            except ray.exceptions.RayActorError:
+                continue
+        raise WorkerError(f"the shard of table {self.table!r} was lost {ATTEMPTS} times in a row during an insert")
+
+
+def _waited(what: str, timeout: float, inserted: int, sampled: int) -> str:
+    return (
+        f"ReplayService: {what} waited {timeout:g} s for the rate limiter ({inserted} rows inserted, "
+        f"{sampled} sampled): the other side stopped (no collector inserting, or no learner sampling)"
+    )
+
+
+class ReplayService:
+    """A replay of ``capacity`` rows per table, split among ``shards`` Ray actors (`module docs`).
+
+    Args:
+        spec: the layout of every table (`flexibuff_envs.infer_spec` of the env).
+        shards: Ray actors holding the tables, ``capacity // shards`` rows of each.
+        capacity: rows of each table over all shards; a shard forgets its oldest episodes first.
+        tables: names of the tables (one per policy of a league, per agent group, ...).
+        log_dir: each shard logs table ``t`` to ``log_dir/shard-k/t`` and takes it back after a
+            restart (None: no logs; a lost shard comes back empty).
+        limiter: the `RateLimiter` of every table (None: sampling waits for nothing).
+        nodes: the Ray node id each shard prefers (soft: it moves when its node is lost).
+        seed: seeds each shard's sampling and the split of each batch among shards.
+        shard_options: Ray actor options of the shards (default ``{"num_cpus": 0}``).
+        options: keywords of `FlexibleBuffer` for each table's buffers (``gamma``,
+            ``gae_lambda``, ``alpha``, ...); ``gamma`` and ``gae_lambda`` must be the inserted
+            episodes'.
+    """
+
+    def __init__(
+        self,
+        spec: BufferSpec,
+        *,
+        shards: int = 2,
+        capacity: int = 1_000_000,
+        tables: Sequence[str] = ("default",),
+        log_dir: str | os.PathLike[str] | None = None,
+        limiter: RateLimiter | None = None,
+        nodes: Sequence[str] | None = None,
+        seed: int = 0,
+        shard_options: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        ray = self._ray = _ray()
+        if not isinstance(spec, BufferSpec):
+            raise ArgumentTypeError(f"ReplayService: spec must be a BufferSpec (fe.infer_spec(env)), got {spec!r}")
+        self.spec = spec
+        self.n_shards = positive_int("shards", shards)
+        self.capacity = positive_int("capacity", capacity)
+        if isinstance(tables, str) or not tables or len(set(tables)) != len(tables):
+            raise InvalidArgumentError(f"tables must be distinct names, at least one, got {tables!r}")
+        self.tables = tuple(str(t) for t in tables)
+        if nodes is not None and len(nodes) != self.n_shards:
+            raise InvalidArgumentError(f"nodes names {len(nodes)} nodes for {self.n_shards} shards")
+        self.limiter = limiter
+        self.rng = np.random.default_rng(seed)
+        self.options = {"global_reward": False, "individual_reward": False, **options}
+        log = None if log_dir is None else os.path.abspath(os.fspath(log_dir))
+        per_shard = -(-self.capacity // self.n_shards)
+        actor = ray.remote(Shard)
+        self.shards = []
+        for k in range(self.n_shards):
+            chosen = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0, **(shard_options or {})}
+            if nodes is not None:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                chosen["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[k], soft=True)
+            self.shards.append(
+                actor.options(**chosen).remote(k, spec, per_shard, self.tables, self.options, log, seed + 7919 * k)
+            )
+        self._limiter = None
+        if limiter is not None:
+            self._limiter = ray.remote(Limiter).options(num_cpus=0, max_concurrency=1000).remote(limiter)
+        self._incarnations: dict[int, str] = {}
+        self._away: dict[int, Any] = {}  # shard -> a call that answers once it is back
+        self._next = 0  # the shard the learner's next insert goes to
+        try:
+            for k, (incarnation, _, _) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
+                self._incarnations[k] = incarnation
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ shards
+
+    def _serving(self) -> list[int]:
+        """The shards that answer: those away come back once their call does."""
+        for k, ref in list(self._away.items()):
+            ready, _ = self._ray.wait([ref], timeout=0)
+            if ready:
+                try:
+                    self._incarnations[k] = self._ray.get(ref)[0]
+                    del self._away[k]
+                except self._ray.exceptions.RayActorError:
+                    self._away[k] = self.shards[k].describe.remote()
+        serving = [k for k in range(self.n_shards) if k not in self._away]
+        if not serving:
+            raise WorkerError("ReplayService: every shard is lost (Ray is starting them again); try later")
+        return serving
+
+    def _lost(self, k: int) -> None:
+        if k not in self._away:
+            self._away[k] = self.shards[k].describe.remote()
+
+    def sink(self, worker: int, table: str = "default") -> Sink:
+        """Where `RayCollector` worker ``worker`` inserts its chunks: shard ``worker % shards``."""
+        self._table(table)
+        timeout = self.limiter.timeout if self.limiter is not None else math.inf
+        return Sink(self.shards[worker % self.n_shards], self._limiter, table, timeout)
+
+    def _table(self, table: str) -> str:
+        if table not in self.tables:
+            raise InvalidArgumentError(f"ReplayService has no table {table!r}; its tables are {list(self.tables)}")
+        return table
+
+    # ------------------------------------------------------------------ inserting
+
+    def insert(self, source: Chunk | FlexibleBuffer | str | os.PathLike[str], table: str = "default") -> int:
+        """Insert the ended whole episodes of ``source`` (a `Chunk`, a buffer, which keeps them,
+        or the path of an episode log or buffer file) into ``table``, spread over the shards in
+        pieces of whole episodes; returns the episodes appended."""
+        self._table(table)
+        chunk = _chunk_of(source)
+        spread = -(-chunk.rows // len(self._serving()))  # rows for each shard serving
+        bounds = _pieces(chunk.lengths, max(1, min(ROWS_PER_INSERT, spread)))
+        appended = 0
+        for lo, hi in itertools.pairwise(bounds):
+            serving = self._serving()
+            k = serving[self._next % len(serving)]
+            self._next += 1
+            appended += Sink(self.shards[k], self._limiter, table, self._timeout).insert(chunk[lo:hi])
+        return appended
+
+    @property
+    def _timeout(self) -> float:
+        return self.limiter.timeout if self.limiter is not None else math.inf
+
+    # ------------------------------------------------------------------ sampling
+
+    def sample(
+        self,
+        batch_size: int = 256,
+        *,
+        table: str = "default",
+        prioritized: bool = False,
+        beta: float = 0.4,
+        n_step: int | None = None,
+        fields: Collection[str] | None = None,
+        as_torch: bool = False,
+        device: Any = None,
+    ) -> FlexiBatch:
+        """``batch_size`` rows of ``table`` drawn with replacement over every shard, as
+        `FlexibleBuffer.sample_transitions` draws them from one buffer (``prioritized``,
+        ``beta``, ``n_step`` and ``fields`` as there), waiting for the rate limiter first."""
+        n = positive_int("batch_size", batch_size)
+        self._table(table)
+        ray = self._ray
+        if self._limiter is not None:
+            ok, inserted, sampled = ray.get(self._limiter.sample.remote(table, n, self._timeout))
+            if not ok:
+                raise WorkerTimeoutError(_waited("a sample", self._timeout, inserted, sampled))
+        options = {"prioritized": prioritized, "beta": beta, "n_step": n_step, "fields": fields}
+        for _ in range(ATTEMPTS):
+            batch = self._draw(n, table, options)
+            if batch is not None:
+                if as_torch:
+                    convert = torch_converter(device)
+                    batch = FlexiBatch(**{name: convert(name, value) for name, value in batch.__dict__.items()})
+                return batch
+        raise WorkerError(f"ReplayService: shards were lost under {ATTEMPTS} samples in a row")
+
+    def _draw(self, n: int, table: str, options: Mapping[str, Any]) -> FlexiBatch | None:
+        """One try: None when a shard was lost under it."""
+        ray, serving = self._ray, self._serving()
+        stats = {}
+        for k in serving:
+            try:
+                stats[k] = ray.get(self.shards[k].stats.remote(table))
+            except ray.exceptions.RayActorError:
+                self._lost(k)
+        mass = np.array([s[2] if options["prioritized"] else s[1] for s in stats.values()], dtype=np.float64)
+        if not stats or mass.sum() <= 0:
+            raise InvalidArgumentError(f"ReplayService: table {table!r} holds no rows to sample yet")
+        counts = self.rng.multinomial(n, mass / mass.sum())
+        drawn = {k: self.shards[k].draw.remote(table, int(c), options) for k, c in zip(stats, counts) if c}
+        try:
+            got = {k: ray.get(ref) for k, ref in drawn.items()}
+        except ray.exceptions.RayActorError:
+            for k in drawn:
+                self._lost(k)  # found back at once when it answers
+            return None
+        batches = []
+        minimum = min([stats[k][3] for k in stats if k not in got] + [m for _, _, m in got.values()])
+        for k, (incarnation, batch, shard_min) in got.items():
+            self._incarnations[k] = incarnation
+            batch.idx = batch.idx * self.n_shards + k
+            if options["prioritized"]:
+                batch.weights = batch.weights * np.float32((shard_min / minimum) ** -options["beta"])
+            batches.append(batch)
+        joined = join(batches, self.spec.n_agents, self.rng.permutation(n))
+        return FlexiBatch(**joined)
+
+    def update_priorities(self, idx: Any, priorities: Any, *, table: str = "default") -> None:
+        """New priorities of the rows ``idx`` of a prioritized sample (its ``batch.idx``); either
+        may be a torch tensor. Rows a shard held before it was started again are left out."""
+        self._table(table)
+        rows = np.asarray(idx.detach().cpu() if hasattr(idx, "detach") else idx, dtype=np.int64).reshape(-1)
+        values = np.asarray(
+            priorities.detach().cpu() if hasattr(priorities, "detach") else priorities, dtype=np.float64
+        )
+        values = np.broadcast_to(values, rows.shape) if values.ndim == 0 else values.reshape(-1)
+        if values.shape != rows.shape:
+            raise InvalidArgumentError(
+                f"update_priorities: {values.size} priorities for {rows.size} rows (idx and priorities differ in size)"
+            )
+        shard = rows % self.n_shards
+        for k in np.unique(shard):
+            mine = shard == k
+            self.shards[k].update_priorities.remote(
+                table, self._incarnations.get(int(k), ""), rows[mine] // self.n_shards, values[mine]
+            )
+
+    # ------------------------------------------------------------------ state
+
+    def sizes(self, table: str = "default") -> list[int]:
+        """Rows of ``table`` each shard holds (0 for a shard that is away)."""
+        self._table(table)
+        serving = self._serving()
+        out = [0] * self.n_shards
+        for k in serving:
+            try:
+                out[k] = self._ray.get(self.shards[k].stats.remote(table))[1]
+            except self._ray.exceptions.RayActorError:
+                self._lost(k)
+        return out
+
+    def counts(self, table: str = "default") -> tuple[int, int]:
+        """Rows of ``table`` inserted and sampled, as the rate limiter counted them."""
+        if self._limiter is None:
+            raise InvalidArgumentError("ReplayService: counts are kept by the rate limiter; this service has none")
+        return tuple(self._ray.get(self._limiter.counts_of.remote(self._table(table))))  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Close the shards' logs and stop the actors (the logs stay on disk)."""
+        ray = self._ray
+        try:
+            ray.get([shard.close.remote() for k, shard in enumerate(self.shards) if k not in self._away], timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass  # a shard that is lost has no log open; its log stays whole
+        for actor in [*self.shards, self._limiter]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        self.shards = []
+
+
+def _chunk_of(source: Any) -> Chunk:
+    if isinstance(source, Chunk):
+        return source
+    if isinstance(source, FlexibleBuffer):
+        return source.copy_episodes()
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        held = FlexibleBuffer.open(path) if os.path.isdir(path) else FlexibleBuffer.load(path, mmap=True)
+        return held.copy_episodes()
+    raise ArgumentTypeError(f"insert: source must be a Chunk, a FlexibleBuffer or a path, got {type(source).__name__}")
+
+
+def _pieces(lengths: np.ndarray, rows: int) -> list[int]:
+    """Episode bounds cutting episodes of ``lengths`` into runs of about ``rows`` rows (one
+    longer episode a run of its own)."""
+    ends = np.cumsum(lengths)
+    bounds = [0]
+    while bounds[-1] < lengths.size:
+        done = ends[bounds[-1] - 1] if bounds[-1] else 0
+        bounds.append(max(bounds[-1] + 1, int(np.searchsorted(ends, done + rows, side="right"))))
+    return bounds

@@ -1,0 +1,230 @@
+"""The actors of `ReplayService` (the ``ray`` extra): a shard, holding its part of each table in
+a `FlexibleBuffer` that logs to its own episode log, and the rate limiter every inserter and
+sampler asks first; and the join of the shards' batches into one."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flexibuff_envs.batch import PER_AGENT, FlexiBatch
+from flexibuff_envs.buffer import FlexibleBuffer
+from flexibuff_envs.errors import InvalidArgumentError, positive_int
+from flexibuff_envs.files.chunk import Chunk
+from flexibuff_envs.spec import BufferSpec
+
+__all__ = ["RateLimiter"]
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """When a table may be sampled and inserted into, as Reverb's rate limiters say it.
+
+    Sampling waits until ``min_size`` rows were inserted. With ``samples_per_insert``, the rows
+    sampled are held near ``samples_per_insert`` times the rows inserted: with ``diff = inserted
+    * samples_per_insert - sampled``, a sample of ``n`` rows waits while ``diff - n`` would fall
+    below ``samples_per_insert * min_size - tolerance``, and an insert waits while ``diff`` is
+    above ``samples_per_insert * min_size + tolerance`` (an insert is never cut: its episodes
+    may carry ``diff`` past that by one insert's rows). So the faster side waits for the slower.
+    A wait longer than ``timeout`` seconds raises `WorkerTimeoutError` (a learner sampling
+    with no inserter left would wait for ever).
+    """
+
+    min_size: int = 1
+    samples_per_insert: float | None = None
+    tolerance: float = math.inf
+    timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        positive_int("min_size", self.min_size)
+        spi = self.samples_per_insert
+        if spi is not None and not (isinstance(spi, (int, float)) and 0 < spi < math.inf):
+            raise InvalidArgumentError(f"samples_per_insert must be a finite number > 0 or None, got {spi!r}")
+        if not (isinstance(self.tolerance, (int, float)) and self.tolerance >= 0):
+            raise InvalidArgumentError(f"tolerance must be a number >= 0, got {self.tolerance!r}")
+        if spi is not None and self.tolerance == math.inf:
+            raise InvalidArgumentError("samples_per_insert needs a finite tolerance (Reverb's error_buffer), in rows")
+
+    def may_sample(self, inserted: int, sampled: int, n: int) -> bool:
+        if inserted < self.min_size:
+            return False
+        spi = self.samples_per_insert
+        return spi is None or inserted * spi - sampled - n >= spi * self.min_size - self.tolerance
+
+    def may_insert(self, inserted: int, sampled: int) -> bool:
+        spi = self.samples_per_insert
+        return spi is None or inserted * spi - sampled <= spi * self.min_size + self.tolerance
+
+
+class Limiter:
+    """A Ray actor (async): each table's rows inserted and sampled, and the waits `RateLimiter`
+    sets. Every inserter asks `insert` before it inserts and the learner `sample` before it
+    samples; both answer whether they may (False: ``timeout`` passed) and the counts."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+        self.counts: dict[str, list[int]] = {}
+        self._changed: asyncio.Condition | None = None
+
+    @property
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:  # made in the actor's event loop, at its first use
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    def _counts(self, table: str) -> list[int]:
+        return self.counts.setdefault(table, [0, 0])
+
+    async def _admit(
+        self, ready: Callable[[], bool], count: int, n: int, table: str, timeout: float
+    ) -> tuple[bool, int, int]:
+        """Wait until ``ready()``, then add ``n`` to the table's count ``count`` (0: inserted, 1:
+        sampled); False when ``timeout`` seconds passed first. Returns that and the counts."""
+        counts = self._counts(table)
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(ready), timeout)
+            except asyncio.TimeoutError:
+                return False, counts[0], counts[1]
+            counts[count] += n
+            self.changed.notify_all()
+        return True, counts[0], counts[1]
+
+    async def insert(self, table: str, rows: int, timeout: float) -> tuple[bool, int, int]:
+        counts = self._counts(table)
+        return await self._admit(lambda: self.limiter.may_insert(*counts), 0, rows, table, timeout)
+
+    async def sample(self, table: str, n: int, timeout: float) -> tuple[bool, int, int]:
+        counts = self._counts(table)
+        return await self._admit(lambda: self.limiter.may_sample(counts[0], counts[1], n), 1, n, table, timeout)
+
+    def counts_of(self, table: str) -> tuple[int, int]:
+        inserted, sampled = self._counts(table)
+        return inserted, sampled
+
+
+class Shard:
+    """A Ray actor: shard ``k`` of a `ReplayService`, one `FlexibleBuffer` per table.
+
+    With ``log_dir``, table ``t`` logs to ``log_dir/shard-k/t``; a shard started again (Ray
+    restarts it after its process or node is lost) first takes back the newest episodes of its
+    log that fit its capacity. ``incarnation`` names this start: rows of an earlier one are other
+    rows, so priorities sent for them are dropped.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        spec: BufferSpec,
+        capacity: int,
+        tables: Sequence[str],
+        options: Mapping[str, Any],
+        log_dir: str | None,
+        seed: int,
+    ) -> None:
+        self.k = k
+        self.incarnation = uuid.uuid4().hex
+        self.buffers: dict[str, FlexibleBuffer] = {}
+        self.recovered = 0
+        for i, table in enumerate(tables):
+            buffer = FlexibleBuffer.from_spec(
+                dataclasses.replace(spec, n_envs=1), num_steps=capacity, seed=seed + 1000 * i, **options
+            )
+            if log_dir is not None:
+                directory = os.path.join(log_dir, f"shard-{k}", table)
+                if os.path.exists(os.path.join(directory, "header.json")):
+                    held = FlexibleBuffer.open(directory)
+                    self.recovered += buffer.extend(held.copy_episodes(capacity))
+                    del held
+                buffer.log_to(directory)
+            self.buffers[table] = buffer
+
+    def _buffer(self, table: str) -> FlexibleBuffer:
+        buffer = self.buffers.get(table)
+        if buffer is None:
+            raise InvalidArgumentError(f"ReplayService has no table {table!r}; its tables are {sorted(self.buffers)}")
+        return buffer
+
+    def insert(self, chunk: Chunk, table: str, again: bool = False) -> int:
+        """Append the chunk's episodes; ``again``: a resend after this shard was lost mid-insert,
+        skipped when its newest episode is already this table's newest."""
+        buffer = self._buffer(table)
+        if again and chunk.n_episodes and buffer.n_episodes and _same_newest(buffer, chunk):
+            return 0
+        return buffer.extend(chunk)
+
+    def stats(self, table: str) -> tuple[str, int, float, float]:
+        """This start's name, the rows the table holds, and its priority mass and minimum."""
+        buffer = self._buffer(table)
+        total, minimum = buffer.priority_mass() if len(buffer) else (0.0, math.inf)
+        return self.incarnation, len(buffer), total, minimum
+
+    def draw(self, table: str, n: int, options: Mapping[str, Any]) -> tuple[str, FlexiBatch, float]:
+        """``n`` rows drawn as the table's buffer draws them, and (prioritized) the priority
+        minimum the batch's weights are relative to."""
+        buffer = self._buffer(table)
+        batch = buffer.sample_transitions(n, **options)
+        minimum = buffer.priority_mass()[1] if options.get("prioritized") else 1.0
+        return self.incarnation, batch, minimum
+
+    def update_priorities(self, table: str, incarnation: str, rows: np.ndarray, priorities: np.ndarray) -> None:
+        if incarnation == self.incarnation:  # else rows of a start before: other rows now
+            self._buffer(table).update_priorities(rows, priorities)
+
+    def describe(self) -> tuple[str, int, dict[str, tuple[int, int]]]:
+        """This start's name, episodes recovered from its logs, and each table's rows and episodes."""
+        held = {table: (len(buffer), buffer.n_episodes) for table, buffer in self.buffers.items()}
+        return self.incarnation, self.recovered, held
+
+    def close(self) -> None:
+        for buffer in self.buffers.values():
+            buffer.close_log()
+
+
+def _same_newest(buffer: FlexibleBuffer, chunk: Chunk) -> bool:
+    """Whether the newest episode of ``buffer`` is the chunk's newest, field by field."""
+    newest = chunk[-1]
+    held = buffer.copy_episodes(newest.rows)
+    return held.n_episodes > 0 and _hash(held[-1]) == _hash(newest)
+
+
+def _hash(one: Chunk) -> str:
+    """The content hash (`FlexibleBuffer.episode_hashes`) of a chunk of one episode."""
+    probe = FlexibleBuffer.from_spec(one.spec, num_steps=one.rows + 1, gamma=one.gamma, gae_lambda=one.gae_lambda)
+    probe.extend(one)
+    return probe.episode_hashes()[0]
+
+
+def join(batches: Sequence[FlexiBatch], n_agents: int, order: np.ndarray) -> dict[str, Any]:
+    """The fields of ``batches`` (from shards of one layout) joined along the batch axis, rows
+    then put in ``order``; None fields stay None."""
+    out: dict[str, Any] = {}
+    first = batches[0]
+    for field in dataclasses.fields(FlexiBatch):
+        name = field.name
+        value = getattr(first, name)
+        if value is None or name == "agents":
+            out[name] = value
+            continue
+        axis = 1 if n_agents > 1 and name in PER_AGENT else 0
+        if name == "extra":
+            out[name] = {
+                key: _joined([b.extra[key] for b in batches], 1 if n_agents > 1 else 0, order) for key in value
+            }
+        elif isinstance(value, list):  # a mask's heads
+            out[name] = [_joined([b.__dict__[name][h] for b in batches], axis, order) for h in range(len(value))]
+        else:
+            out[name] = _joined([getattr(b, name) for b in batches], axis, order)
+    return out
+
+
+def _joined(parts: list[np.ndarray], axis: int, order: np.ndarray) -> np.ndarray:
+    return np.concatenate(parts, axis=axis).take(order, axis=axis)
