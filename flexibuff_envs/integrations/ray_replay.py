@@ -113,8 +113,10 @@ class ReplayService:
             restart (None: no logs; a lost shard comes back empty).
         limiter: the `RateLimiter` of every table (None: sampling waits for nothing).
         nodes: the Ray node id each shard prefers (soft: it moves when its node is lost).
+        patience: seconds a shard has to answer a sample's first call before it is left out
+            (taken for away, as while Ray starts it again) until it answers.
         seed: seeds each shard's sampling and the split of each batch among shards.
-        shard_options: Ray actor options of the shards (default ``{"num_cpus": 0}``).
+        shard_options: Ray actor options of the shards (default ``{"num_cpus": 0.01}``).
         options: keywords of `FlexibleBuffer` for each table's buffers (``gamma``,
             ``gae_lambda``, ``alpha``, ...); ``gamma`` and ``gae_lambda`` must be the inserted
             episodes'.
@@ -130,6 +132,7 @@ class ReplayService:
         log_dir: str | os.PathLike[str] | None = None,
         limiter: RateLimiter | None = None,
         nodes: Sequence[str] | None = None,
+        patience: float = 5.0,
         seed: int = 0,
         shard_options: Mapping[str, Any] | None = None,
         **options: Any,
@@ -146,6 +149,7 @@ class ReplayService:
         if nodes is not None and len(nodes) != self.n_shards:
             raise InvalidArgumentError(f"nodes names {len(nodes)} nodes for {self.n_shards} shards")
         self.limiter = limiter
+        self.patience = float(patience)
         self.rng = np.random.default_rng(seed)
         self.options = {"global_reward": False, "individual_reward": False, **options}
         log = None if log_dir is None else os.path.abspath(os.fspath(log_dir))
@@ -153,7 +157,8 @@ class ReplayService:
         actor = ray.remote(Shard)
         self.shards = []
         for k in range(self.n_shards):
-            chosen = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0, **(shard_options or {})}
+            # a hundredth of a CPU: Ray places an actor asking for none anywhere, whatever its affinity
+            chosen = {"num_cpus": 0.01, "max_restarts": -1, "max_task_retries": 0, **(shard_options or {})}
             if nodes is not None:
                 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -162,13 +167,27 @@ class ReplayService:
                 actor.options(**chosen).remote(k, spec, per_shard, self.tables, self.options, log, seed + 7919 * k)
             )
         self._limiter = None
-        if limiter is not None:
-            self._limiter = ray.remote(Limiter).options(num_cpus=0, max_concurrency=1000).remote(limiter)
+        self._known: dict[str, tuple[int, int]] = {}  # each table's counts at the last sample
+        if limiter is not None:  # beside the learner; started again where lost, its counts then taken up again
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+            self._limiter = (
+                ray.remote(Limiter)
+                .options(
+                    num_cpus=0.01,
+                    max_concurrency=1000,
+                    max_restarts=-1,
+                    max_task_retries=-1,
+                    scheduling_strategy=here,
+                )
+                .remote(limiter)
+            )
         self._incarnations: dict[int, str] = {}
         self._away: dict[int, Any] = {}  # shard -> a call that answers once it is back
         self._next = 0  # the shard the learner's next insert goes to
         try:
-            for k, (incarnation, _, _) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
+            for k, (incarnation, *_) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
                 self._incarnations[k] = incarnation
         except BaseException:
             self.close()
@@ -190,6 +209,23 @@ class ReplayService:
         if not serving:
             raise WorkerError("ReplayService: every shard is lost (Ray is starting them again); try later")
         return serving
+
+    def _ask(self, call: Callable[[Any], Any]) -> dict[int, Any]:
+        """``call(shard)``'s answer of each shard serving; one that is lost, or gives no answer
+        within ``patience`` seconds (Ray is starting it again), is away from now on."""
+        ray = self._ray
+        refs = {k: call(self.shards[k]) for k in self._serving()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.patience)
+        answers = {}
+        for k, ref in refs.items():
+            try:
+                if ref in ready:
+                    answers[k] = ray.get(ref)
+                    continue
+            except ray.exceptions.RayActorError:
+                pass
+            self._lost(k)
+        return answers
 
     def _lost(self, k: int) -> None:
         if k not in self._away:
@@ -249,7 +285,9 @@ class ReplayService:
         self._table(table)
         ray = self._ray
         if self._limiter is not None:
-            ok, inserted, sampled = ray.get(self._limiter.sample.remote(table, n, self._timeout))
+            known = self._known.get(table, (0, 0))
+            ok, inserted, sampled = ray.get(self._limiter.sample.remote(table, n, self._timeout, known))
+            self._known[table] = (inserted, sampled)
             if not ok:
                 raise WorkerTimeoutError(_waited("a sample", self._timeout, inserted, sampled))
         options = {"prioritized": prioritized, "beta": beta, "n_step": n_step, "fields": fields}
@@ -264,13 +302,8 @@ class ReplayService:
 
     def _draw(self, n: int, table: str, options: Mapping[str, Any]) -> FlexiBatch | None:
         """One try: None when a shard was lost under it."""
-        ray, serving = self._ray, self._serving()
-        stats = {}
-        for k in serving:
-            try:
-                stats[k] = ray.get(self.shards[k].stats.remote(table))
-            except ray.exceptions.RayActorError:
-                self._lost(k)
+        stats = self._ask(lambda shard: shard.stats.remote(table))
+        ray = self._ray
         mass = np.array([s[2] if options["prioritized"] else s[1] for s in stats.values()], dtype=np.float64)
         if not stats or mass.sum() <= 0:
             raise InvalidArgumentError(f"ReplayService: table {table!r} holds no rows to sample yet")
@@ -318,13 +351,9 @@ class ReplayService:
     def sizes(self, table: str = "default") -> list[int]:
         """Rows of ``table`` each shard holds (0 for a shard that is away)."""
         self._table(table)
-        serving = self._serving()
         out = [0] * self.n_shards
-        for k in serving:
-            try:
-                out[k] = self._ray.get(self.shards[k].stats.remote(table))[1]
-            except self._ray.exceptions.RayActorError:
-                self._lost(k)
+        for k, stats in self._ask(lambda shard: shard.stats.remote(table)).items():
+            out[k] = stats[1]
         return out
 
     def counts(self, table: str = "default") -> tuple[int, int]:

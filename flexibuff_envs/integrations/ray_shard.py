@@ -19,6 +19,7 @@ from flexibuff_envs.batch import PER_AGENT, FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, positive_int
 from flexibuff_envs.files.chunk import Chunk
+from flexibuff_envs.log.format import HEADER
 from flexibuff_envs.spec import BufferSpec
 
 __all__ = ["RateLimiter"]
@@ -102,8 +103,10 @@ class Limiter:
         counts = self._counts(table)
         return await self._admit(lambda: self.limiter.may_insert(*counts), 0, rows, table, timeout)
 
-    async def sample(self, table: str, n: int, timeout: float) -> tuple[bool, int, int]:
+    async def sample(self, table: str, n: int, timeout: float, known: tuple[int, int]) -> tuple[bool, int, int]:
+        """``known``: the counts the sampler last saw, taken up again by a limiter started anew."""
         counts = self._counts(table)
+        counts[0], counts[1] = max(counts[0], known[0]), max(counts[1], known[1])
         return await self._admit(lambda: self.limiter.may_sample(counts[0], counts[1], n), 1, n, table, timeout)
 
     def counts_of(self, table: str) -> tuple[int, int]:
@@ -140,7 +143,7 @@ class Shard:
             )
             if log_dir is not None:
                 directory = os.path.join(log_dir, f"shard-{k}", table)
-                if os.path.exists(os.path.join(directory, "header.json")):
+                if os.path.exists(os.path.join(directory, HEADER)):
                     held = FlexibleBuffer.open(directory)
                     self.recovered += buffer.extend(held.copy_episodes(capacity))
                     del held
@@ -179,10 +182,13 @@ class Shard:
         if incarnation == self.incarnation:  # else rows of a start before: other rows now
             self._buffer(table).update_priorities(rows, priorities)
 
-    def describe(self) -> tuple[str, int, dict[str, tuple[int, int]]]:
-        """This start's name, episodes recovered from its logs, and each table's rows and episodes."""
+    def describe(self) -> tuple[str, int, dict[str, tuple[int, int]], str]:
+        """This start's name, episodes recovered from its logs, each table's rows and episodes,
+        and the Ray node it runs on."""
+        import ray
+
         held = {table: (len(buffer), buffer.n_episodes) for table, buffer in self.buffers.items()}
-        return self.incarnation, self.recovered, held
+        return self.incarnation, self.recovered, held, ray.get_runtime_context().get_node_id()
 
     def close(self) -> None:
         for buffer in self.buffers.values():
