@@ -7,7 +7,6 @@ tables are apart; episodes go whole to one shard."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
