@@ -27,10 +27,14 @@ inserts go to the shards that answer.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+import queue
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +172,7 @@ class ReplayService:
             )
         self._limiter = None
         self._known: dict[str, tuple[int, int]] = {}  # each table's counts at the last sample
+        self._shares: dict[str, dict[int, float]] = {}  # each table's masses per shard at the last sample
         if limiter is not None:  # beside the learner; started again where lost, its counts then taken up again
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -209,23 +214,6 @@ class ReplayService:
         if not serving:
             raise WorkerError("ReplayService: every shard is lost (Ray is starting them again); try later")
         return serving
-
-    def _ask(self, call: Callable[[Any], Any]) -> dict[int, Any]:
-        """``call(shard)``'s answer of each shard serving; one that is lost, or gives no answer
-        within ``patience`` seconds (Ray is starting it again), is away from now on."""
-        ray = self._ray
-        refs = {k: call(self.shards[k]) for k in self._serving()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.patience)
-        answers = {}
-        for k, ref in refs.items():
-            try:
-                if ref in ready:
-                    answers[k] = ray.get(ref)
-                    continue
-            except ray.exceptions.RayActorError:
-                pass
-            self._lost(k)
-        return answers
 
     def _lost(self, k: int) -> None:
         if k not in self._away:
@@ -283,16 +271,9 @@ class ReplayService:
         ``beta``, ``n_step`` and ``fields`` as there), waiting for the rate limiter first."""
         n = positive_int("batch_size", batch_size)
         self._table(table)
-        ray = self._ray
-        if self._limiter is not None:
-            known = self._known.get(table, (0, 0))
-            ok, inserted, sampled = ray.get(self._limiter.sample.remote(table, n, self._timeout, known))
-            self._known[table] = (inserted, sampled)
-            if not ok:
-                raise WorkerTimeoutError(_waited("a sample", self._timeout, inserted, sampled))
         options = {"prioritized": prioritized, "beta": beta, "n_step": n_step, "fields": fields}
         for _ in range(ATTEMPTS):
-            batch = self._draw(n, table, options)
+            batch = self._draw(n, table, options, self._admit(table, n) if self._limiter is not None else None)
             if batch is not None:
                 if as_torch:
                     convert = torch_converter(device)
@@ -300,31 +281,122 @@ class ReplayService:
                 return batch
         raise WorkerError(f"ReplayService: shards were lost under {ATTEMPTS} samples in a row")
 
-    def _draw(self, n: int, table: str, options: Mapping[str, Any]) -> FlexiBatch | None:
-        """One try: None when a shard was lost under it."""
-        stats = self._ask(lambda shard: shard.stats.remote(table))
-        ray = self._ray
-        mass = np.array([s[2] if options["prioritized"] else s[1] for s in stats.values()], dtype=np.float64)
-        if not stats or mass.sum() <= 0:
-            raise InvalidArgumentError(f"ReplayService: table {table!r} holds no rows to sample yet")
-        counts = self.rng.multinomial(n, mass / mass.sum())
-        drawn = {k: self.shards[k].draw.remote(table, int(c), options) for k, c in zip(stats, counts) if c}
+    def _admit(self, table: str, n: int) -> Any:
+        """The limiter's answer to a sample of ``n`` rows, under way."""
+        return self._limiter.sample.remote(table, n, self._timeout, self._known.get(table, (0, 0)))  # type: ignore[union-attr]
+
+    def _admitted(self, table: str, answer: Any) -> float:
+        """Wait for the limiter's ``answer``; the seconds it took (raises when it timed out)."""
+        began = time.monotonic()
+        ok, inserted, sampled = self._ray.get(answer)
+        self._known[table] = (inserted, sampled)
+        if not ok:
+            raise WorkerTimeoutError(_waited("a sample", self._timeout, inserted, sampled))
+        return time.monotonic() - began
+
+    def stream(self, batch_size: int = 256, *, depth: int = 2, **options: Any) -> Iterator[FlexiBatch]:
+        """Batches as `sample` draws them (``options`` as there), ``depth`` drawn ahead on a
+        thread while the caller trains on the one before: the round trips to the limiter and the
+        shards overlap the learner's work. Priorities updated meanwhile reach the batches drawn
+        after the update (at most ``depth`` batches late, as in Ape-X's learner). Leave the loop
+        to stop; the batches drawn ahead are dropped (the limiter counted them)."""
+        ahead: queue.Queue[Any] = queue.Queue(maxsize=positive_int("depth", depth))
+        stop = threading.Event()
+
+        def fill() -> None:
+            try:
+                while not stop.is_set():
+                    batch = self.sample(batch_size, **options)
+                    while not stop.is_set():
+                        try:
+                            ahead.put(batch, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+            except Exception as exc:  # noqa: BLE001 - any failure, raised in the caller's thread
+                ahead.put(exc)
+
+        thread = threading.Thread(target=fill, name="ReplayService.stream", daemon=True)
+        thread.start()
         try:
-            got = {k: ray.get(ref) for k, ref in drawn.items()}
-        except ray.exceptions.RayActorError:
-            for k in drawn:
-                self._lost(k)  # found back at once when it answers
+            while True:
+                item = ahead.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while thread.is_alive():  # a put waiting for room sees the stop within 0.1 s
+                with contextlib.suppress(queue.Empty):
+                    ahead.get(timeout=0.1)
+
+    def _draw(self, n: int, table: str, options: Mapping[str, Any], admission: Any) -> FlexiBatch | None:
+        """One try, in one round trip most often: every shard serving draws a little more than
+        its share was at the last sample while the limiter is asked; the shares are then drawn
+        (multinomially, from the masses each shard had at its draw) and each shard's rows taken
+        from its draws (drawn with replacement, independently: any of them are a draw of its
+        share), a shard that drew too few asked for the rest. None when a shard was lost."""
+        serving = self._serving()
+        last = self._shares.get(table, {})
+        share = np.array([last.get(k, 1.0) for k in serving])
+        share = share / share.sum() if share.sum() > 0 else np.full(len(serving), 1 / len(serving))
+        asked = np.minimum(n, np.ceil(n * share + 3 * np.sqrt(n * share * (1 - share))) + 1).astype(int)
+
+        def draw() -> dict[int, Any]:
+            return {k: self.shards[k].draw.remote(table, int(a), options) for k, a in zip(serving, asked)}
+
+        refs = draw()
+        if admission is not None and self._admitted(table, admission) > 0.05:  # the limiter held it: draw anew
+            refs = draw()
+        for _ in range(100):  # admitted, the rows it counted may still be on their way to a shard
+            replies = self._replies(refs)
+            if len(replies) < len(refs):
+                return None
+            mass = np.array([reply[3] for reply in replies.values()])
+            if mass.sum() > 0 or admission is None:
+                break
+            time.sleep(0.01)
+            refs = draw()
+        if mass.sum() <= 0:
+            raise InvalidArgumentError(f"ReplayService: table {table!r} holds no rows to sample yet")
+        self._shares[table] = dict(zip(replies, mass))
+        counts = dict(zip(replies, self.rng.multinomial(n, mass / mass.sum())))
+        drawn = {k: [] if reply[1] is None else [reply] for k, reply in replies.items()}
+        short = {k: c - sum(len(r[1].idx) for r in drawn[k]) for k, c in counts.items()}
+        refs = {k: self.shards[k].draw.remote(table, int(c), options) for k, c in short.items() if c > 0}
+        more = self._replies(refs)
+        if len(more) < len(refs):
             return None
-        batches = []
-        minimum = min([stats[k][3] for k in stats if k not in got] + [m for _, _, m in got.values()])
-        for k, (incarnation, batch, shard_min) in got.items():
+        for k, reply in more.items():
+            drawn[k].append(reply)
+        pieces = [(k, reply) for k in counts if counts[k] for reply in drawn[k]]
+        minimum = min(reply[4] for _, reply in pieces)
+        batches, taken, left = [], [], dict(counts)
+        for k, (incarnation, batch, _, _, shard_min) in pieces:
             self._incarnations[k] = incarnation
             batch.idx = batch.idx * self.n_shards + k
             if options["prioritized"]:
                 batch.weights = batch.weights * np.float32((shard_min / minimum) ** -options["beta"])
             batches.append(batch)
-        joined = join(batches, self.spec.n_agents, self.rng.permutation(n))
-        return FlexiBatch(**joined)
+            taken.append(min(len(batch.idx), left[k]))
+            left[k] -= taken[-1]
+        return FlexiBatch(**join(batches, self.spec.n_agents, self.rng.permutation(n), taken))
+
+    def _replies(self, refs: dict[int, Any]) -> dict[int, Any]:
+        """The answer to each call of ``refs`` (shard -> call) but of shards lost or giving
+        none within ``patience`` seconds (Ray is starting them again): they are away from now on."""
+        ray = self._ray
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.patience)
+        replies = {}
+        for k, ref in refs.items():
+            try:
+                if ref in ready:
+                    replies[k] = ray.get(ref)
+                    continue
+            except ray.exceptions.RayActorError:
+                pass
+            self._lost(k)
+        return replies
 
     def update_priorities(self, idx: Any, priorities: Any, *, table: str = "default") -> None:
         """New priorities of the rows ``idx`` of a prioritized sample (its ``batch.idx``); either
@@ -352,7 +424,7 @@ class ReplayService:
         """Rows of ``table`` each shard holds (0 for a shard that is away)."""
         self._table(table)
         out = [0] * self.n_shards
-        for k, stats in self._ask(lambda shard: shard.stats.remote(table)).items():
+        for k, stats in self._replies({k: self.shards[k].stats.remote(table) for k in self._serving()}).items():
             out[k] = stats[1]
         return out
 

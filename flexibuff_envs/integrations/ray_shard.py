@@ -170,13 +170,15 @@ class Shard:
         total, minimum = buffer.priority_mass() if len(buffer) else (0.0, math.inf)
         return self.incarnation, len(buffer), total, minimum
 
-    def draw(self, table: str, n: int, options: Mapping[str, Any]) -> tuple[str, FlexiBatch, float]:
-        """``n`` rows drawn as the table's buffer draws them, and (prioritized) the priority
-        minimum the batch's weights are relative to."""
+    def draw(self, table: str, n: int, options: Mapping[str, Any]) -> tuple[str, FlexiBatch | None, int, float, float]:
+        """``n`` rows drawn as the table's buffer draws them (None: none asked, or none held),
+        with the table's rows, priority mass and minimum at the draw (the batch's weights are
+        relative to that minimum): this start's name first."""
         buffer = self._buffer(table)
-        batch = buffer.sample_transitions(n, **options)
-        minimum = buffer.priority_mass()[1] if options.get("prioritized") else 1.0
-        return self.incarnation, batch, minimum
+        rows = len(buffer)
+        total, minimum = buffer.priority_mass() if rows and options.get("prioritized") else (float(rows), 1.0)
+        batch = buffer.sample_transitions(n, **options) if n and rows else None
+        return self.incarnation, batch, rows, total, minimum
 
     def update_priorities(self, table: str, incarnation: str, rows: np.ndarray, priorities: np.ndarray) -> None:
         if incarnation == self.incarnation:  # else rows of a start before: other rows now
@@ -209,9 +211,9 @@ def _hash(one: Chunk) -> str:
     return probe.episode_hashes()[0]
 
 
-def join(batches: Sequence[FlexiBatch], n_agents: int, order: np.ndarray) -> dict[str, Any]:
-    """The fields of ``batches`` (from shards of one layout) joined along the batch axis, rows
-    then put in ``order``; None fields stay None."""
+def join(batches: Sequence[FlexiBatch], n_agents: int, order: np.ndarray, counts: Sequence[int]) -> dict[str, Any]:
+    """The first ``counts[i]`` rows of each of ``batches`` (from shards of one layout) joined
+    along the batch axis, rows then put in ``order``; None fields stay None."""
     out: dict[str, Any] = {}
     first = batches[0]
     for field in dataclasses.fields(FlexiBatch):
@@ -223,14 +225,17 @@ def join(batches: Sequence[FlexiBatch], n_agents: int, order: np.ndarray) -> dic
         axis = 1 if n_agents > 1 and name in PER_AGENT else 0
         if name == "extra":
             out[name] = {
-                key: _joined([b.extra[key] for b in batches], 1 if n_agents > 1 else 0, order) for key in value
+                key: _joined([b.extra[key] for b in batches], counts, 1 if n_agents > 1 else 0, order) for key in value
             }
         elif isinstance(value, list):  # a mask's heads
-            out[name] = [_joined([b.__dict__[name][h] for b in batches], axis, order) for h in range(len(value))]
+            out[name] = [
+                _joined([b.__dict__[name][h] for b in batches], counts, axis, order) for h in range(len(value))
+            ]
         else:
-            out[name] = _joined([getattr(b, name) for b in batches], axis, order)
+            out[name] = _joined([getattr(b, name) for b in batches], counts, axis, order)
     return out
 
 
-def _joined(parts: list[np.ndarray], axis: int, order: np.ndarray) -> np.ndarray:
-    return np.concatenate(parts, axis=axis).take(order, axis=axis)
+def _joined(parts: list[np.ndarray], counts: Sequence[int], axis: int, order: np.ndarray) -> np.ndarray:
+    kept = [np.take(part, np.arange(count), axis=axis) for part, count in zip(parts, counts)]
+    return np.concatenate(kept, axis=axis).take(order, axis=axis)
