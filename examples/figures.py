@@ -7,7 +7,7 @@ Each example runs once per seed with its default arguments, in its own process; 
 read from the line it prints, and seed 0's learning curves are drawn into docs/images/. Nothing
 else in the pages is touched: what is written goes between their ``figures`` markers.
 
-Run: python examples/figures.py [--seeds 0 1 2] [--part examples|cli|all]
+Run: python examples/figures.py [--seeds 0 1 2] [--part examples|cli|apex|all]
 """
 
 from __future__ import annotations
@@ -72,6 +72,30 @@ FIGURES = (
 )
 
 
+#: Ape-X against one process: the two DQN examples side by side (``--part apex``)
+APEX = (
+    Figure(
+        "dqn_per_cartpole",
+        "one process: mean return of the last 20 episodes",
+        r"mean return of the last 20: (?P<value>[\d.]+)",
+    ),
+    Figure(
+        "dqn_per_cartpole",
+        "one process: env steps to solve (the budget if not)",
+        r"(?:solved at step |not solved in )(?P<value>\d+)",
+    ),
+    Figure(
+        "apex_dqn_cartpole",
+        "Ape-X: mean return of the last 20 episodes (budget 60,000 steps)",
+        r"mean return of the last 20: (?P<value>[\d.]+)",
+    ),
+    Figure(
+        "apex_dqn_cartpole",
+        "Ape-X: env steps to solve (the budget if not)",
+        r"(?:solved at step |not solved in )(?P<value>\d+)",
+    ),
+)
+
 #: the examples that draw their learning curve; seed 0's goes to docs/images/<example>.png
 PLOTTED = ("reinforce_cartpole", "ppo_cartpole", "dqn_tictactoe", "dqn_per_cartpole")
 
@@ -79,7 +103,8 @@ PLOTTED = ("reinforce_cartpole", "ppo_cartpole", "dqn_tictactoe", "dqn_per_cartp
 @functools.cache
 def run(example: str, seed: int) -> tuple[str, float]:
     """What ``example`` printed for ``seed``, and the seconds it took (once per pair)."""
-    seed_args = ["--seeds", str(seed)] if example == "dqn_per_cartpole" else ["--seed", str(seed)]
+    seeds_flag = example in ("dqn_per_cartpole", "apex_dqn_cartpole")
+    seed_args = ["--seeds", str(seed)] if seeds_flag else ["--seed", str(seed)]
     if example in PLOTTED and seed == 0:
         seed_args += ["--plot", str(PAGE.parent / "images" / f"{example}.png")]
     start = time.perf_counter()
@@ -89,11 +114,13 @@ def run(example: str, seed: int) -> tuple[str, float]:
     return done.stdout, time.perf_counter() - start
 
 
-def write_between(page: Path, text: str) -> None:
-    """Put ``text`` between the first pair of ``figures`` markers of ``page``."""
-    head, _, rest = page.read_text().partition(BEGIN)
+def write_between(page: Path, text: str, marker: str = "") -> None:
+    """Put ``text`` between the first pair of ``figures`` markers of ``page`` (``marker``: the
+    pair named so, ``<!-- figures apex: ... -->``)."""
+    begin = BEGIN.replace("figures:", f"figures {marker}:") if marker else BEGIN
+    head, _, rest = page.read_text().partition(begin)
     _, _, tail = rest.partition(END)
-    page.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    page.write_text(f"{head}{begin}\n{text}\n{END}{tail}")
     print(f"wrote {page.relative_to(HERE.parent)}")
 
 
@@ -125,16 +152,54 @@ def cli_transcript(stamp: str, command: str = "python examples/figures.py --part
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--part", choices=("examples", "cli", "all"), default="all")
+    parser.add_argument("--part", choices=("examples", "cli", "apex", "all"), default="all")
     args = parser.parse_args()
     stamp = commit()  # before the runs, which write the curves in docs/images
     if args.part in ("cli", "all"):
         cli_transcript(stamp, " ".join(["python examples/figures.py", *sys.argv[1:]]))
     if args.part == "cli":
         return
-    rows = []
-    for figure in FIGURES:
-        seeds = list(args.seeds)
+    command = " ".join(["python examples/figures.py", *sys.argv[1:]])
+    when = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on {machine()}, torch on CPU"
+    if args.part in ("apex", "all"):
+        write_between(
+            PAGE,
+            "\n".join(
+                [
+                    (
+                        f"Written by `{command}` on {when}. Each ran once per seed with its default arguments "
+                        "(a budget of 60,000 env steps, stopping once the last 20 episodes average 475); "
+                        "mean ± standard deviation over the seeds."
+                    ),
+                    "",
+                    *table(APEX, args.seeds),
+                ]
+            ),
+            marker="apex",
+        )
+    if args.part == "apex":
+        return
+    write_between(
+        PAGE,
+        "\n".join(
+            [
+                (
+                    f"Written by `{command}` on {when}. Each example ran once per seed with its default "
+                    "arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
+                ),
+                "",
+                *table(FIGURES, args.seeds),
+            ]
+        ),
+    )
+
+
+def table(figures: tuple[Figure, ...], given: list[int]) -> list[str]:
+    """The Markdown table of ``figures``, each run over the seeds ``given`` (continued to its
+    ``seeds``)."""
+    rows = ["| example | measure | mean ± sd | per seed | time per run |", "|---|---|---|---|---|"]
+    for figure in figures:
+        seeds = list(given)
         while len(seeds) < figure.seeds:  # the seeds given, continued
             seeds.append(max(seeds) + 1)
         outputs, seconds = zip(*(run(figure.example, seed) for seed in seeds))
@@ -145,23 +210,7 @@ def main() -> None:
             f"| `{figure.example}.py` | {figure.what} | {statistics.mean(values):.1f} ± {spread:.1f} "
             f"| {', '.join(f'{seed}: {v:.1f}' for seed, v in zip(seeds, values))} | {statistics.mean(seconds):.0f} s |"
         )
-    write_between(
-        PAGE,
-        "\n".join(
-            [
-                (
-                    f"Written by `python examples/figures.py --seeds {' '.join(map(str, args.seeds))}` "
-                    f"on {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, commit {stamp}, on "
-                    f"{machine()}, torch on CPU. Each example ran once per seed with its "
-                    "default arguments (the SB3 comparison over five seeds); mean ± standard deviation over the seeds."
-                ),
-                "",
-                "| example | measure | mean ± sd | per seed | time per run |",
-                "|---|---|---|---|---|",
-                *rows,
-            ]
-        ),
-    )
+    return rows
 
 
 if __name__ == "__main__":

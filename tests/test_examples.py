@@ -83,6 +83,18 @@ def test_ray_collect_collects_and_trains_on_two_workers(
     assert "trained on 3 chunks" in out and "whole episodes" in out
 
 
+def test_apex_dqn_cartpole_trains_from_a_sharded_replay(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(EXAMPLES), *sys.path]))
+    load("apex_dqn_cartpole").main(["--seeds", "0", "--steps", "1500", "--learning-starts", "300"])
+    out = capsys.readouterr().out
+    assert "seed 0: not solved in 1500 steps" in out and "mean return of the last 20" in out
+    ratio = float(out.split("; ")[-1].split(" rows sampled")[0])
+    assert 20 < ratio < 70  # the limiter held about 64 sampled rows per inserted row
+
+
 def test_sb3_ppo_cartpole_records_what_sb3_trains_on(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("stable_baselines3")

@@ -109,6 +109,12 @@ def test_tables_are_apart_and_bad_input_is_named(cluster: Any, tmp_path: Path) -
         with pytest.raises(fe.SpecMismatchError):  # a chunk of other discounts: refused, nothing lost
             service.insert(type(other)(other.spec, 0.5, other.gae_lambda, other.lengths, other.parts), table="league")
         assert sum(service.sizes("league")) == whole
+        # an insert sent again after its shard was lost in it: skipped when it had arrived, not doubled
+        chunk = recorded(200, seed=3).copy_episodes()
+        shard = service.shards[0]
+        assert ray.get(shard.insert.remote(chunk, "learner", True)) == chunk.n_episodes  # had not arrived
+        assert ray.get(shard.insert.remote(chunk, "learner", True)) == 0
+        assert ray.get(shard.insert.remote(chunk[:-1], "learner", True)) == 0  # the newest of the last one
         with pytest.raises(fe.InvalidArgumentError, match="priorities for"):
             service.update_priorities(np.arange(4), np.ones(3), table="league")
     finally:

@@ -158,9 +158,9 @@ class Shard:
 
     def insert(self, chunk: Chunk, table: str, again: bool = False) -> int:
         """Append the chunk's episodes; ``again``: a resend after this shard was lost mid-insert,
-        skipped when its newest episode is already this table's newest."""
+        skipped when its newest episode is among this table's newest already."""
         buffer = self._buffer(table)
-        if again and chunk.n_episodes and buffer.n_episodes and _same_newest(buffer, chunk):
+        if again and chunk.n_episodes and buffer.n_episodes and _holds(buffer, chunk):
             return 0
         return buffer.extend(chunk)
 
@@ -197,18 +197,19 @@ class Shard:
             buffer.close_log()
 
 
-def _same_newest(buffer: FlexibleBuffer, chunk: Chunk) -> bool:
-    """Whether the newest episode of ``buffer`` is the chunk's newest, field by field."""
-    newest = chunk[-1]
-    held = buffer.copy_episodes(newest.rows)
-    return held.n_episodes > 0 and _hash(held[-1]) == _hash(newest)
+def _holds(buffer: FlexibleBuffer, chunk: Chunk) -> bool:
+    """Whether the chunk's newest episode is among the newest of ``buffer`` (those that fit in
+    eight times the chunk's rows: inserts of other senders since are looked past), field by field."""
+    return _hashes(chunk[-1])[0] in _hashes(buffer.copy_episodes(8 * chunk.rows))
 
 
-def _hash(one: Chunk) -> str:
-    """The content hash (`FlexibleBuffer.episode_hashes`) of a chunk of one episode."""
-    probe = FlexibleBuffer.from_spec(one.spec, num_steps=one.rows + 1, gamma=one.gamma, gae_lambda=one.gae_lambda)
-    probe.extend(one)
-    return probe.episode_hashes()[0]
+def _hashes(episodes: Chunk) -> list[str]:
+    """The content hashes (`FlexibleBuffer.episode_hashes`) of a chunk's episodes."""
+    probe = FlexibleBuffer.from_spec(
+        episodes.spec, num_steps=episodes.rows + 1, gamma=episodes.gamma, gae_lambda=episodes.gae_lambda
+    )
+    probe.extend(episodes)
+    return probe.episode_hashes()
 
 
 def join(batches: Sequence[FlexiBatch], n_agents: int, order: np.ndarray, counts: Sequence[int]) -> dict[str, Any]:
