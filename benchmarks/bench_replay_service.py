@@ -7,7 +7,10 @@ a `ReplayService` of 1, 2 and 4 shards (`insert` from the learner, the pieces sp
 shards); TorchRL's `RayReplayBuffer` (one actor, a `LazyTensorStorage`, the same rows as a
 TensorDict of obs, action, reward, next obs, done). Then batches of ``--batch`` rows are drawn,
 uniformly and prioritized (alpha 0.6, beta 0.4): `sample_transitions`, `ReplayService.sample`
-(one call at a time) and `ReplayService.stream` (4 drawn ahead on a thread), TorchRL's `sample`.
+(one call at a time), TorchRL's `sample` (uniform only: its prioritized sampler needs a C++
+extension this build lacks). Then a learner that steps ``--step`` ms after each batch (a sleep:
+a step on a GPU leaves the CPU and the GIL) takes batches from `ReplayService.sample`, and from
+`ReplayService.stream` (4 drawn ahead on a thread while it steps).
 Ray runs on this machine (``ray.init(num_cpus=4)``): every actor is a process here, so a call
 is a round trip between processes of the same two cores. Medians of ``--rounds``.
 
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import itertools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import gymnasium as gym
 import numpy as np
@@ -56,18 +60,16 @@ def timed(run: Callable[[], object], rounds: int) -> float:
     return statistics.median(seconds)
 
 
-def torchrl_buffer(capacity: int, prioritized: bool) -> object | None:
-    try:
-        from torchrl.data import LazyTensorStorage, PrioritizedSampler
-        from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
-    except ImportError:
-        return None
-    sampler = {"sampler": functools.partial(PrioritizedSampler, capacity, alpha=0.6, beta=0.4)} if prioritized else {}
+def torchrl_buffer(capacity: int, batch: int) -> object:
+    """TorchRL's replay buffer on one Ray actor, sampling uniformly."""
+    from torchrl.data import LazyTensorStorage, RandomSampler
+    from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
+
     return RayReplayBuffer(
         storage=functools.partial(LazyTensorStorage, capacity),
-        batch_size=256,
+        sampler=RandomSampler,  # named: its default reaches for a C++ sum tree this build lacks
+        batch_size=batch,
         remote_config={"num_cpus": 0.01},
-        **sampler,
     )
 
 
@@ -93,6 +95,7 @@ def main() -> None:
     parser.add_argument("--piece", type=int, default=5_000, help="rows of each insert")
     parser.add_argument("--batch", type=int, default=256, help="rows of each sample")
     parser.add_argument("--samples", type=int, default=500, help="samples timed each round")
+    parser.add_argument("--step", type=float, default=2.0, help="ms of a learner's step between samples")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     import ray
@@ -107,6 +110,7 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     capacity = 2 * rows
     results: dict[str, tuple[float, float, float]] = {}  # name -> rows/s inserted, uniform and prioritized batches/s
+    learning: dict[str, tuple[float, float]] = {}  # name -> prioritized batches/s with a learner step: sample, stream
 
     def local_buffer() -> fe.FlexibleBuffer:
         return fe.FlexibleBuffer.from_spec(source.spec, num_steps=capacity, alpha=0.6)
@@ -137,38 +141,45 @@ def main() -> None:
             lambda service=service: [service.sample(args.batch, prioritized=True) for _ in range(args.samples)],
             args.rounds,
         )
-        streamed = timed(
-            lambda service=service: list(
-                itertools.islice(service.stream(args.batch, depth=4, prioritized=True), args.samples)
+
+        def learner(batches: Iterable[object]) -> None:
+            for _ in batches:
+                time.sleep(args.step / 1000)  # a training step that leaves the GIL (a GPU's, say)
+
+        stepped = (
+            timed(
+                lambda service=service: learner(
+                    service.sample(args.batch, prioritized=True) for _ in range(args.samples)
+                ),
+                args.rounds,
             ),
-            args.rounds,
+            timed(
+                lambda service=service: learner(
+                    itertools.islice(service.stream(args.batch, depth=4, prioritized=True), args.samples)
+                ),
+                args.rounds,
+            ),
         )
         service.close()
-        results[f"service, {shards} shard{'s' * (shards > 1)}"] = (
-            rows / inserting,
-            args.samples / uniform,
-            args.samples / prioritized,
-        )
-        results[f"service, {shards} shard{'s' * (shards > 1)}, stream(depth=4)"] = (
-            float("nan"),
-            float("nan"),
-            args.samples / streamed,
-        )
+        name = f"service, {shards} shard{'s' * (shards > 1)}"
+        results[name] = (rows / inserting, args.samples / uniform, args.samples / prioritized)
+        learning[name] = (args.samples / stepped[0], args.samples / stepped[1])
 
-    if torchrl_buffer(1, False) is not None:
+    if importlib.util.find_spec("torchrl") is not None:
         starts = np.cumsum([0] + [p.rows for p in parts[:-1]])
         tensors = [as_tensordict(held.gather(np.arange(a, a + p.rows))) for a, p in zip(starts, parts)]
-        rates = []
-        for flag in (False, True):
-            rb = torchrl_buffer(capacity, flag)
-            began = time.perf_counter()
-            for td in tensors:
-                rb.extend(td)  # type: ignore[attr-defined]
-            inserted = rows / (time.perf_counter() - began)
-            rates.append(inserted)
-            rates.append(args.samples / timed(lambda rb=rb: [rb.sample() for _ in range(args.samples)], args.rounds))  # type: ignore[attr-defined]
-            rb.shutdown()  # type: ignore[attr-defined]
-        results["TorchRL RayReplayBuffer (one actor)"] = (rates[0], rates[1], rates[3])
+        rb = torchrl_buffer(capacity, args.batch)
+        began = time.perf_counter()
+        for td in tensors:
+            rb.extend(td)  # type: ignore[attr-defined]
+        inserted = rows / (time.perf_counter() - began)
+        uniform = timed(lambda: [rb.sample() for _ in range(args.samples)], args.rounds)  # type: ignore[attr-defined]
+        rb.shutdown()  # type: ignore[attr-defined]
+        results["TorchRL RayReplayBuffer (one actor)"] = (inserted, args.samples / uniform, float("nan"))
+        print(
+            "TorchRL's PrioritizedSampler needs its C++ sum tree, which this torchrl build lacks "
+            "(SumSegmentTreeFp32 is not available): its prioritized column is left empty"
+        )
     else:
         print("TorchRL is not installed: its RayReplayBuffer is left out")
 
@@ -180,6 +191,13 @@ def main() -> None:
             "" if np.isnan(value) else f"{value:,.0f} ({value / ref:.2f}x)" for value, ref in zip((ins, uni, pri), base)
         ]
         print(f"| {name} | {' | '.join(cells)} |")
+    print(
+        f"\nprioritized batches a second with a learner step of {args.step:g} ms after each (its ceiling {1000 / args.step:,.0f}):\n"
+    )
+    print("| replay | sample, then step | stream(depth=4): drawn while stepping |")
+    print("|---|---|---|")
+    for name, (one, ahead) in learning.items():
+        print(f"| {name} | {one:,.0f} | {ahead:,.0f} ({ahead / one:.2f}x) |")
     ray.shutdown()
 
 

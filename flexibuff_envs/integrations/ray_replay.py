@@ -76,25 +76,37 @@ class Sink:
         """Ask the limiter, then insert the chunk; an insert the shard was lost in is sent
         again once it is back (skipped there when it had arrived). Returns episodes appended;
         0 when ``cancelled()`` turned true while the limiter held it back (the chunk dropped)."""
-        ray = _ray()
-        if not chunk.n_episodes:
+        if not chunk.n_episodes or not self.admit(chunk.rows, cancelled):
             return 0
-        if self.limiter is not None:
-            waited = 0.0
-            while True:  # in slices of a second, to see a cancel
-                ok, inserted, sampled = ray.get(self.limiter.insert.remote(self.table, chunk.rows, 1.0))
-                waited += 1.0
-                if ok:
-                    break
-                if cancelled is not None and cancelled():
-                    return 0
-                if waited >= self.timeout:
-                    raise WorkerTimeoutError(_waited("an insert", self.timeout, inserted, sampled))
+        return self.deliver(chunk, None)
+
+    def admit(self, rows: int, cancelled: Callable[[], bool] | None = None) -> bool:
+        """Wait for the limiter to admit an insert of ``rows`` rows; False when ``cancelled()``
+        turned true meanwhile."""
+        if self.limiter is None:
+            return True
+        ray, waited = _ray(), 0.0
+        while True:  # in slices of a second, to see a cancel
+            ok, inserted, sampled = ray.get(self.limiter.insert.remote(self.table, rows, 1.0))
+            waited += 1.0
+            if ok:
+                return True
+            if cancelled is not None and cancelled():
+                return False
+            if waited >= self.timeout:
+                raise WorkerTimeoutError(_waited("an insert", self.timeout, inserted, sampled))
+
+    def deliver(self, chunk: Chunk, sent: Any) -> int:
+        """Insert the chunk (``sent``: the call that already took it there, None: none yet),
+        sending it again while its shard is lost under it."""
+        ray = _ray()
         for attempt in range(ATTEMPTS):
             try:
-                return int(ray.get(self.shard.insert.remote(chunk, self.table, attempt > 0)))
+                if sent is None:
+                    sent = self.shard.insert.remote(chunk, self.table, attempt > 0)
+                return int(ray.get(sent))
             except ray.exceptions.RayActorError:
-                continue
+                sent = self.shard.insert.remote(chunk, self.table, True)
         raise WorkerError(f"the shard of table {self.table!r} was lost {ATTEMPTS} times in a row during an insert")
 
 
@@ -240,13 +252,15 @@ class ReplayService:
         chunk = _chunk_of(source)
         spread = -(-chunk.rows // len(self._serving()))  # rows for each shard serving
         bounds = _pieces(chunk.lengths, max(1, min(ROWS_PER_INSERT, spread)))
-        appended = 0
+        sent = []  # every piece under way at once: the shards take theirs side by side
         for lo, hi in itertools.pairwise(bounds):
             serving = self._serving()
-            k = serving[self._next % len(serving)]
+            sink = Sink(self.shards[serving[self._next % len(serving)]], self._limiter, table, self._timeout)
             self._next += 1
-            appended += Sink(self.shards[k], self._limiter, table, self._timeout).insert(chunk[lo:hi])
-        return appended
+            piece = chunk[lo:hi]
+            sink.admit(piece.rows)
+            sent.append((sink, piece, sink.shard.insert.remote(piece, table, False)))
+        return sum(sink.deliver(piece, ref) for sink, piece, ref in sent)
 
     @property
     def _timeout(self) -> float:
