@@ -89,6 +89,56 @@ def test_samples_follow_the_uniform_and_prioritized_laws_over_every_shard(cluste
         service.close()
     held = [log.episode_hashes() for log in shard_logs(tmp_path)]  # each episode whole in one shard's log
     assert sorted(held[0] + held[1]) == sorted(buffer.episode_hashes())
+    with pytest.raises(fe.InvalidArgumentError, match="holds logs already"):  # not a second run over the first
+        ReplayService(buffer.spec, shards=2, capacity=10_000, log_dir=tmp_path)
+    again = ReplayService(buffer.spec, shards=2, capacity=10_000, log_dir=tmp_path, resume=True)
+    try:
+        assert again.sizes() == sizes  # a run continued: every episode back in its shard
+    finally:
+        again.close()
+
+
+def test_weights_are_over_the_whole_replay_when_the_lightest_shard_is_not_drawn(cluster: Any) -> None:
+    buffer = recorded(800)
+    service = ReplayService(buffer.spec, shards=4, capacity=10_000, alpha=0.6, seed=2)
+    try:
+        service.insert(buffer)
+        keys = np.unique(np.concatenate([service.sample(2000).idx for _ in range(20)]))
+        # shard 3 light (it holds the smallest priority, and is rarely drawn), the others heavy
+        priority = np.where(keys % 4 == 3, 0.05, 1.0 + (keys * 7919 % 13))
+        service.update_priorities(keys, priority)
+        leaf = priority**0.6
+        without_3 = 0
+        for _ in range(300):
+            batch = service.sample(4, prioritized=True, beta=0.7)
+            where = np.searchsorted(keys, batch.idx)
+            without_3 += not (batch.idx % 4 == 3).any()
+            np.testing.assert_allclose(batch.weights, (leaf[where] / leaf.min()) ** -0.7, rtol=1e-5)
+        assert without_3 > 250  # most batches miss the shard holding the minimum: their weights still use it
+    finally:
+        service.close()
+
+
+def test_priorities_for_rows_of_a_shard_started_again_are_dropped(cluster: Any, tmp_path: Path) -> None:
+    buffer = recorded(600)
+    service = ReplayService(buffer.spec, shards=2, capacity=10_000, log_dir=tmp_path, alpha=1.0)
+    try:
+        service.insert(buffer)
+        before = service.sample(512, prioritized=True)
+        assert set(before.idx % 2) == {0, 1}
+        ray.kill(service.shards[1], no_restart=False)  # Ray starts it again: its rows are other rows
+        for _ in range(600):  # until it is back with its episodes
+            if service.sizes()[1] > 0:
+                break
+            time.sleep(0.1)
+        service.sample(64, prioritized=True)  # draws from its new start
+        service.update_priorities(before.idx, 0.001)  # of the old start on shard 1: dropped there
+        stats = [ray.get(shard.draw.remote("default", 0, {"prioritized": True}, 1.0)) for shard in service.shards]
+        _, _, rows, total, minimum = stats[1]
+        assert minimum == pytest.approx(1.0) and total == pytest.approx(rows)  # every row as it came back
+        assert stats[0][4] == pytest.approx(0.001)  # shard 0 took them
+    finally:
+        service.close()
 
 
 def test_tables_are_apart_and_bad_input_is_named(cluster: Any, tmp_path: Path) -> None:

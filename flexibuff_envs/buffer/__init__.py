@@ -286,14 +286,6 @@ class FlexibleBuffer(Filling, Logged, Sampling):
         values = checked_weights("update_priorities", "priorities", priorities, rows)
         self._prioritized().update(self._index.read(), rows.reshape(-1), values.reshape(-1))
 
-    def priority_mass(self) -> tuple[float, float]:
-        """The sum of ``priority ** alpha`` over the rows prioritized replay can draw, and its
-        smallest positive value (inf when none): what weighs this buffer's draws against other
-        buffers' (a sharded replay's exact importance weights)."""
-        tree = self._prioritized().tree
-        tree.sync(self._index.read())
-        return tree.total, tree.minimum()
-
     @holding
     def set_memory_weights(self, idx: np.ndarray, weights: np.ndarray | float) -> None:
         """Set the sampling weight of rows ``idx`` (e.g. ``batch.idx`` after computing TD errors;

@@ -230,9 +230,11 @@ class Filling(Half):
         lanes = self._index.change()
         return chunk.take(self._store, lanes, self.gamma, self.gae_lambda)
 
+    @holding
     def copy_episodes(self, rows: int | None = None) -> Chunk:
         """Every ended whole episode as a `Chunk`, as `take_episodes` hands them out, but kept
-        here too; with ``rows``, only the newest that fit in ``rows`` rows."""
+        here too; with ``rows``, only the last that fit in ``rows`` rows (lane by lane, oldest
+        first: of one lane, its newest)."""
         self.compact()
         episodes = episode_table(self._index.read())
         if rows is not None and episodes.lengths.sum() > rows:

@@ -121,6 +121,7 @@ class RayCollector:
         self.service = service
         self._sinks = None if service is None else [service.sink(i, table) for i in range(self.n_workers)]
         self._running: dict[Any, int] = {}  # a running worker's `run` call -> its index
+        self._runs = 0  # the token of the workers' `run`s: `stop` names it
         self._options = {"num_steps": self.chunk_steps + 10_000, **(recorder_options or {})}
         options = {"num_cpus": 1, "max_concurrency": _THREADS, **(worker_options or {})}
         self._actor = ray.remote(Worker).options(**options)
@@ -265,7 +266,7 @@ class RayCollector:
             raise InvalidArgumentError("RayCollector.start: workers collect on their own into a service; pass service=")
         for i, worker in enumerate(self.workers):
             if i not in self._running.values():
-                self._running[worker.run.remote(self.chunk_steps)] = i
+                self._running[worker.run.remote(self.chunk_steps, self._runs)] = i
 
     def poll(self) -> list[ChunkInfo]:
         """The chunks the workers collected since the last poll; a worker that died is started
@@ -279,7 +280,7 @@ class RayCollector:
                 ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 self._restart(i, exc)
-                self._running[self.workers[i].run.remote(self.chunk_steps)] = i
+                self._running[self.workers[i].run.remote(self.chunk_steps, self._runs)] = i
         infos = []
         for i, worker in enumerate(self.workers):
             try:
@@ -294,7 +295,7 @@ class RayCollector:
         limiter, for samples no one takes any more) is started again, its chunk lost."""
         ray = self._ray
         for worker in self.workers:
-            worker.stop.remote()
+            worker.stop.remote(self._runs)
         _, waiting = ray.wait(list(self._running), num_returns=len(self._running), timeout=timeout)
         for ref in waiting:
             self._replace(self._running.pop(ref))
@@ -304,6 +305,7 @@ class RayCollector:
                 ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 self._restart(i, exc)
+        self._runs += 1  # a `start` after this one runs on
         return self.poll()
 
     def close(self) -> None:

@@ -11,13 +11,15 @@ p_min) ** -beta`` with ``p_min`` the smallest over the whole replay, not the sha
 batch's ``idx`` names shard and row (``row * shards + shard``), which is what
 `ReplayService.update_priorities` takes back.
 
-What survives what: a shard's episodes reach its log when it appends them (`FlexibleBuffer.log_to`),
-so a shard whose process or node is lost is started again by Ray (on another node when its own
-is gone: ``log_dir`` must then be a disk every node shares) and takes its episodes back from
-its log; priorities start again from the highest (every row equal), and priorities sent for rows
-drawn before the restart are dropped. Only episodes still running in a collector (and an
-insert under way, sent again) are lost. While a shard is away the others serve: samples and
-inserts go to the shards that answer.
+What survives what: a shard's episodes reach the disk in its log, synced, before its insert
+returns (`FlexibleBuffer.log_to` with ``fsync="always"``), so a shard whose process or node is
+lost is started again by Ray (on another node when its own is gone: ``log_dir`` must then be a
+disk every node shares) and takes its episodes back from its log; its rows join prioritized
+replay at the highest priority the learner has given, and priorities sent for rows drawn before
+the restart are dropped. Only episodes still running in a collector, and a chunk under way on a
+node that died, are lost; an insert the shard died in is sent again and skipped if it had
+arrived. While a shard is away the others serve the learner's samples and inserts; collectors
+of that shard wait for it.
 
 >>> service = ReplayService(fe.infer_spec(env), shards=2, capacity=100_000)   # doctest: +SKIP
 >>> service.insert(buffer)                                                    # doctest: +SKIP
@@ -31,111 +33,57 @@ import contextlib
 import itertools
 import math
 import os
-import queue
+import re
 import threading
-import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.errors import (
-    ArgumentTypeError,
-    InvalidArgumentError,
-    WorkerError,
-    WorkerTimeoutError,
-    positive_int,
-)
+from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, WorkerError, positive_int
 from flexibuff_envs.files.chunk import Chunk
 from flexibuff_envs.integrations.ray import _ray
-from flexibuff_envs.integrations.ray_shard import Limiter, RateLimiter, Shard, join
+from flexibuff_envs.integrations.ray_sampling import ROW_BITS, Sampling
+from flexibuff_envs.integrations.ray_shard import RateLimiter, start_limiter, start_shards
+from flexibuff_envs.integrations.ray_sink import Sink, chunk_of, pieces
 from flexibuff_envs.spec import BufferSpec
 
-__all__ = ["RateLimiter", "ReplayService", "Sink"]
+__all__ = ["RateLimiter", "ReplayService"]
 
 #: rows of one insert the learner sends to a shard at most (a chunk is cut between episodes)
 ROWS_PER_INSERT = 1 << 16
-#: attempts of a sample whose shards are lost under it, before giving up
-ATTEMPTS = 5
+#: what a table's name may be (it names a folder of each shard's logs)
+_TABLE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
-@dataclass(frozen=True)
-class Sink:
-    """Where a `RayCollector` worker inserts its chunks itself: a shard, the rate limiter (None:
-    none), the table. Sent to the worker by Ray."""
-
-    shard: Any
-    limiter: Any
-    table: str
-    timeout: float
-
-    def insert(self, chunk: Chunk, cancelled: Callable[[], bool] | None = None) -> int:
-        """Ask the limiter, then insert the chunk; an insert the shard was lost in is sent
-        again once it is back (skipped there when it had arrived). Returns episodes appended;
-        0 when ``cancelled()`` turned true while the limiter held it back (the chunk dropped)."""
-        if not chunk.n_episodes or not self.admit(chunk.rows, cancelled):
-            return 0
-        return self.deliver(chunk, None)
-
-    def admit(self, rows: int, cancelled: Callable[[], bool] | None = None) -> bool:
-        """Wait for the limiter to admit an insert of ``rows`` rows; False when ``cancelled()``
-        turned true meanwhile."""
-        if self.limiter is None:
-            return True
-        ray, waited = _ray(), 0.0
-        while True:  # in slices of a second, to see a cancel
-            ok, inserted, sampled = ray.get(self.limiter.insert.remote(self.table, rows, 1.0))
-            waited += 1.0
-            if ok:
-                return True
-            if cancelled is not None and cancelled():
-                return False
-            if waited >= self.timeout:
-                raise WorkerTimeoutError(_waited("an insert", self.timeout, inserted, sampled))
-
-    def deliver(self, chunk: Chunk, sent: Any) -> int:
-        """Insert the chunk (``sent``: the call that already took it there, None: none yet),
-        sending it again while its shard is lost under it."""
-        ray = _ray()
-        for attempt in range(ATTEMPTS):
-            try:
-                if sent is None:
-                    sent = self.shard.insert.remote(chunk, self.table, attempt > 0)
-                return int(ray.get(sent))
-            except ray.exceptions.RayActorError:
-                sent = self.shard.insert.remote(chunk, self.table, True)
-        raise WorkerError(f"the shard of table {self.table!r} was lost {ATTEMPTS} times in a row during an insert")
-
-
-def _waited(what: str, timeout: float, inserted: int, sampled: int) -> str:
-    return (
-        f"ReplayService: {what} waited {timeout:g} s for the rate limiter ({inserted} rows inserted, "
-        f"{sampled} sampled): the other side stopped (no collector inserting, or no learner sampling)"
-    )
-
-
-class ReplayService:
+class ReplayService(Sampling):
     """A replay of ``capacity`` rows per table, split among ``shards`` Ray actors (`module docs`).
 
     Args:
         spec: the layout of every table (`flexibuff_envs.infer_spec` of the env).
         shards: Ray actors holding the tables, ``capacity // shards`` rows of each.
         capacity: rows of each table over all shards; a shard forgets its oldest episodes first.
-        tables: names of the tables (one per policy of a league, per agent group, ...).
-        log_dir: each shard logs table ``t`` to ``log_dir/shard-k/t`` and takes it back after a
-            restart (None: no logs; a lost shard comes back empty).
+        tables: names of the tables (one per policy of a league, per agent group, ...): letters,
+            digits, ``_``, ``.`` and ``-``.
+        log_dir: each shard logs table ``t`` to ``log_dir/shard-k/t`` (synced at each insert),
+            and takes it back when Ray starts it again (None: no logs; a lost shard comes back
+            empty). The logs keep every episode ever inserted: the replay as a dataset.
+        resume: take the episodes of the logs in ``log_dir`` back at the start (a run continued);
+            without it, logs already there are refused.
         limiter: the `RateLimiter` of every table (None: sampling waits for nothing).
-        nodes: the Ray node id each shard prefers (soft: it moves when its node is lost).
-        patience: seconds a shard has to answer a sample's first call before it is left out
-            (taken for away, as while Ray starts it again) until it answers.
+        nodes: the Ray node id each shard prefers (when its node is lost it moves: with
+            ``log_dir`` on a disk only that node has, it comes back empty).
+        patience: seconds a shard has to answer before it is left out (taken for away, as while
+            Ray starts it again) until it answers.
         seed: seeds each shard's sampling and the split of each batch among shards.
         shard_options: Ray actor options of the shards (default ``{"num_cpus": 0.01}``).
         options: keywords of `FlexibleBuffer` for each table's buffers (``gamma``,
             ``gae_lambda``, ``alpha``, ...); ``gamma`` and ``gae_lambda`` must be the inserted
             episodes'.
+
+    Raises:
+        InvalidArgumentError: a bad argument (named), or logs in ``log_dir`` without ``resume``.
     """
 
     def __init__(
@@ -146,6 +94,7 @@ class ReplayService:
         capacity: int = 1_000_000,
         tables: Sequence[str] = ("default",),
         log_dir: str | os.PathLike[str] | None = None,
+        resume: bool = False,
         limiter: RateLimiter | None = None,
         nodes: Sequence[str] | None = None,
         patience: float = 5.0,
@@ -161,240 +110,76 @@ class ReplayService:
         self.capacity = positive_int("capacity", capacity)
         if isinstance(tables, str) or not tables or len(set(tables)) != len(tables):
             raise InvalidArgumentError(f"tables must be distinct names, at least one, got {tables!r}")
-        self.tables = tuple(str(t) for t in tables)
+        bad = [t for t in tables if not (isinstance(t, str) and _TABLE.fullmatch(t))]
+        if bad:
+            raise InvalidArgumentError(f"tables: {bad} are no table names (letters, digits, '_', '.', '-')")
+        self.tables = tuple(tables)
         if nodes is not None and len(nodes) != self.n_shards:
             raise InvalidArgumentError(f"nodes names {len(nodes)} nodes for {self.n_shards} shards")
-        self.limiter = limiter
-        self.patience = float(patience)
+        if not (isinstance(patience, (int, float)) and 0 < patience < math.inf):
+            raise InvalidArgumentError(f"patience must be a number of seconds > 0, got {patience!r}")
+        self.limiter, self.patience = limiter, float(patience)
         self.rng = np.random.default_rng(seed)
         self.options = {"global_reward": False, "individual_reward": False, **options}
         log = None if log_dir is None else os.path.abspath(os.fspath(log_dir))
+        if log is not None and not resume:
+            held = [os.path.join(log, f"shard-{k}", t) for k in range(self.n_shards) for t in self.tables]
+            held = [path for path in held if os.path.isdir(path) and os.listdir(path)]
+            if held:
+                raise InvalidArgumentError(
+                    f"log_dir {log!r} holds logs already ({held[0]}): pass resume=True to take their "
+                    "episodes back, or another log_dir"
+                )
         per_shard = -(-self.capacity // self.n_shards)
-        actor = ray.remote(Shard)
-        self.shards = []
-        for k in range(self.n_shards):
-            # a hundredth of a CPU: Ray places an actor asking for none anywhere, whatever its affinity
-            chosen = {"num_cpus": 0.01, "max_restarts": -1, "max_task_retries": 0, **(shard_options or {})}
-            if nodes is not None:
-                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-                chosen["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[k], soft=True)
-            self.shards.append(
-                actor.options(**chosen).remote(k, spec, per_shard, self.tables, self.options, log, seed + 7919 * k)
-            )
-        self._limiter = None
+        if per_shard >= 1 << ROW_BITS:
+            raise InvalidArgumentError(f"capacity {capacity} gives shards of more than 2**{ROW_BITS} rows")
+        made = (spec, per_shard, self.tables, self.options, log, resume)
+        self.shards = start_shards(self.n_shards, made, nodes, seed, shard_options)
+        self._limiter = None if limiter is None else start_limiter(limiter)
         self._known: dict[str, tuple[int, int]] = {}  # each table's counts at the last sample
         self._shares: dict[str, dict[int, float]] = {}  # each table's masses per shard at the last sample
-        if limiter is not None:  # beside the learner; started again where lost, its counts then taken up again
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-            self._limiter = (
-                ray.remote(Limiter)
-                .options(
-                    num_cpus=0.01,
-                    max_concurrency=1000,
-                    max_restarts=-1,
-                    max_task_retries=-1,
-                    scheduling_strategy=here,
-                )
-                .remote(limiter)
-            )
-        self._incarnations: dict[int, str] = {}
+        self._starts: list[list[str]] = [[] for _ in range(self.n_shards)]  # each shard's starts seen, in order
         self._away: dict[int, Any] = {}  # shard -> a call that answers once it is back
+        self._lock = threading.Lock()  # the two above, shared with `stream`'s thread
+        self._highest = 1.0  # the highest priority given: every shard's new rows get it
         self._next = 0  # the shard the learner's next insert goes to
         try:
             for k, (incarnation, *_) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
-                self._incarnations[k] = incarnation
+                self._start_of(k, incarnation)
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------ shards
 
+    def _start_of(self, k: int, incarnation: str) -> int:
+        """The number of shard ``k``'s start ``incarnation`` (kept in a batch's ``idx``)."""
+        with self._lock:
+            starts = self._starts[k]
+            if not starts or starts[-1] != incarnation:
+                starts.append(incarnation)
+            return len(starts) - 1
+
     def _serving(self) -> list[int]:
         """The shards that answer: those away come back once their call does."""
-        for k, ref in list(self._away.items()):
-            ready, _ = self._ray.wait([ref], timeout=0)
-            if ready:
-                try:
-                    self._incarnations[k] = self._ray.get(ref)[0]
-                    del self._away[k]
-                except self._ray.exceptions.RayActorError:
-                    self._away[k] = self.shards[k].describe.remote()
-        serving = [k for k in range(self.n_shards) if k not in self._away]
+        with self._lock:
+            for k, ref in list(self._away.items()):
+                ready, _ = self._ray.wait([ref], timeout=0)
+                if ready:
+                    try:
+                        self._ray.get(ref)
+                        del self._away[k]
+                    except self._ray.exceptions.RayActorError:
+                        self._away[k] = self.shards[k].describe.remote()
+            serving = [k for k in range(self.n_shards) if k not in self._away]
         if not serving:
             raise WorkerError("ReplayService: every shard is lost (Ray is starting them again); try later")
         return serving
 
     def _lost(self, k: int) -> None:
-        if k not in self._away:
-            self._away[k] = self.shards[k].describe.remote()
-
-    def sink(self, worker: int, table: str = "default") -> Sink:
-        """Where `RayCollector` worker ``worker`` inserts its chunks: shard ``worker % shards``."""
-        self._table(table)
-        timeout = self.limiter.timeout if self.limiter is not None else math.inf
-        return Sink(self.shards[worker % self.n_shards], self._limiter, table, timeout)
-
-    def _table(self, table: str) -> str:
-        if table not in self.tables:
-            raise InvalidArgumentError(f"ReplayService has no table {table!r}; its tables are {list(self.tables)}")
-        return table
-
-    # ------------------------------------------------------------------ inserting
-
-    def insert(self, source: Chunk | FlexibleBuffer | str | os.PathLike[str], table: str = "default") -> int:
-        """Insert the ended whole episodes of ``source`` (a `Chunk`, a buffer, which keeps them,
-        or the path of an episode log or buffer file) into ``table``, spread over the shards in
-        pieces of whole episodes; returns the episodes appended."""
-        self._table(table)
-        chunk = _chunk_of(source)
-        spread = -(-chunk.rows // len(self._serving()))  # rows for each shard serving
-        bounds = _pieces(chunk.lengths, max(1, min(ROWS_PER_INSERT, spread)))
-        sent = []  # every piece under way at once: the shards take theirs side by side
-        for lo, hi in itertools.pairwise(bounds):
-            serving = self._serving()
-            sink = Sink(self.shards[serving[self._next % len(serving)]], self._limiter, table, self._timeout)
-            self._next += 1
-            piece = chunk[lo:hi]
-            sink.admit(piece.rows)
-            sent.append((sink, piece, sink.shard.insert.remote(piece, table, False)))
-        return sum(sink.deliver(piece, ref) for sink, piece, ref in sent)
-
-    @property
-    def _timeout(self) -> float:
-        return self.limiter.timeout if self.limiter is not None else math.inf
-
-    # ------------------------------------------------------------------ sampling
-
-    def sample(
-        self,
-        batch_size: int = 256,
-        *,
-        table: str = "default",
-        prioritized: bool = False,
-        beta: float = 0.4,
-        n_step: int | None = None,
-        fields: Collection[str] | None = None,
-        as_torch: bool = False,
-        device: Any = None,
-    ) -> FlexiBatch:
-        """``batch_size`` rows of ``table`` drawn with replacement over every shard, as
-        `FlexibleBuffer.sample_transitions` draws them from one buffer (``prioritized``,
-        ``beta``, ``n_step`` and ``fields`` as there), waiting for the rate limiter first."""
-        n = positive_int("batch_size", batch_size)
-        self._table(table)
-        options = {"prioritized": prioritized, "beta": beta, "n_step": n_step, "fields": fields}
-        for _ in range(ATTEMPTS):
-            batch = self._draw(n, table, options, self._admit(table, n) if self._limiter is not None else None)
-            if batch is not None:
-                if as_torch:
-                    convert = torch_converter(device)
-                    batch = FlexiBatch(**{name: convert(name, value) for name, value in batch.__dict__.items()})
-                return batch
-        raise WorkerError(f"ReplayService: shards were lost under {ATTEMPTS} samples in a row")
-
-    def _admit(self, table: str, n: int) -> Any:
-        """The limiter's answer to a sample of ``n`` rows, under way."""
-        return self._limiter.sample.remote(table, n, self._timeout, self._known.get(table, (0, 0)))  # type: ignore[union-attr]
-
-    def _admitted(self, table: str, answer: Any) -> float:
-        """Wait for the limiter's ``answer``; the seconds it took (raises when it timed out)."""
-        began = time.monotonic()
-        ok, inserted, sampled = self._ray.get(answer)
-        self._known[table] = (inserted, sampled)
-        if not ok:
-            raise WorkerTimeoutError(_waited("a sample", self._timeout, inserted, sampled))
-        return time.monotonic() - began
-
-    def stream(self, batch_size: int = 256, *, depth: int = 2, **options: Any) -> Iterator[FlexiBatch]:
-        """Batches as `sample` draws them (``options`` as there), ``depth`` drawn ahead on a
-        thread while the caller trains on the one before: the round trips to the limiter and the
-        shards overlap the learner's work. Priorities updated meanwhile reach the batches drawn
-        after the update (at most ``depth`` batches late, as in Ape-X's learner). Leave the loop
-        to stop; the batches drawn ahead are dropped (the limiter counted them)."""
-        ahead: queue.Queue[Any] = queue.Queue(maxsize=positive_int("depth", depth))
-        stop = threading.Event()
-
-        def fill() -> None:
-            try:
-                while not stop.is_set():
-                    batch = self.sample(batch_size, **options)
-                    while not stop.is_set():
-                        try:
-                            ahead.put(batch, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-            except Exception as exc:  # noqa: BLE001 - any failure, raised in the caller's thread
-                ahead.put(exc)
-
-        thread = threading.Thread(target=fill, name="ReplayService.stream", daemon=True)
-        thread.start()
-        try:
-            while True:
-                item = ahead.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            while thread.is_alive():  # a put waiting for room sees the stop within 0.1 s
-                with contextlib.suppress(queue.Empty):
-                    ahead.get(timeout=0.1)
-
-    def _draw(self, n: int, table: str, options: Mapping[str, Any], admission: Any) -> FlexiBatch | None:
-        """One try, in one round trip most often: every shard serving draws a little more than
-        its share was at the last sample while the limiter is asked; the shares are then drawn
-        (multinomially, from the masses each shard had at its draw) and each shard's rows taken
-        from its draws (drawn with replacement, independently: any of them are a draw of its
-        share), a shard that drew too few asked for the rest. None when a shard was lost."""
-        serving = self._serving()
-        last = self._shares.get(table, {})
-        share = np.array([last.get(k, 1.0) for k in serving])
-        share = share / share.sum() if share.sum() > 0 else np.full(len(serving), 1 / len(serving))
-        asked = np.minimum(n, np.ceil(n * share + 3 * np.sqrt(n * share * (1 - share))) + 1).astype(int)
-
-        def draw() -> dict[int, Any]:
-            return {k: self.shards[k].draw.remote(table, int(a), options) for k, a in zip(serving, asked)}
-
-        refs = draw()
-        if admission is not None and self._admitted(table, admission) > 0.05:  # the limiter held it: draw anew
-            refs = draw()
-        for _ in range(100):  # admitted, the rows it counted may still be on their way to a shard
-            replies = self._replies(refs)
-            if len(replies) < len(refs):
-                return None
-            mass = np.array([reply[3] for reply in replies.values()])
-            if mass.sum() > 0 or admission is None:
-                break
-            time.sleep(0.01)
-            refs = draw()
-        if mass.sum() <= 0:
-            raise InvalidArgumentError(f"ReplayService: table {table!r} holds no rows to sample yet")
-        self._shares[table] = dict(zip(replies, mass))
-        counts = dict(zip(replies, self.rng.multinomial(n, mass / mass.sum())))
-        drawn = {k: [] if reply[1] is None else [reply] for k, reply in replies.items()}
-        short = {k: c - sum(len(r[1].idx) for r in drawn[k]) for k, c in counts.items()}
-        refs = {k: self.shards[k].draw.remote(table, int(c), options) for k, c in short.items() if c > 0}
-        more = self._replies(refs)
-        if len(more) < len(refs):
-            return None
-        for k, reply in more.items():
-            drawn[k].append(reply)
-        pieces = [(k, reply) for k in counts if counts[k] for reply in drawn[k]]
-        minimum = min(reply[4] for _, reply in pieces)
-        batches, taken, left = [], [], dict(counts)
-        for k, (incarnation, batch, _, _, shard_min) in pieces:
-            self._incarnations[k] = incarnation
-            batch.idx = batch.idx * self.n_shards + k
-            if options["prioritized"]:
-                batch.weights = batch.weights * np.float32((shard_min / minimum) ** -options["beta"])
-            batches.append(batch)
-            taken.append(min(len(batch.idx), left[k]))
-            left[k] -= taken[-1]
-        return FlexiBatch(**join(batches, self.spec.n_agents, self.rng.permutation(n), taken))
+        with self._lock:
+            if k not in self._away:
+                self._away[k] = self.shards[k].describe.remote()
 
     def _replies(self, refs: dict[int, Any]) -> dict[int, Any]:
         """The answer to each call of ``refs`` (shard -> call) but of shards lost or giving
@@ -412,25 +197,43 @@ class ReplayService:
             self._lost(k)
         return replies
 
-    def update_priorities(self, idx: Any, priorities: Any, *, table: str = "default") -> None:
-        """New priorities of the rows ``idx`` of a prioritized sample (its ``batch.idx``); either
-        may be a torch tensor. Rows a shard held before it was started again are left out."""
+    def sink(self, worker: int, table: str = "default") -> Sink:
+        """Where `RayCollector` worker ``worker`` inserts its chunks: shard ``worker % shards``."""
+        return Sink(self.shards[worker % self.n_shards], self._limiter, self._table(table), self._timeout)
+
+    def _table(self, table: str) -> str:
+        if table not in self.tables:
+            raise InvalidArgumentError(f"ReplayService has no table {table!r}; its tables are {list(self.tables)}")
+        return table
+
+    @property
+    def _timeout(self) -> float:
+        return self.limiter.timeout if self.limiter is not None else math.inf
+
+    # ------------------------------------------------------------------ inserting
+
+    def insert(
+        self, source: Chunk | FlexibleBuffer | str | os.PathLike[str], table: str = "default", *, limited: bool = True
+    ) -> int:
+        """Insert the ended whole episodes of ``source`` (a `Chunk`, a buffer, which keeps them,
+        or the path of an episode log or buffer file) into ``table``, spread over the shards
+        serving in pieces of whole episodes, all under way at once; returns the episodes
+        appended. ``limited=False`` passes the rate limiter by (filling a replay before
+        training: the learner, its only sampler, would wait for itself)."""
         self._table(table)
-        rows = np.asarray(idx.detach().cpu() if hasattr(idx, "detach") else idx, dtype=np.int64).reshape(-1)
-        values = np.asarray(
-            priorities.detach().cpu() if hasattr(priorities, "detach") else priorities, dtype=np.float64
-        )
-        values = np.broadcast_to(values, rows.shape) if values.ndim == 0 else values.reshape(-1)
-        if values.shape != rows.shape:
-            raise InvalidArgumentError(
-                f"update_priorities: {values.size} priorities for {rows.size} rows (idx and priorities differ in size)"
-            )
-        shard = rows % self.n_shards
-        for k in np.unique(shard):
-            mine = shard == k
-            self.shards[k].update_priorities.remote(
-                table, self._incarnations.get(int(k), ""), rows[mine] // self.n_shards, values[mine]
-            )
+        chunk = chunk_of(source)
+        spread = -(-chunk.rows // len(self._serving()))  # rows for each shard serving
+        bounds = pieces(chunk.lengths, max(1, min(ROWS_PER_INSERT, spread)))
+        limiter = self._limiter if limited else None
+        sent = []
+        for lo, hi in itertools.pairwise(bounds):
+            serving = self._serving()
+            sink = Sink(self.shards[serving[self._next % len(serving)]], limiter, table, self._timeout)
+            self._next += 1
+            piece = chunk[lo:hi]
+            sink.admit(piece.rows)
+            sent.append((sink, piece, sink.shard.insert.remote(piece, table, False)))
+        return sum(sink.deliver(piece, ref) for sink, piece, ref in sent)
 
     # ------------------------------------------------------------------ state
 
@@ -451,34 +254,10 @@ class ReplayService:
     def close(self) -> None:
         """Close the shards' logs and stop the actors (the logs stay on disk)."""
         ray = self._ray
-        try:
-            ray.get([shard.close.remote() for k, shard in enumerate(self.shards) if k not in self._away], timeout=60)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass  # a shard that is lost has no log open; its log stays whole
+        for shard in self.shards:
+            with contextlib.suppress(ray.exceptions.RayError):  # a lost shard has no log open; its log is whole
+                ray.get(shard.close.remote(), timeout=60)
         for actor in [*self.shards, self._limiter]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
         self.shards = []
-
-
-def _chunk_of(source: Any) -> Chunk:
-    if isinstance(source, Chunk):
-        return source
-    if isinstance(source, FlexibleBuffer):
-        return source.copy_episodes()
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        held = FlexibleBuffer.open(path) if os.path.isdir(path) else FlexibleBuffer.load(path, mmap=True)
-        return held.copy_episodes()
-    raise ArgumentTypeError(f"insert: source must be a Chunk, a FlexibleBuffer or a path, got {type(source).__name__}")
-
-
-def _pieces(lengths: np.ndarray, rows: int) -> list[int]:
-    """Episode bounds cutting episodes of ``lengths`` into runs of about ``rows`` rows (one
-    longer episode a run of its own)."""
-    ends = np.cumsum(lengths)
-    bounds = [0]
-    while bounds[-1] < lengths.size:
-        done = ends[bounds[-1] - 1] if bounds[-1] else 0
-        bounds.append(max(bounds[-1] + 1, int(np.searchsorted(ends, done + rows, side="right"))))
-    return bounds

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import math
 import os
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 
 from flexibuff_envs.batch import PER_AGENT, FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
-from flexibuff_envs.errors import InvalidArgumentError, positive_int
+from flexibuff_envs.errors import BufferFileError, InvalidArgumentError, positive_int
 from flexibuff_envs.files.chunk import Chunk
 from flexibuff_envs.log.format import HEADER
 from flexibuff_envs.spec import BufferSpec
@@ -51,6 +52,8 @@ class RateLimiter:
             raise InvalidArgumentError(f"samples_per_insert must be a finite number > 0 or None, got {spi!r}")
         if not (isinstance(self.tolerance, (int, float)) and self.tolerance >= 0):
             raise InvalidArgumentError(f"tolerance must be a number >= 0, got {self.tolerance!r}")
+        if not (isinstance(self.timeout, (int, float)) and 0 < self.timeout < math.inf):
+            raise InvalidArgumentError(f"timeout must be a number of seconds > 0, got {self.timeout!r}")
         if spi is not None and self.tolerance == math.inf:
             raise InvalidArgumentError("samples_per_insert needs a finite tolerance (Reverb's error_buffer), in rows")
 
@@ -117,10 +120,11 @@ class Limiter:
 class Shard:
     """A Ray actor: shard ``k`` of a `ReplayService`, one `FlexibleBuffer` per table.
 
-    With ``log_dir``, table ``t`` logs to ``log_dir/shard-k/t``; a shard started again (Ray
-    restarts it after its process or node is lost) first takes back the newest episodes of its
-    log that fit its capacity. ``incarnation`` names this start: rows of an earlier one are other
-    rows, so priorities sent for them are dropped.
+    With ``log_dir``, table ``t`` logs to ``log_dir/shard-k/t``, each insert synced before it
+    returns; a shard started again (Ray restarts it after its process or node is lost), or
+    started with ``resume``, first takes back the newest episodes of its log that fit its
+    capacity. ``incarnation`` names this start: rows of an earlier one are other rows, so
+    priorities sent for them are dropped.
     """
 
     def __init__(
@@ -131,23 +135,25 @@ class Shard:
         tables: Sequence[str],
         options: Mapping[str, Any],
         log_dir: str | None,
+        resume: bool,
         seed: int,
     ) -> None:
+        import ray
+
         self.k = k
         self.incarnation = uuid.uuid4().hex
         self.buffers: dict[str, FlexibleBuffer] = {}
         self.recovered = 0
+        again = resume or ray.get_runtime_context().was_current_actor_reconstructed
         for i, table in enumerate(tables):
             buffer = FlexibleBuffer.from_spec(
                 dataclasses.replace(spec, n_envs=1), num_steps=capacity, seed=seed + 1000 * i, **options
             )
             if log_dir is not None:
                 directory = os.path.join(log_dir, f"shard-{k}", table)
-                if os.path.exists(os.path.join(directory, HEADER)):
-                    held = FlexibleBuffer.open(directory)
-                    self.recovered += buffer.extend(held.copy_episodes(capacity))
-                    del held
-                buffer.log_to(directory)
+                if again and os.path.exists(os.path.join(directory, HEADER)):
+                    self.recovered += buffer.extend(FlexibleBuffer.open(directory).copy_episodes(capacity))
+                _log_to(buffer, directory)
             self.buffers[table] = buffer
 
     def _buffer(self, table: str) -> FlexibleBuffer:
@@ -164,20 +170,24 @@ class Shard:
             return 0
         return buffer.extend(chunk)
 
-    def stats(self, table: str) -> tuple[str, int, float, float]:
-        """This start's name, the rows the table holds, and its priority mass and minimum."""
-        buffer = self._buffer(table)
-        total, minimum = buffer.priority_mass() if len(buffer) else (0.0, math.inf)
-        return self.incarnation, len(buffer), total, minimum
+    def stats(self, table: str) -> tuple[str, int]:
+        """This start's name and the rows the table holds."""
+        return self.incarnation, len(self._buffer(table))
 
-    def draw(self, table: str, n: int, options: Mapping[str, Any]) -> tuple[str, FlexiBatch | None, int, float, float]:
+    def draw(
+        self, table: str, n: int, options: Mapping[str, Any], highest: float
+    ) -> tuple[str, FlexiBatch | None, int, float, float]:
         """``n`` rows drawn as the table's buffer draws them (None: none asked, or none held),
         with the table's rows, priority mass and minimum at the draw (the batch's weights are
-        relative to that minimum): this start's name first."""
+        relative to that minimum): this start's name first. ``highest``: the highest priority
+        the learner has given (rows new to prioritized replay get it)."""
         buffer = self._buffer(table)
         rows = len(buffer)
-        total, minimum = buffer.priority_mass() if rows and options.get("prioritized") else (float(rows), 1.0)
-        batch = buffer.sample_transitions(n, **options) if n and rows else None
+        total, minimum = float(rows), 1.0
+        if rows and options.get("prioritized"):
+            buffer.lift_max_priority(highest)
+            total, minimum = buffer.priority_mass()
+        batch = buffer.sample_transitions(n, **options) if n and total > 0 else None
         return self.incarnation, batch, rows, total, minimum
 
     def update_priorities(self, table: str, incarnation: str, rows: np.ndarray, priorities: np.ndarray) -> None:
@@ -197,10 +207,65 @@ class Shard:
             buffer.close_log()
 
 
+def _log_to(buffer: FlexibleBuffer, directory: str, patience: float = 60.0) -> None:
+    """``buffer.log_to(directory)``, each insert synced; while the shard's start before still
+    holds the log (its node lost, its lock not yet let go), tried again for ``patience`` s."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            buffer.log_to(directory, fsync="always")
+            return
+        except BufferFileError as exc:
+            if "another writer" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def start_shards(
+    n: int, made: tuple[Any, ...], nodes: Sequence[str] | None, seed: int, options: Mapping[str, Any] | None
+) -> list[Any]:
+    """``n`` `Shard` actors, each made with ``made`` (spec, capacity, tables, buffer options,
+    log_dir, resume), started again by Ray when lost; ``nodes``: the node each prefers."""
+    import ray
+
+    actor = ray.remote(Shard)
+    shards = []
+    for k in range(n):
+        # a hundredth of a CPU: Ray places an actor asking for none anywhere, whatever its affinity
+        chosen = {"num_cpus": 0.01, "max_restarts": -1, "max_task_retries": 0, **(options or {})}
+        if nodes is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            chosen["scheduling_strategy"] = NodeAffinitySchedulingStrategy(nodes[k], soft=True)
+        shards.append(actor.options(**chosen).remote(k, *made, seed + 7919 * k))
+    return shards
+
+
+def start_limiter(limiter: RateLimiter) -> Any:
+    """The `Limiter` actor, beside the learner; started again where lost (its counts then taken
+    up again from the learner's)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    return (
+        ray.remote(Limiter)
+        .options(num_cpus=0.01, max_concurrency=1000, max_restarts=-1, max_task_retries=-1, scheduling_strategy=here)
+        .remote(limiter)
+    )
+
+
 def _holds(buffer: FlexibleBuffer, chunk: Chunk) -> bool:
-    """Whether the chunk's newest episode is among the newest of ``buffer`` (those that fit in
-    eight times the chunk's rows: inserts of other senders since are looked past), field by field."""
-    return _hashes(chunk[-1])[0] in _hashes(buffer.copy_episodes(8 * chunk.rows))
+    """Whether the chunk's newest episode is among the newest 64 of ``buffer``: by its origin
+    (env instance, lane, ordinal, start time) where the chunk keeps one, else field by field."""
+    newest = chunk[-1]
+    if newest.origins is not None and newest.origins["started"][0] > 0:
+        held = buffer.episode_origins()
+        mine = newest.origins[0]
+        keys = ("env", "lane", "ordinal", "started")
+        same = np.logical_and.reduce([held[key][-64:] == mine[key] for key in keys])
+        return bool(same.any())
+    return _hashes(newest)[0] in _hashes(buffer.copy_episodes(64 * newest.rows))
 
 
 def _hashes(episodes: Chunk) -> list[str]:

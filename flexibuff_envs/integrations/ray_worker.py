@@ -82,7 +82,8 @@ class Worker:
         self.sink = sink
         self.version = 0
         self.weights: tuple[Any, int] | None = None  # the newest weights, loaded before the next chunk
-        self.stopped = False  # `stop` was called: a chunk the limiter holds back is dropped
+        self.stopped: set[int] = set()  # the `run`s `stop` ended (a chunk the limiter holds back is dropped)
+        self.run_now = -1  # the `run` going on
         self.reported: list[Result] = []
         self.lock = threading.Lock()  # the weights and reports, shared with the caller's thread
         self.arrived = threading.Condition(self.lock)  # weights came
@@ -119,19 +120,20 @@ class Worker:
         seconds = time.perf_counter() - start
         if self.sink is None:
             return Result(chunk, done, version, seconds, None, chunk.rows, chunk.nbytes, returns)
-        appended = self.sink.insert(chunk, lambda: self.stopped)
+        appended = self.sink.insert(chunk, lambda: self.run_now in self.stopped)
         return Result(None, done, version, seconds, appended, chunk.rows, chunk.nbytes, returns)
 
-    def run(self, n: int) -> None:
-        """Collect chunks of ``n`` steps into the sink until `stop`."""
-        self.stopped = False
-        while not self.stopped:
+    def run(self, n: int, token: int) -> None:
+        """Collect chunks of ``n`` steps into the sink until `stop` names ``token`` (it may
+        come first: a threaded actor's calls run in any order)."""
+        self.run_now = token
+        while token not in self.stopped:
             result = self.collect(n)
             with self.lock:
                 self.reported.append(result)
 
-    def stop(self) -> None:
-        self.stopped = True
+    def stop(self, token: int) -> None:
+        self.stopped.add(token)
 
     def report(self) -> list[Result]:
         """What `run` collected since the last report."""

@@ -17,6 +17,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, positive_int
 from flexibuff_envs.index import EpisodeIndex
+from flexibuff_envs.interrupts import holding
 from flexibuff_envs.sampling import nstep
 from flexibuff_envs.sampling.nstep import windows
 from flexibuff_envs.sampling.samplers import (
@@ -79,6 +80,24 @@ class Sampling(Half):
     if TYPE_CHECKING:  # given by `FlexibleBuffer`
 
         def _prioritized(self) -> Prioritized: ...
+
+    @holding
+    def lift_max_priority(self, priority: float) -> None:
+        """Rows new to prioritized replay get at least ``priority`` from now on (the highest
+        priority given elsewhere: a sharded replay keeps its shards' in step)."""
+        if not (isinstance(priority, (int, float)) and 0 < priority < np.inf):
+            raise InvalidArgumentError(f"lift_max_priority: priority must be a finite number > 0, got {priority!r}")
+        tree = self._prioritized().tree
+        tree.max_priority = max(tree.max_priority, float(priority))
+
+    @holding
+    def priority_mass(self) -> tuple[float, float]:
+        """The sum of ``priority ** alpha`` over the rows prioritized replay can draw, and its
+        smallest positive value (inf when none): what weighs this buffer's draws against other
+        buffers' (a sharded replay's exact importance weights)."""
+        tree = self._prioritized().tree
+        tree.sync(self._index.read())
+        return tree.total, tree.minimum()
 
     def gather(
         self,
