@@ -75,6 +75,12 @@ def test_three_logs_on_two_nodes_read_as_the_logs_read_locally(cluster: list[str
     np.testing.assert_array_equal(np.diff(np.append(first, len(got["step"]))), np.concatenate(counts))
 
 
+def test_a_log_on_a_node_not_in_the_cluster_is_refused_not_read_elsewhere(cluster: list[str], tmp_path: Path) -> None:
+    path = _logs(tmp_path)[1]
+    with pytest.raises(fe.InvalidArgumentError, match=r"log1 is on node f+, which is not in the cluster"):
+        read_logs([path], nodes={path: "f" * 56})
+
+
 def test_episodes_come_whole_and_feed_map_batches(cluster: list[str], tmp_path: Path) -> None:
     paths = _logs(tmp_path)
     episodes = read_logs(paths, unit="episode")

@@ -64,6 +64,13 @@ def read_logs(
     plan = ray.remote(_lengths)
     read = ray.remote(num_returns="streaming")(_read)
     names = [os.path.abspath(p) for p in paths]  # a relative path: the driver's, on every node
+    alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]} if where else set()
+    for name in names:
+        if name in where and where[name] not in alive:
+            raise InvalidArgumentError(
+                f"read_logs: {name} is on node {where[name]}, which is not in the cluster (gone, or never was); "
+                "its log is not read elsewhere"
+            )
     placed = [_placed(ray, where.get(name)) for name in names]
     plans = ray.get([plan.options(**how).remote(name) for name, how in zip(names, placed)])
     layouts = {json for _, json in plans}
