@@ -165,6 +165,8 @@ def test_tables_are_apart_and_bad_input_is_named(cluster: Any, tmp_path: Path) -
         assert ray.get(shard.insert.remote(chunk, "learner", True)) == chunk.n_episodes  # had not arrived
         assert ray.get(shard.insert.remote(chunk, "learner", True)) == 0
         assert ray.get(shard.insert.remote(chunk[:-1], "learner", True)) == 0  # the newest of the last one
+        with pytest.raises(fe.InvalidArgumentError, match="no sample of this service gave"):
+            service.update_priorities(np.array([-1]), 1.0, table="league")
         with pytest.raises(fe.InvalidArgumentError, match="priorities for"):
             service.update_priorities(np.arange(4), np.ones(3), table="league")
     finally:
@@ -207,6 +209,9 @@ def test_the_rate_limiter_holds_its_ratio_while_collectors_insert_into_shards(cl
     try:
         with pytest.raises(fe.WorkerTimeoutError, match="waited 1 s for the rate limiter"):
             starved.sample(8)
+        filled = recorded(200)
+        starved.insert(filled, limited=False)  # a replay filled before training: counted, not held back
+        assert starved.counts()[0] == sum(starved.sizes()) > 10 and len(starved.sample(8).idx) == 8
     finally:
         starved.close()
 
@@ -245,7 +250,7 @@ def test_a_shard_lost_with_its_actor_then_its_node_comes_back_from_its_log(clust
         return with_1
 
     def shard_1() -> tuple[str, int, int, str]:
-        incarnation, recovered, held, node = ray.get(service.shards[1].describe.remote())
+        incarnation, recovered, held, node, _ = ray.get(service.shards[1].describe.remote())
         return incarnation, recovered, held["default"][1], node
 
     def back_after(loss: Any) -> tuple[int, int, str]:

@@ -293,9 +293,10 @@ class RayCollector:
         """Stop the workers started by `start` after the chunk each has under way, and return
         the chunks not polled yet. A worker still waiting after ``timeout`` seconds (on the rate
         limiter, for samples no one takes any more) is started again, its chunk lost."""
-        ray = self._ray
+        ray, token = self._ray, self._runs
+        self._runs += 1  # a `start` after this one runs on, whatever happens below
         for worker in self.workers:
-            worker.stop.remote(self._runs)
+            worker.stop.remote(token)
         _, waiting = ray.wait(list(self._running), num_returns=len(self._running), timeout=timeout)
         for ref in waiting:
             self._replace(self._running.pop(ref))
@@ -305,7 +306,6 @@ class RayCollector:
                 ray.get(ref)
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                 self._restart(i, exc)
-        self._runs += 1  # a `start` after this one runs on
         return self.poll()
 
     def close(self) -> None:

@@ -8,8 +8,8 @@ from every shard at once, as one buffer of all their rows would: each shard's sh
 batch is drawn multinomially in proportion to its rows (uniform) or its sum of ``priority **
 alpha`` (prioritized), each shard draws its share, and the importance weights are ``(p_i /
 p_min) ** -beta`` with ``p_min`` the smallest over the whole replay, not the shard's. The
-batch's ``idx`` names shard and row (``row * shards + shard``), which is what
-`ReplayService.update_priorities` takes back.
+batch's ``idx`` names the shard, the shard's start (Ray may start it again: other rows then) and
+the row, which is what `ReplayService.update_priorities` takes back.
 
 What survives what: a shard's episodes reach the disk in its log, synced, before its insert
 returns (`FlexibleBuffer.log_to` with ``fsync="always"``), so a shard whose process or node is
@@ -141,11 +141,16 @@ class ReplayService(Sampling):
         self._starts: list[list[str]] = [[] for _ in range(self.n_shards)]  # each shard's starts seen, in order
         self._away: dict[int, Any] = {}  # shard -> a call that answers once it is back
         self._lock = threading.Lock()  # the two above, shared with `stream`'s thread
-        self._highest = 1.0  # the highest priority given: every shard's new rows get it
+        self._highest: dict[str, float] = {}  # each table's highest priority given: every shard's new rows get it
         self._next = 0  # the shard the learner's next insert goes to
         try:
-            for k, (incarnation, *_) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
+            for k, (incarnation, *_, refused) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
                 self._start_of(k, incarnation)
+                if refused:  # on a disk of the shard's node only
+                    raise InvalidArgumentError(
+                        f"log_dir holds logs already ({refused[0]}, on shard {k}'s node): pass resume=True to "
+                        "take their episodes back, or another log_dir"
+                    )
         except BaseException:
             self.close()
             raise
@@ -218,8 +223,9 @@ class ReplayService(Sampling):
         """Insert the ended whole episodes of ``source`` (a `Chunk`, a buffer, which keeps them,
         or the path of an episode log or buffer file) into ``table``, spread over the shards
         serving in pieces of whole episodes, all under way at once; returns the episodes
-        appended. ``limited=False`` passes the rate limiter by (filling a replay before
-        training: the learner, its only sampler, would wait for itself)."""
+        appended. ``limited=False`` passes the rate limiter's wait by (filling a replay before
+        training: the learner, its only sampler, would wait for itself); the rows still count
+        as inserted."""
         self._table(table)
         chunk = chunk_of(source)
         spread = -(-chunk.rows // len(self._serving()))  # rows for each shard serving
@@ -233,7 +239,10 @@ class ReplayService(Sampling):
             piece = chunk[lo:hi]
             sink.admit(piece.rows)
             sent.append((sink, piece, sink.shard.insert.remote(piece, table, False)))
-        return sum(sink.deliver(piece, ref) for sink, piece, ref in sent)
+        appended = sum(sink.deliver(piece, ref) for sink, piece, ref in sent)
+        if self._limiter is not None and not limited:
+            self._ray.get(self._limiter.count.remote(table, chunk.rows))
+        return appended
 
     # ------------------------------------------------------------------ state
 

@@ -23,6 +23,10 @@ from flexibuff_envs.integrations.ray_sink import ATTEMPTS, held_back
 ROW_BITS = 40
 
 
+class _Cancelled(Exception):
+    """A sample whose `stream` was left while the limiter held it back (nothing admitted)."""
+
+
 class Sampling:
     """The sampling half of `ReplayService`."""
 
@@ -38,7 +42,7 @@ class Sampling:
         _starts: list[list[str]]
         _known: dict[str, tuple[int, int]]
         _shares: dict[str, dict[int, float]]
-        _highest: float
+        _highest: dict[str, float]
 
         @property
         def _timeout(self) -> float: ...
@@ -97,6 +101,8 @@ class Sampling:
         options = {"prioritized": prioritized, "beta": beta, "n_step": n_step, "fields": fields}
         admission = None if self._limiter is None else self._admit(table, n)
         for _ in range(ATTEMPTS):
+            if cancelled is not None and cancelled():
+                raise _Cancelled
             batch = self._draw(n, table, options, admission, cancelled)
             if batch is not None:
                 if as_torch:
@@ -112,8 +118,8 @@ class Sampling:
 
     def _admitted(self, table: str, n: int, answer: Any, cancelled: Callable[[], bool] | None) -> float:
         """Wait for the limiter to admit a sample of ``n`` rows (``answer``: its first answer,
-        under way), a second at a time; the seconds it took (raises when ``timeout`` passed,
-        returns inf when ``cancelled()`` turned true)."""
+        under way), a second at a time; the seconds it took (raises when ``timeout`` passed, or
+        `_Cancelled` when ``cancelled()`` turned true: nothing was admitted)."""
         began = time.monotonic()
         while True:
             ok, inserted, sampled = self._ray.get(answer)
@@ -121,7 +127,7 @@ class Sampling:
             if ok:
                 return time.monotonic() - began
             if cancelled is not None and cancelled():
-                return math.inf
+                raise _Cancelled
             if time.monotonic() - began >= self._timeout:
                 raise WorkerTimeoutError(held_back("a sample", self._timeout, inserted, sampled))
             answer = self._admit(table, n)
@@ -148,7 +154,10 @@ class Sampling:
         def fill() -> None:
             try:
                 while not stop.is_set():
-                    batch = self._sample(batch_size, cancelled=stop.is_set, **chosen)
+                    try:
+                        batch = self._sample(batch_size, cancelled=stop.is_set, **chosen)
+                    except _Cancelled:
+                        return
                     while not stop.is_set():
                         try:
                             ahead.put(batch, timeout=0.1)
@@ -187,7 +196,10 @@ class Sampling:
         asked = np.where(share > 0, np.minimum(n, np.ceil(n * share + 3 * np.sqrt(n * share * (1 - share))) + 1), 0)
 
         def draw(counts: Mapping[int, int]) -> dict[int, Any]:
-            return {k: self.shards[k].draw.remote(table, int(c), options, self._highest) for k, c in counts.items()}
+            return {
+                k: self.shards[k].draw.remote(table, int(c), options, self._highest.get(table, 1.0))
+                for k, c in counts.items()
+            }
 
         refs = draw(dict(zip(serving, asked)))
         if admission is not None and self._admitted(table, n, admission, cancelled) > 0.05:  # held: draw anew
@@ -213,6 +225,8 @@ class Sampling:
             return None
         for k, reply in more.items():
             drawn[k].append(reply)
+        if any(sum(len(r[1].idx) for r in drawn[k]) < c for k, c in counts.items()):
+            return None  # a shard came back empty under this sample: try again
         # the smallest priority over the whole replay: of every shard holding rows, drawn from or not
         minimum = min(reply[4] for reply in (*replies.values(), *more.values()) if reply[2] > 0)
         batches, taken, left = [], [], dict(counts)
@@ -248,12 +262,15 @@ class Sampling:
         if values.size and not (np.isfinite(values).all() and values.min() >= 0):
             raise InvalidArgumentError("update_priorities: priorities must be finite and >= 0 (|TD error| + 1e-6)")
         if values.size:
-            self._highest = max(self._highest, float(values.max()))
+            self._highest[table] = max(self._highest.get(table, 1.0), float(values.max()))
         shard, rest = rows % self.n_shards, rows // self.n_shards
         start, row = rest >> ROW_BITS, rest & ((1 << ROW_BITS) - 1)
         with self._lock:
             starts = [list(s) for s in self._starts]
+        known = np.array([len(s) for s in starts])
+        if rows.size and (rows.min() < 0 or (start >= known[shard]).any()):
+            raise InvalidArgumentError("update_priorities: idx holds values no sample of this service gave (batch.idx)")
+        highest = self._highest.get(table, 1.0)
         for k, first in {(int(k), int(f)) for k, f in zip(shard, start)}:
             mine = (shard == k) & (start == first)
-            if 0 <= k < self.n_shards and first < len(starts[k]):
-                self.shards[k].update_priorities.remote(table, starts[k][first], row[mine], values[mine])
+            self.shards[k].update_priorities.remote(table, starts[k][first], row[mine], values[mine], highest)

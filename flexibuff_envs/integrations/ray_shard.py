@@ -112,6 +112,12 @@ class Limiter:
         counts[0], counts[1] = max(counts[0], known[0]), max(counts[1], known[1])
         return await self._admit(lambda: self.limiter.may_sample(counts[0], counts[1], n), 1, n, table, timeout)
 
+    async def count(self, table: str, rows: int) -> None:
+        """Count ``rows`` inserted without a wait (an insert that passed the limiter by)."""
+        async with self.changed:
+            self._counts(table)[0] += rows
+            self.changed.notify_all()
+
     def counts_of(self, table: str) -> tuple[int, int]:
         inserted, sampled = self._counts(table)
         return inserted, sampled
@@ -145,13 +151,20 @@ class Shard:
         self.buffers: dict[str, FlexibleBuffer] = {}
         self.recovered = 0
         again = resume or ray.get_runtime_context().was_current_actor_reconstructed
+        self.refused: list[str] = []  # logs found on a fresh start: the service refuses them
         for i, table in enumerate(tables):
-            buffer = FlexibleBuffer.from_spec(
-                dataclasses.replace(spec, n_envs=1), num_steps=capacity, seed=seed + 1000 * i, **options
-            )
+            made = {"num_steps": capacity, "seed": seed + 1000 * i, **options}
+            buffer = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), **made)
             if log_dir is not None:
                 directory = os.path.join(log_dir, f"shard-{k}", table)
-                if again and os.path.exists(os.path.join(directory, HEADER)):
+                if os.path.exists(os.path.join(directory, HEADER)):
+                    if not again:
+                        self.refused.append(directory)
+                        continue
+                    # the log's lock first (a start before may hold it a while), its journal folded
+                    probe = FlexibleBuffer.from_spec(dataclasses.replace(spec, n_envs=1), **{**made, "num_steps": 1})
+                    _log_to(probe, directory)
+                    probe.close_log()
                     self.recovered += buffer.extend(FlexibleBuffer.open(directory).copy_episodes(capacity))
                 _log_to(buffer, directory)
             self.buffers[table] = buffer
@@ -190,17 +203,23 @@ class Shard:
         batch = buffer.sample_transitions(n, **options) if n and total > 0 else None
         return self.incarnation, batch, rows, total, minimum
 
-    def update_priorities(self, table: str, incarnation: str, rows: np.ndarray, priorities: np.ndarray) -> None:
-        if incarnation == self.incarnation:  # else rows of a start before: other rows now
-            self._buffer(table).update_priorities(rows, priorities)
+    def update_priorities(
+        self, table: str, incarnation: str, rows: np.ndarray, priorities: np.ndarray, highest: float
+    ) -> None:
+        """New priorities of ``rows`` of this start (of a start before: other rows now, left);
+        rows inserted since get ``highest``, the learner's highest."""
+        if incarnation == self.incarnation:
+            buffer = self._buffer(table)
+            buffer.lift_max_priority(highest)
+            buffer.update_priorities(rows, priorities)
 
-    def describe(self) -> tuple[str, int, dict[str, tuple[int, int]], str]:
+    def describe(self) -> tuple[str, int, dict[str, tuple[int, int]], str, list[str]]:
         """This start's name, episodes recovered from its logs, each table's rows and episodes,
-        and the Ray node it runs on."""
+        the Ray node it runs on, and the logs it found on a fresh start (and left alone)."""
         import ray
 
         held = {table: (len(buffer), buffer.n_episodes) for table, buffer in self.buffers.items()}
-        return self.incarnation, self.recovered, held, ray.get_runtime_context().get_node_id()
+        return self.incarnation, self.recovered, held, ray.get_runtime_context().get_node_id(), self.refused
 
     def close(self) -> None:
         for buffer in self.buffers.values():
@@ -256,14 +275,14 @@ def start_limiter(limiter: RateLimiter) -> Any:
 
 
 def _holds(buffer: FlexibleBuffer, chunk: Chunk) -> bool:
-    """Whether the chunk's newest episode is among the newest 64 of ``buffer``: by its origin
-    (env instance, lane, ordinal, start time) where the chunk keeps one, else field by field."""
+    """Whether the chunk's newest episode is held in ``buffer``: by its origin (env instance,
+    lane, ordinal, start time) where the chunk keeps one, else field by field among the newest."""
     newest = chunk[-1]
     if newest.origins is not None and newest.origins["started"][0] > 0:
         held = buffer.episode_origins()
         mine = newest.origins[0]
         keys = ("env", "lane", "ordinal", "started")
-        same = np.logical_and.reduce([held[key][-64:] == mine[key] for key in keys])
+        same = np.logical_and.reduce([held[key] == mine[key] for key in keys])
         return bool(same.any())
     return _hashes(newest)[0] in _hashes(buffer.copy_episodes(64 * newest.rows))
 

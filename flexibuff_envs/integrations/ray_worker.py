@@ -127,10 +127,13 @@ class Worker:
         """Collect chunks of ``n`` steps into the sink until `stop` names ``token`` (it may
         come first: a threaded actor's calls run in any order)."""
         self.run_now = token
-        while token not in self.stopped:
-            result = self.collect(n)
-            with self.lock:
-                self.reported.append(result)
+        try:
+            while token not in self.stopped:
+                result = self.collect(n)
+                with self.lock:
+                    self.reported.append(result)
+        finally:
+            self.run_now = -1
 
     def stop(self, token: int) -> None:
         self.stopped.add(token)
