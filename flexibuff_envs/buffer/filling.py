@@ -12,7 +12,7 @@ import numpy as np
 from flexibuff_envs.errors import InvalidArgumentError, SpecMismatchError
 from flexibuff_envs.files import chunk
 from flexibuff_envs.files.chunk import Chunk
-from flexibuff_envs.index import episode_table, newest_rows
+from flexibuff_envs.index import episode_table, newest_fitting, newest_rows
 from flexibuff_envs.index.episode_ends import write_episode_returns
 from flexibuff_envs.index.lanes import ALL, Episode, Lane
 from flexibuff_envs.index.origins import ORIGIN, Origin, origin
@@ -238,8 +238,7 @@ class Filling(Half):
         self.compact()
         episodes = episode_table(self._index.read())
         if rows is not None and episodes.lengths.sum() > rows:
-            fits = np.cumsum(episodes.lengths[::-1])[::-1] <= rows  # the episodes from here on fit
-            first = int(np.argmax(fits)) if fits.any() else len(episodes)
+            first = newest_fitting(episodes.lengths, rows)
             origins = None if episodes.origins is None else episodes.origins[first:]
             episodes = dataclasses.replace(
                 episodes,

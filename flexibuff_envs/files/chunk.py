@@ -21,7 +21,7 @@ from flexibuff_envs.errors import (
     OutOfRangeError,
     SpecMismatchError,
 )
-from flexibuff_envs.index import EpisodeTable, episode_table
+from flexibuff_envs.index import EpisodeTable, episode_table, newest_fitting
 from flexibuff_envs.index.lanes import Lane
 from flexibuff_envs.spec import BufferSpec
 from flexibuff_envs.storage import Storage
@@ -95,8 +95,7 @@ class Chunk:
         """Its newest episodes that fit in ``rows`` rows."""
         if self.rows <= rows:
             return self
-        fits = np.cumsum(self.lengths[::-1])[::-1] <= rows  # the episodes from here on fit
-        return self[int(np.argmax(fits)) if fits.any() else self.n_episodes :]
+        return self[newest_fitting(self.lengths, rows) :]
 
     def __repr__(self) -> str:
         return f"Chunk(episodes={self.n_episodes}, rows={self.rows}, nbytes={self.nbytes})"

@@ -8,7 +8,7 @@ hold back (`EpisodeIndex`), and the episodes they hold as arrays (`EpisodeTable`
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,6 +128,24 @@ def episode_table(lanes: Sequence[Lane], running: bool = False) -> EpisodeTable:
         lanes[0].capacity,
         None if running else np.concatenate(origins),
     )
+
+
+def episode_ranges(lengths: np.ndarray, rows: int) -> Iterator[tuple[int, int]]:
+    """Ranges ``[lo, hi)`` of the episodes of ``lengths``, back to back, each of whole episodes
+    holding about ``rows`` rows (at least one episode, however long)."""
+    ends = np.cumsum(lengths)
+    lo = 0
+    while lo < len(lengths):
+        hi = max(lo + 1, int(np.searchsorted(ends, (int(ends[lo - 1]) if lo else 0) + rows, side="right")))
+        yield lo, hi
+        lo = hi
+
+
+def newest_fitting(lengths: np.ndarray, rows: int) -> int:
+    """The first of the last episodes of ``lengths`` that fit in ``rows`` rows together
+    (``len(lengths)``: not even the last one fits)."""
+    fits = np.cumsum(lengths[::-1])[::-1] <= rows  # the episodes from here on fit
+    return int(np.argmax(fits)) if fits.any() else len(lengths)
 
 
 def newest_rows(lanes: Sequence[Lane]) -> np.ndarray:

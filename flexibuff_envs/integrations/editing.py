@@ -30,7 +30,7 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, UnknownNameError
 from flexibuff_envs.files.chunk import copy
-from flexibuff_envs.index import EpisodeTable, episode_sums, episode_table
+from flexibuff_envs.index import EpisodeTable, episode_ranges, episode_sums, episode_table
 from flexibuff_envs.integrations.tables import Source, open_source
 from flexibuff_envs.log import LogHeader, LogWriter
 from flexibuff_envs.spec import provenance
@@ -199,14 +199,10 @@ def select(source: Source, episodes: Sequence[int] | np.ndarray, out: str | os.P
         # blocks of whole episodes, each gathered in its stored form (one gather a field) and
         # committed at once: G, masks and annotations as recorded, next values renumbered
         per_block = max(1, min(BLOCK_ROWS, BLOCK_BYTES // max(buffer.nbytes_per_row, 1)))
-        ends = np.cumsum(table.lengths[chosen])
-        lo = 0
-        while lo < chosen.size:
-            hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + per_block, side="right")))
+        for lo, hi in episode_ranges(table.lengths[chosen], per_block):
             ks = chosen[lo:hi]
             some = EpisodeTable(table.starts[ks], table.ends[ks], table.offsets[ks], table.capacity, origins[lo:hi])
             writer.append(copy(buffer._store, some, buffer.gamma, buffer.gae_lambda))
-            lo = hi
     finally:
         writer.close()
     return int(chosen.size)

@@ -28,7 +28,7 @@ import numpy as np
 
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import InvalidArgumentError, positive_int
-from flexibuff_envs.index import EpisodeTable, episode_table
+from flexibuff_envs.index import EpisodeTable, episode_ranges, episode_table
 from flexibuff_envs.integrations.ray import _ray
 from flexibuff_envs.integrations.tables import GLOBAL, episode_arrays, into_buffer
 from flexibuff_envs.spec import BufferSpec
@@ -80,7 +80,7 @@ def read_logs(
     for k, (name, how, (lengths, _)) in enumerate(zip(names, placed, plans)):
         tasks = [
             read.options(**how).remote(name, k, lo, hi, unit, rows_per_block)
-            for lo, hi in _ranges(lengths, rows_per_task)
+            for lo, hi in episode_ranges(lengths, rows_per_task)
         ]
         refs += [ref for task in tasks for ref in task]  # each task's blocks, as it makes them
     return ray.data.from_arrow_refs(refs) if refs else ray.data.from_items([])
@@ -101,23 +101,12 @@ def _lengths(path: str) -> tuple[np.ndarray, str]:
     return episode_table(buffer._index.read()).lengths, str(buffer.spec.to_dict())
 
 
-def _ranges(lengths: np.ndarray, rows: int) -> Iterator[tuple[int, int]]:
-    """Ranges of whole episodes of about ``rows`` rows (one episode at least)."""
-    ends = np.cumsum(lengths)
-    lo = 0
-    while lo < len(lengths):
-        before = int(ends[lo - 1]) if lo else 0
-        hi = max(lo + 1, int(np.searchsorted(ends, before + rows, side="right")))
-        yield lo, hi
-        lo = hi
-
-
 def _read(path: str, log: int, lo: int, hi: int, unit: str, rows: int) -> Iterator[Any]:
     """Episodes ``[lo, hi)`` of the log ``path`` (opened once) as Arrow tables of ``unit`` rows,
     about ``rows`` rows each."""
     buffer = FlexibleBuffer.open(path, settle=False)
     table = episode_table(buffer._index.read())
-    for a, b in _ranges(table.lengths[lo:hi], rows):
+    for a, b in episode_ranges(table.lengths[lo:hi], rows):
         yield _block(buffer, table, log, lo + a, lo + b, unit)
 
 

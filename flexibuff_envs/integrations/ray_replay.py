@@ -30,7 +30,6 @@ of that shard wait for it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import os
 import re
@@ -43,10 +42,11 @@ import numpy as np
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import ArgumentTypeError, InvalidArgumentError, WorkerError, positive_int
 from flexibuff_envs.files.chunk import Chunk
+from flexibuff_envs.index import episode_ranges
 from flexibuff_envs.integrations.ray import _ray
 from flexibuff_envs.integrations.ray_sampling import ROW_BITS, Sampling
 from flexibuff_envs.integrations.ray_shard import RateLimiter, start_limiter, start_shards
-from flexibuff_envs.integrations.ray_sink import Sink, chunk_of, pieces
+from flexibuff_envs.integrations.ray_sink import Sink, chunk_of
 from flexibuff_envs.spec import BufferSpec
 
 __all__ = ["RateLimiter", "ReplayService"]
@@ -229,10 +229,9 @@ class ReplayService(Sampling):
         self._table(table)
         chunk = chunk_of(source)
         spread = -(-chunk.rows // len(self._serving()))  # rows for each shard serving
-        bounds = pieces(chunk.lengths, max(1, min(ROWS_PER_INSERT, spread)))
         limiter = self._limiter if limited else None
         sent = []
-        for lo, hi in itertools.pairwise(bounds):
+        for lo, hi in episode_ranges(chunk.lengths, max(1, min(ROWS_PER_INSERT, spread))):
             serving = self._serving()
             sink = Sink(self.shards[serving[self._next % len(serving)]], limiter, table, self._timeout)
             self._next += 1

@@ -18,6 +18,7 @@ from flexibuff_envs.batch import FlexiBatch, torch_converter
 from flexibuff_envs.errors import InvalidArgumentError, WorkerError, WorkerTimeoutError, positive_int
 from flexibuff_envs.integrations.ray_shard import RateLimiter, join
 from flexibuff_envs.integrations.ray_sink import ATTEMPTS, held_back
+from flexibuff_envs.sampling.samplers import as_array, checked_weights
 
 #: rows a shard may hold: ``idx`` keeps a row in its low 40 bits, the shard's start above them
 ROW_BITS = 40
@@ -250,27 +251,26 @@ class Sampling:
             InvalidArgumentError: sizes differ, or a priority is negative or not finite.
         """
         self._table(table)
-        rows = np.asarray(idx.detach().cpu() if hasattr(idx, "detach") else idx, dtype=np.int64).reshape(-1)
-        values = np.asarray(
-            priorities.detach().cpu() if hasattr(priorities, "detach") else priorities, dtype=np.float64
-        )
-        values = np.broadcast_to(values, rows.shape) if values.ndim == 0 else values.reshape(-1)
-        if values.shape != rows.shape:
+        rows = as_array(idx).reshape(-1)
+        if rows.dtype.kind not in "iu":
+            raise InvalidArgumentError(f"update_priorities: idx must be a batch's integer idx, got {rows.dtype}")
+        values = as_array(priorities).reshape(-1)
+        if values.size not in (1, rows.size):
             raise InvalidArgumentError(
                 f"update_priorities: {values.size} priorities for {rows.size} rows (idx and priorities differ in size)"
             )
-        if values.size and not (np.isfinite(values).all() and values.min() >= 0):
-            raise InvalidArgumentError("update_priorities: priorities must be finite and >= 0 (|TD error| + 1e-6)")
+        values = checked_weights("update_priorities", "priorities", values if values.size > 1 else values[0], rows)
         if values.size:
             self._highest[table] = max(self._highest.get(table, 1.0), float(values.max()))
+        rows = rows.astype(np.int64, copy=False)
         shard, rest = rows % self.n_shards, rows // self.n_shards
         start, row = rest >> ROW_BITS, rest & ((1 << ROW_BITS) - 1)
         with self._lock:
             starts = [list(s) for s in self._starts]
-        known = np.array([len(s) for s in starts])
-        if rows.size and (rows.min() < 0 or (start >= known[shard]).any()):
+        if rows.size and (rows.min() < 0 or (start >= np.array([len(s) for s in starts])[shard]).any()):
             raise InvalidArgumentError("update_priorities: idx holds values no sample of this service gave (batch.idx)")
         highest = self._highest.get(table, 1.0)
-        for k, first in {(int(k), int(f)) for k, f in zip(shard, start)}:
-            mine = (shard == k) & (start == first)
+        pairs, which = np.unique(np.stack([shard, start]), axis=1, return_inverse=True)  # (shard, start) met
+        for j, (k, first) in enumerate(pairs.T.tolist()):  # one call a shard's start, not a row
+            mine = which.reshape(-1) == j
             self.shards[k].update_priorities.remote(table, starts[k][first], row[mine], values[mine], highest)

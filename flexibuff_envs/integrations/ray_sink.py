@@ -9,8 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import ArgumentTypeError, WorkerError, WorkerTimeoutError
 from flexibuff_envs.files.chunk import Chunk
@@ -85,14 +83,3 @@ def chunk_of(source: Any) -> Chunk:
         held = FlexibleBuffer.open(path) if os.path.isdir(path) else FlexibleBuffer.load(path, mmap=True)
         return held.copy_episodes()
     raise ArgumentTypeError(f"insert: source must be a Chunk, a FlexibleBuffer or a path, got {type(source).__name__}")
-
-
-def pieces(lengths: np.ndarray, rows: int) -> list[int]:
-    """Episode bounds cutting episodes of ``lengths`` into runs of about ``rows`` rows (one
-    longer episode a run of its own)."""
-    ends = np.cumsum(lengths)
-    bounds = [0]
-    while bounds[-1] < lengths.size:
-        done = ends[bounds[-1] - 1] if bounds[-1] else 0
-        bounds.append(max(bounds[-1] + 1, int(np.searchsorted(ends, done + rows, side="right"))))
-    return bounds

@@ -19,6 +19,7 @@ import numpy as np
 from flexibuff_envs.batch import FlexiBatch
 from flexibuff_envs.buffer import FlexibleBuffer
 from flexibuff_envs.errors import BufferFileError
+from flexibuff_envs.index import episode_ranges
 from flexibuff_envs.index.origins import origin
 from flexibuff_envs.sampling.samplers import Draw, Live
 from flexibuff_envs.spec import BufferSpec
@@ -94,15 +95,10 @@ class _Runs:
     def draws(self, live: Live, rng: np.random.Generator) -> Iterator[Draw]:
         pool = live.episodes()
         which = np.arange(len(pool)) if self.chosen is None else self.chosen
-        ends = np.cumsum(pool.lengths[which])
-        first = 0
-        while first < which.size:
-            done = ends[first - 1] if first else 0
-            stop = max(first + 1, int(np.searchsorted(ends, done + self.rows, side="right")))
+        for first, stop in episode_ranges(pool.lengths[which], self.rows):
             these = which[first:stop]
             self.lengths.append(pool.lengths[these])
             yield Draw(np.concatenate([pool.rows(int(k)) for k in these]))
-            first = stop
 
 
 def into_buffer(
