@@ -122,14 +122,6 @@ class ReplayService(Sampling):
         self.rng = np.random.default_rng(seed)
         self.options = {"global_reward": False, "individual_reward": False, **options}
         log = None if log_dir is None else os.path.abspath(os.fspath(log_dir))
-        if log is not None and not resume:
-            held = [os.path.join(log, f"shard-{k}", t) for k in range(self.n_shards) for t in self.tables]
-            held = [path for path in held if os.path.isdir(path) and os.listdir(path)]
-            if held:
-                raise InvalidArgumentError(
-                    f"log_dir {log!r} holds logs already ({held[0]}): pass resume=True to take their "
-                    "episodes back, or another log_dir"
-                )
         per_shard = -(-self.capacity // self.n_shards)
         if per_shard >= 1 << ROW_BITS:
             raise InvalidArgumentError(f"capacity {capacity} gives shards of more than 2**{ROW_BITS} rows")
@@ -146,7 +138,7 @@ class ReplayService(Sampling):
         try:
             for k, (incarnation, *_, refused) in enumerate(ray.get([s.describe.remote() for s in self.shards])):
                 self._start_of(k, incarnation)
-                if refused:  # on a disk of the shard's node only
+                if refused:  # each shard looks on its own node's disk
                     raise InvalidArgumentError(
                         f"log_dir holds logs already ({refused[0]}, on shard {k}'s node): pass resume=True to "
                         "take their episodes back, or another log_dir"
